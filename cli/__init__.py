@@ -1,0 +1,1 @@
+"""The `graphrewrite` command line: thin click commands over the library."""

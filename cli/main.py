@@ -1,0 +1,185 @@
+"""`graphrewrite`: rewrite TensorFlow training graphs offline so they need less accelerator memory.
+
+Exit codes: 0 success, 1 a check failed (e.g. outputs differ), 2 bad input or usage.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import traceback
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before TensorFlow is imported: quiet C++ logs
+
+import click  # noqa: E402
+
+EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+class _Group(click.Group):
+    """Turns library errors into one line on stderr and exit code 2 (a traceback with --debug)."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
+            raise
+        except Exception as err:  # noqa: BLE001  (every failure becomes one line)
+            from graphrewrite.errors import GraphRewriteError
+
+            if ctx.obj and ctx.obj.get("debug"):
+                traceback.print_exc()
+            if isinstance(err, GraphRewriteError):
+                message = str(err)
+            else:
+                message = f"unexpected error: {type(err).__name__}: {err} (--debug shows where)"
+            click.echo(f"graphrewrite: error: {message}", err=True)
+            ctx.exit(EXIT_BAD_INPUT)
+
+
+class _StderrFormatter(logging.Formatter):
+    def format(self, record):
+        return f"graphrewrite: {record.levelname.lower()}: {record.getMessage()}"
+
+
+def _setup_logging(verbose: bool, quiet: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_StderrFormatter())
+    logger = logging.getLogger("graphrewrite")
+    logger.handlers[:] = [handler]
+    logger.propagate = False
+    logger.setLevel(logging.ERROR if quiet else logging.INFO if verbose else logging.WARNING)
+
+
+tag_option = click.option("--tag", metavar="TAGS",
+                          help="SavedModel only: the MetaGraph's tag set, comma-separated "
+                               "(default: the only one, else 'serve').")
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, help="Show a traceback when something fails.")
+@click.option("-v", "--verbose", is_flag=True, help="Log what the library does.")
+@click.option("-q", "--quiet", is_flag=True, help="Only errors on stderr, no warnings.")
+@click.version_option(package_name="graphrewrite")
+@click.pass_context
+def main(ctx, debug, verbose, quiet):
+    """Rewrite TensorFlow training graphs offline so a training step needs less memory.
+
+    \b
+    Typical use:
+      graphrewrite inspect model.pb            what is in the graph
+      graphrewrite optimize model.pb -o model_opt.pb --mode none
+      graphrewrite dump model.pb > model.txt   canonical text, for diffs and golden files
+
+    Exit codes: 0 ok, 1 a check failed, 2 bad input or usage.
+    """
+    ctx.ensure_object(dict)["debug"] = debug
+    _setup_logging(verbose, quiet)
+
+
+@main.command()
+@click.argument("model_path", metavar="IN", type=click.Path())
+@click.option("-o", "--output", "output", required=True, type=click.Path(),
+              help="Where to write the rewritten model; its extension may pick the format "
+                   "(.pb binary, .pbtxt text, .meta MetaGraphDef), else the input's is kept.")
+@click.option("--mode", default="none", show_default=True, metavar="MODE",
+              help="Rewrite pipeline to run. Modes: none (load, check and save; nothing "
+                   "rewritten).")
+@click.option("--report", "report_path", type=click.Path(),
+              help="Also write the report as JSON to this file.")
+@tag_option
+def optimize(model_path, output, mode, report_path, tag):
+    """Rewrite model IN with MODE and write it to OUT in the same format.
+
+    IN is a GraphDef (.pb, .pbtxt), a MetaGraphDef (.meta, .meta.txt) or a SavedModel directory;
+    the format is read from the content. OUT is written atomically, and only after the rewritten
+    graph passed its structural checks: on any failure nothing is written.
+    """
+    from graphrewrite import io, pipeline
+
+    if mode not in pipeline.MODES:
+        raise click.BadParameter(f"unknown mode '{mode}'; modes: {', '.join(pipeline.MODES)}",
+                                 param_hint="--mode")
+    model = io.load(model_path, tag=tag)
+    result = pipeline.optimize(model, mode)
+    fmt = io.save(model, result.graph, output)
+    report = {"input": str(model_path), "output": str(output), "format": str(fmt),
+              "mode": mode, "pipeline": result.pipeline, "nodes_before": result.nodes_before,
+              "nodes_after": result.nodes_after, **result.stats}
+    if report_path:
+        io.write_atomic(Path(report_path), (json.dumps(report, indent=2) + "\n").encode())
+    click.echo(f"wrote {output} ({fmt}): mode {mode}, {result.nodes_before} -> "
+               f"{result.nodes_after} nodes")
+
+
+@main.command()
+@click.argument("model_path", metavar="IN", type=click.Path())
+@tag_option
+def dump(model_path, tag):
+    """Print the canonical text of model IN: one line per node, stable order.
+
+    The same graph dumps identically whatever the order of its nodes in the file, so two dumps
+    can be compared with diff. Tensor payloads print as dtype, shape and a short hash.
+    """
+    from graphrewrite import io, text
+
+    model = io.load(model_path, tag=tag)
+    click.echo(text.dump(model.graph, model.meta_graph), nl=False)
+
+
+@main.command()
+@click.argument("model_path", metavar="IN", type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="One JSON object (keys in the README).")
+@tag_option
+def inspect(model_path, as_json, tag):
+    """Summarize model IN: nodes, ops, inputs, outputs, control flow, variables."""
+    from graphrewrite import io, summary
+
+    facts = summary.summarize(io.load(model_path, tag=tag))
+    if as_json:
+        click.echo(json.dumps(facts, indent=2, sort_keys=False))
+    else:
+        click.echo(format_summary(facts))
+
+
+def format_summary(facts: dict) -> str:
+    """The `inspect` table for people."""
+    flow = facts["control_flow"]
+    flow_text = ", ".join(filter(None, [
+        f"v1 loop frames ({flow['v1_loop_nodes']} nodes)" if flow["v1_loop_nodes"] else "",
+        "functional " + "/".join(flow["functional"]) if flow["functional"] else ""])) or "none"
+    rows = [
+        ("file", f"{facts['file']} ({facts['format']})"),
+        ("nodes", str(facts["nodes"])),
+        ("functions", str(facts["functions"])),
+        ("inputs", ", ".join(f"{i['name']} {i['dtype']}{i['shape']}" for i in facts["inputs"])
+         or "none"),
+        ("outputs", _shorten(facts["outputs"])),
+        ("control flow", flow_text),
+        ("variables", f"{len(facts['variables'])}" + (
+            f" ({_shorten(facts['variables'], 4)})" if facts["variables"] else "")),
+    ]
+    if facts["train_op"]:
+        rows.append(("train_op", ", ".join(facts["train_op"])))
+    if facts["signatures"]:
+        rows.append(("signatures", ", ".join(facts["signatures"])))
+    lines = [f"{key:<13} {value}" for key, value in rows]
+    lines.append("ops:")
+    ranked = sorted(facts["ops"].items(), key=lambda kv: (-kv[1], kv[0]))
+    width = max((len(op) for op in facts["ops"]), default=0)
+    lines.extend(f"  {op:<{width}} {count:>6}" for op, count in ranked)
+    return "\n".join(lines)
+
+
+def _shorten(names: list[str], limit: int = 8) -> str:
+    if not names:
+        return "none"
+    shown = ", ".join(names[:limit])
+    return shown + (f", ... ({len(names)} in all)" if len(names) > limit else "")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,302 @@
+"""Graph: the single owner of a GraphDef's nodes as a networkx MultiDiGraph.
+
+Edges run producer -> consumer. Every input string of a NodeDef is one edge, keyed by its position
+in the input list (so `Mul(x, x)` is two edges and the original order survives). Edge data:
+
+- `port`: the producer's output port, or -1 (`CONTROL`) for a control dependency;
+- `slot`: the consumer's data input index (None for control edges);
+- `text`: the input string as the file spelled it (`a:0` and `a` name the same tensor), or None for
+  edges a pass created, which print canonically.
+
+Node data: `node_def` (the NodeDef with its inputs cleared: the edges hold those), `order` (position
+in the file; new nodes append). A producer named by an input but absent from the graph is kept as a
+node with `missing=True`, so `check()` can report it and nothing is silently dropped.
+
+All mutation goes through the methods below; there is no second index that could go stale.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from typing import Iterable, Iterator, Sequence
+
+import networkx as nx
+from tensorflow.core.framework import graph_pb2, node_def_pb2
+
+from .errors import GraphError
+from .tensor_ref import CONTROL, TensorRef
+
+# Ops whose outgoing edge closes a v1 while-loop (NextIteration -> Merge); the only legal cycles.
+LOOP_BACK_OPS = frozenset({"NextIteration", "RefNextIteration"})
+
+
+class Graph:
+    """A GraphDef held as a DAG (plus legal loop back edges), with its non-node fields kept aside.
+
+    >>> g = Graph.from_graph_def(graph_pb2.GraphDef())
+    >>> x = g.add_node("x", "Placeholder")
+    >>> y = g.add_node("y", "Neg", [TensorRef(x)])
+    >>> [str(r) for r in g.inputs(y)]
+    ['x']
+    """
+
+    def __init__(self, shell: graph_pb2.GraphDef | None = None):
+        self.nx = nx.MultiDiGraph()
+        # Everything of the GraphDef except its nodes: versions, library, debug_info.
+        self.shell = shell if shell is not None else graph_pb2.GraphDef()
+        self._load_problems: list[str] = []
+        self._next_order = 0
+
+    # ----------------------------------------------------------------- conversion
+
+    @classmethod
+    def from_graph_def(cls, graph_def: graph_pb2.GraphDef) -> "Graph":
+        shell = graph_pb2.GraphDef()
+        shell.CopyFrom(graph_def)
+        del shell.node[:]
+        graph = cls(shell)
+        pending: list[tuple[str, Sequence[str]]] = []
+        for node in graph_def.node:
+            if not node.name:
+                graph._load_problems.append(f"a node of op '{node.op}' has no name")
+                continue
+            if graph._is_real(node.name):
+                graph._load_problems.append(f"duplicate node name '{node.name}'")
+                continue
+            payload = node_def_pb2.NodeDef()
+            payload.CopyFrom(node)
+            del payload.input[:]
+            graph._insert(payload)
+            pending.append((node.name, node.input))
+        for name, inputs in pending:
+            slot = 0
+            for pos, text in enumerate(inputs):
+                try:
+                    ref = TensorRef.parse(text)
+                except ValueError:
+                    graph._load_problems.append(f"node '{name}' has an empty input name")
+                    continue
+                if not graph.nx.has_node(ref.node):
+                    graph.nx.add_node(ref.node, missing=True)
+                canonical = str(ref) == text
+                graph.nx.add_edge(ref.node, name, key=pos, port=ref.port,
+                                  slot=None if ref.is_control else slot,
+                                  text=None if canonical else text)
+                if not ref.is_control:
+                    slot += 1
+        return graph
+
+    def to_graph_def(self) -> graph_pb2.GraphDef:
+        """The GraphDef: original node order, new nodes appended, all other fields untouched."""
+        out = graph_pb2.GraphDef()
+        out.CopyFrom(self.shell)
+        for name in self.nodes():
+            node = out.node.add()
+            node.CopyFrom(self.nx.nodes[name]["node_def"])
+            node.input.extend(self._input_texts(name))
+        return out
+
+    # ----------------------------------------------------------------- queries
+
+    def __contains__(self, name: str) -> bool:
+        return self._is_real(name)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self.nodes())
+
+    def nodes(self) -> list[str]:
+        """Node names in file order (new nodes last)."""
+        real = [(d["order"], n) for n, d in self.nx.nodes(data=True) if not d.get("missing")]
+        return [n for _, n in sorted(real)]
+
+    def node_def(self, name: str) -> node_def_pb2.NodeDef:
+        """The node's NodeDef without inputs (mutable: attrs and device may be edited in place)."""
+        self._require(name)
+        return self.nx.nodes[name]["node_def"]
+
+    def op(self, name: str) -> str:
+        return self.node_def(name).op
+
+    def inputs(self, name: str) -> list[TensorRef]:
+        """All inputs in NodeDef order: data inputs, then control dependencies."""
+        return [TensorRef(u, d["port"]) for u, d in self._in_edges(name)]
+
+    def data_inputs(self, name: str) -> list[TensorRef]:
+        return [r for r in self.inputs(name) if not r.is_control]
+
+    def control_inputs(self, name: str) -> list[str]:
+        return [r.node for r in self.inputs(name) if r.is_control]
+
+    def consumers(self, ref: TensorRef | str) -> list[tuple[str, int | None]]:
+        """(consumer, slot) pairs reading `ref`; a node name means all of its outputs and controls."""
+        if isinstance(ref, str):
+            return sorted((v, d["slot"] if d["slot"] is not None else -1)
+                          for _, v, d in self.nx.out_edges(ref, data=True))
+        return sorted((v, d["slot"]) for _, v, d in self.nx.out_edges(ref.node, data=True)
+                      if d["port"] == ref.port)
+
+    def successors(self, name: str) -> list[str]:
+        return sorted(set(self.nx.successors(name)))
+
+    def predecessors(self, name: str) -> list[str]:
+        return sorted(set(self.nx.predecessors(name)))
+
+    def topological_order(self, tie_break: str = "order") -> list[str]:
+        """Producers before consumers, loop back edges ignored; ties by file `order` or by `name`.
+
+        Tie-breaking by name makes the order independent of how the file listed the nodes.
+        """
+        real = set(self.nodes())
+        dag = nx.DiGraph()
+        dag.add_nodes_from(real)
+        dag.add_edges_from((u, v) for u, v in self.nx.edges()
+                           if u in real and v in real and not self._is_back_edge(u))
+        if tie_break == "name":
+            key = str
+        else:
+            key = lambda n: self.nx.nodes[n]["order"]  # noqa: E731
+        try:
+            return list(nx.lexicographical_topological_sort(dag, key=key))
+        except (nx.NetworkXUnfeasible, nx.NetworkXError):
+            return sorted(real, key=key)
+
+    # ----------------------------------------------------------------- mutation
+
+    def add_node(self, name: str, op: str, inputs: Iterable[TensorRef] = (),
+                 attrs: dict | None = None, device: str = "") -> str:
+        """Add a node; `inputs` may mix data refs and control refs (controls are placed last)."""
+        if self._is_real(name) or self.nx.has_node(name):
+            raise GraphError(f"node '{name}' already exists")
+        payload = node_def_pb2.NodeDef(name=name, op=op, device=device)
+        for key, value in (attrs or {}).items():
+            payload.attr[key].CopyFrom(value)
+        self._insert(payload)
+        refs = list(inputs)
+        ordered = [r for r in refs if not r.is_control] + [r for r in refs if r.is_control]
+        for pos, ref in enumerate(ordered):
+            self._require(ref.node)
+            self.nx.add_edge(ref.node, name, key=pos, port=ref.port,
+                             slot=None if ref.is_control else pos, text=None)
+        return name
+
+    def copy_node(self, name: str, new_name: str) -> str:
+        """Copy a node (attrs, device, inputs) under a new name; consumers are not touched."""
+        payload = node_def_pb2.NodeDef()
+        payload.CopyFrom(self.node_def(name))
+        payload.name = new_name
+        if self._is_real(new_name) or self.nx.has_node(new_name):
+            raise GraphError(f"node '{new_name}' already exists")
+        self._insert(payload)
+        for u, d in self._in_edges(name):
+            self.nx.add_edge(u, new_name, key=len(self.nx.in_edges(new_name)), port=d["port"],
+                             slot=d["slot"], text=None)
+        return new_name
+
+    def replace_uses(self, old: TensorRef, new: TensorRef,
+                     consumers: Iterable[str] | None = None) -> int:
+        """Make data consumers of `old` (all, or just `consumers`) read `new`; returns edges moved."""
+        self._require(new.node)
+        only = None if consumers is None else set(consumers)
+        moved = [(v, k, d) for _, v, k, d in self.nx.out_edges(old.node, keys=True, data=True)
+                 if d["port"] == old.port and (only is None or v in only)]
+        for v, k, d in moved:
+            self.nx.remove_edge(old.node, v, key=k)
+            self.nx.add_edge(new.node, v, key=k, port=new.port, slot=d["slot"], text=None)
+        return len(moved)
+
+    def add_control(self, before: str, after: str) -> bool:
+        """Make `after` wait for `before`; returns False if that dependency already existed."""
+        self._require(before)
+        self._require(after)
+        if before in self.control_inputs(after):
+            return False
+        keys = [k for _, _, k in self.nx.in_edges(after, keys=True)]
+        self.nx.add_edge(before, after, key=max(keys, default=-1) + 1, port=CONTROL, slot=None,
+                         text=None)
+        return True
+
+    def remove_node(self, name: str) -> None:
+        """Remove a node nobody reads; removing a used node would leave consumers short an input."""
+        self._require(name)
+        users = self.successors(name)
+        if users:
+            raise GraphError(f"cannot remove '{name}': still read by {', '.join(users[:3])}")
+        self.nx.remove_node(name)
+
+    def unique_name(self, base: str) -> str:
+        """`base` if free, else `base_1`, `base_2`, ... (deterministic)."""
+        if not self.nx.has_node(base):
+            return base
+        for i in itertools.count(1):
+            candidate = f"{base}_{i}"
+            if not self.nx.has_node(candidate):
+                return candidate
+        raise AssertionError("unreachable")
+
+    # ----------------------------------------------------------------- validation
+
+    def check(self) -> list[str]:
+        """Every structural problem, one sentence each; an empty list means the graph is sound."""
+        problems = list(self._load_problems)
+        for name, data in sorted(self.nx.nodes(data=True)):
+            if data.get("missing"):
+                for _, v, _, d in sorted(self.nx.out_edges(name, keys=True, data=True),
+                                         key=lambda e: (e[1], e[2])):
+                    text = d["text"] or str(TensorRef(name, d["port"]))
+                    problems.append(f"node '{v}' reads '{text}' but there is no node '{name}'")
+        for name in self.nodes():
+            edges = self._in_edges(name)
+            seen_control = False
+            for _, d in edges:
+                if d["port"] == CONTROL:
+                    seen_control = True
+                elif seen_control:
+                    problems.append(f"node '{name}' lists a control input before a data input")
+                    break
+        problems.extend(self._cycle_problems())
+        return problems
+
+    def _cycle_problems(self) -> list[str]:
+        real = set(self.nodes())
+        dag = nx.DiGraph()
+        dag.add_edges_from((u, v) for u, v in self.nx.edges()
+                           if u in real and v in real and not self._is_back_edge(u))
+        problems = []
+        for component in nx.strongly_connected_components(dag):
+            if len(component) > 1 or any(dag.has_edge(n, n) for n in component):
+                names = sorted(component)
+                shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+                problems.append(f"cycle outside a while-loop frame through {len(names)} "
+                                f"node(s): {shown}")
+        return sorted(problems)
+
+    # ----------------------------------------------------------------- internals
+
+    def _insert(self, payload: node_def_pb2.NodeDef) -> None:
+        self.nx.add_node(payload.name, node_def=payload, order=self._next_order)
+        self._next_order += 1
+
+    def _is_real(self, name: str) -> bool:
+        return self.nx.has_node(name) and not self.nx.nodes[name].get("missing")
+
+    def _require(self, name: str) -> None:
+        if not self._is_real(name):
+            raise GraphError(f"no node named '{name}'")
+
+    def _is_back_edge(self, producer: str) -> bool:
+        data = self.nx.nodes[producer]
+        return not data.get("missing") and data["node_def"].op in LOOP_BACK_OPS
+
+    def _in_edges(self, name: str) -> list[tuple[str, dict]]:
+        self._require(name)
+        edges = sorted(self.nx.in_edges(name, keys=True, data=True), key=lambda e: e[2])
+        return [(u, d) for u, _, _, d in edges]
+
+    def _input_texts(self, name: str) -> list[str]:
+        return [d["text"] or str(TensorRef(u, d["port"])) for u, d in self._in_edges(name)]
+
+
+def op_histogram(graph: Graph) -> Counter:
+    """How many nodes of each op type."""
+    return Counter(graph.op(n) for n in graph.nodes())

@@ -1,0 +1,1 @@
+"""Rewrite passes, one per module; each is `fn(graph, options) -> PassResult`."""

@@ -1,0 +1,67 @@
+"""What `inspect` reports about a model: a plain dict with stable keys (documented in the README)."""
+
+from __future__ import annotations
+
+from .graph import Graph, op_histogram
+from .io import Model
+from .text import dtype_name, format_shape
+
+# Required feeds only: a PlaceholderWithDefault (a Saver's filename) need not be fed.
+PLACEHOLDER_OPS = frozenset({"Placeholder", "PlaceholderV2"})
+V1_LOOP_OPS = frozenset({"Enter", "RefEnter", "Exit", "RefExit", "Merge", "RefMerge", "Switch",
+                         "RefSwitch", "NextIteration", "RefNextIteration", "LoopCond"})
+FUNCTIONAL_CONTROL_OPS = frozenset({"While", "StatelessWhile", "If", "StatelessIf", "Case",
+                                    "StatelessCase"})
+VARIABLE_OPS = frozenset({"VariableV2", "Variable", "VarHandleOp", "AutoReloadVariable",
+                          "_VarHandlesOp"})
+
+
+def summarize(model: Model) -> dict:
+    """Counts, inputs, outputs, control flow and variables of the model's graph."""
+    graph = model.graph
+    histogram = op_histogram(graph)
+    meta = model.meta_graph
+    return {
+        "file": str(model.path),
+        "format": str(model.format),
+        "nodes": len(graph),
+        "ops": dict(sorted(histogram.items())),
+        "inputs": [_placeholder(graph, n) for n in sorted(graph.nodes())
+                   if graph.op(n) in PLACEHOLDER_OPS],
+        "outputs": sinks(graph),
+        "train_op": _collection_nodes(meta, "train_op"),
+        "signatures": _signatures(meta),
+        "functions": len(graph.shell.library.function),
+        "control_flow": {
+            "v1_loop_nodes": sum(histogram[op] for op in V1_LOOP_OPS),
+            "functional": sorted(op for op in FUNCTIONAL_CONTROL_OPS if histogram[op]),
+        },
+        "variables": sorted(n for n in graph.nodes() if graph.op(n) in VARIABLE_OPS),
+        "warnings": list(model.warnings),
+    }
+
+
+def sinks(graph: Graph) -> list[str]:
+    """Nodes nothing reads (not even by a control edge): the graph's natural outputs."""
+    return sorted(n for n in graph.nodes() if graph.nx.out_degree(n) == 0)
+
+
+def _placeholder(graph: Graph, name: str) -> dict:
+    attrs = graph.node_def(name).attr
+    return {"name": name,
+            "dtype": dtype_name(attrs["dtype"].type) if "dtype" in attrs else "?",
+            "shape": format_shape(attrs["shape"].shape) if "shape" in attrs else "<?>"}
+
+
+def _collection_nodes(meta, key: str) -> list[str]:
+    if meta is None or key not in meta.collection_def:
+        return []
+    return list(meta.collection_def[key].node_list.value)
+
+
+def _signatures(meta) -> dict:
+    if meta is None:
+        return {}
+    return {key: {"inputs": {k: sig.inputs[k].name for k in sorted(sig.inputs)},
+                  "outputs": {k: sig.outputs[k].name for k in sorted(sig.outputs)}}
+            for key, sig in sorted(meta.signature_def.items())}

@@ -1,0 +1,119 @@
+"""Hostile input: one line on stderr naming the file, exit code 2, no traceback, no output."""
+
+import random
+
+import pytest
+
+from conftest import fixture_path, graph_def, run_cli
+
+RESNET = fixture_path("resnet_cnn").read_bytes()
+
+
+def node_boundary_cut(data: bytes) -> int:
+    """Offset just after the 10th node record: a cut protobuf parses without complaint."""
+    offset = 0
+    for _ in range(10):
+        assert data[offset] == 0x0A  # field 1 (node), length-delimited
+        length, shift, pos = 0, 0, offset + 1
+        while True:
+            byte = data[pos]
+            length |= (byte & 0x7F) << shift
+            pos += 1
+            shift += 7
+            if not byte & 0x80:
+                break
+        offset = pos + length
+    return offset
+
+
+def write(path, content):
+    path.write_bytes(content)
+    return path
+
+
+CASES = {
+    "empty file": (lambda d: write(d / "empty.pb", b""), "the file is empty"),
+    "random bytes": (lambda d: write(d / "random.pb", random.Random(1).randbytes(4096)),
+                     "not a TensorFlow GraphDef"),
+    "truncated mid-node": (lambda d: write(d / "cut.pb", RESNET[: len(RESNET) // 2]),
+                           "not a TensorFlow GraphDef"),
+    "truncated at a node boundary": (
+        lambda d: write(d / "cut.pb", RESNET[: node_boundary_cut(RESNET)]), "truncated"),
+    "truncated before versions": (lambda d: write(d / "cut.pb", _without_versions(RESNET)),
+                                  "no 'versions' record"),
+    "directory, not a SavedModel": (lambda d: (d / "dir").mkdir() or d / "dir",
+                                    "not a SavedModel"),
+    "missing path": (lambda d: d / "nowhere.pb", "no such file"),
+    "cycle": (lambda d: write(d / "cycle.pb", graph_def(
+        ("a", "Relu", ["b"]), ("b", "Relu", ["a"])).SerializeToString()), "cycle"),
+    "duplicate names": (lambda d: write(d / "dup.pb", graph_def(
+        ("a", "NoOp", []), ("a", "NoOp", [])).SerializeToString()), "duplicate node name 'a'"),
+    "dangling input": (lambda d: write(d / "dangling.pb", graph_def(
+        ("a", "Relu", ["ghost"])).SerializeToString()), "no node 'ghost'"),
+    "broken text proto": (lambda d: write(d / "broken.pbtxt", b'node {\n  name: "a"\n  op: '),
+                          "broken text proto"),
+    "unexpected text": (lambda d: write(d / "notes.pbtxt", b"hello: world\n"),
+                        "unexpected field 'hello'"),
+    "over protobuf's 2 GB limit": (lambda d: _sparse(d / "huge.pb", 3 * 2**30),
+                                   "over protobuf's 2 GiB limit"),
+}
+
+
+def _without_versions(data: bytes) -> bytes:
+    """A whole graph cut just before its trailing `versions` record (field 4, written last)."""
+    from tensorflow.core.framework import graph_pb2
+
+    graph = graph_pb2.GraphDef.FromString(data)
+    graph.ClearField("versions")
+    cut = graph.SerializeToString(deterministic=True)
+    assert data.startswith(cut)
+    return cut
+
+
+def _sparse(path, size):
+    with open(path, "wb") as handle:
+        handle.truncate(size)
+    return path
+
+
+@pytest.mark.parametrize("command", ["optimize", "inspect", "dump"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_refused_with_one_line_and_exit_2(case, command, tmp_path):
+    make, expected = CASES[case]
+    bad = make(tmp_path)
+    out = tmp_path / "out.pb"
+    extra = ["-o", out, "--mode", "none"] if command == "optimize" else []
+    result = run_cli(command, bad, *extra)
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("graphrewrite: error: ") and bad.name in lines[0]
+    assert expected in lines[0]
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != bad.name) == []
+
+
+def test_truncation_anywhere_is_refused(tmp_path):
+    """Every cut of a real graph is refused: protobuf errors, or our checks catch the rest."""
+    rng = random.Random(3)
+    for cut in sorted(rng.sample(range(1, len(RESNET)), 40)):
+        path = write(tmp_path / "cut.pb", RESNET[:cut])
+        result = run_cli("inspect", path)
+        assert result.exit_code == 2, (cut, result.stdout[:200])
+
+
+def test_unknown_op_is_a_warning_not_a_refusal(tmp_path):
+    path = write(tmp_path / "custom.pb", graph_def(
+        ("x", "Placeholder", []), ("y", "MyCustomOp", ["x"])).SerializeToString())
+    out = tmp_path / "out.pb"
+    result = run_cli("optimize", path, "-o", out, "--mode", "none")
+    assert result.exit_code == 0
+    assert "warning: " in result.stderr and "MyCustomOp" in result.stderr
+    assert out.exists()
+
+
+def test_debug_shows_a_traceback(tmp_path):
+    result = run_cli("--debug", "inspect", write(tmp_path / "empty.pb", b""))
+    assert result.exit_code == 2
+    assert "Traceback" in result.stderr
