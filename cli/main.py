@@ -130,19 +130,69 @@ def dump(model_path, tag):
     click.echo(text.dump(model.graph, model.meta_graph), nl=False)
 
 
+def _parse_input_shapes(ctx, param, values):
+    from graphrewrite.shapes import parse_input_shape
+
+    try:
+        return dict(parse_input_shape(v) for v in values)
+    except ValueError as err:
+        raise click.BadParameter(str(err)) from None
+
+
+def _parse_names(ctx, param, value):
+    return [v.strip() for v in value.split(",") if v.strip()] if value else None
+
+
+def analysis_options(command):
+    """Options every command that models memory shares."""
+    for option in reversed([
+        click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME:D0,D1,..",
+                     callback=_parse_input_shapes,
+                     help="Fix a placeholder's unknown dimensions (repeatable), e.g. "
+                          "--input-shape images:8,224,224,3."),
+        click.option("--outputs", callback=_parse_names, metavar="NAMES",
+                     help="Comma-separated nodes one step fetches (default: a MetaGraphDef's "
+                          "train_op and losses collections, else every sink)."),
+        click.option("--backward-scope", metavar="PREFIX",
+                     help="Treat nodes under this name prefix as the start of the backward pass "
+                          "(default: found from gradient ops and the gradient seed)."),
+    ]):
+        command = option(command)
+    return command
+
+
 @main.command()
 @click.argument("model_path", metavar="IN", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="One JSON object (keys in the README).")
+@click.option("--top", default=10, show_default=True, help="How many tensors live at the peak "
+                                                           "to list.")
+@analysis_options
 @tag_option
-def inspect(model_path, as_json, tag):
-    """Summarize model IN: nodes, ops, inputs, outputs, control flow, variables."""
-    from graphrewrite import io, summary
+def inspect(model_path, as_json, top, input_shapes, outputs, backward_scope, tag):
+    """Summarize model IN: nodes, ops, inputs, outputs, control flow, variables, and the modelled
+    memory of one training step (peak, what is live at the peak), FLOPs, forward/backward split.
+    """
+    from graphrewrite import analysis, io, summary
 
-    facts = summary.summarize(io.load(model_path, tag=tag))
+    model = io.load(model_path, tag=tag)
+    facts = summary.summarize(model)
+    found = analysis.analyse(model, input_shapes=input_shapes, backward_scope=backward_scope,
+                             fetches=outputs)
+    facts.update(summary.memory_facts(found, top))
     if as_json:
-        click.echo(json.dumps(facts, indent=2, sort_keys=False))
+        click.echo(json.dumps(facts, indent=2))
     else:
         click.echo(format_summary(facts))
+
+
+def format_bytes(count: int) -> str:
+    """1536 -> '1.5 KiB'."""
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"
 
 
 def format_summary(facts: dict) -> str:
@@ -162,11 +212,29 @@ def format_summary(facts: dict) -> str:
         ("variables", f"{len(facts['variables'])}" + (
             f" ({_shorten(facts['variables'], 4)})" if facts["variables"] else "")),
     ]
+    if "peak_bytes" in facts:
+        rows += [
+            ("peak memory", f"{format_bytes(facts['peak_bytes'])} (modelled; persistent "
+                            f"{format_bytes(facts['persistent_bytes'])}, peak at "
+                            f"{facts['peak_node']})"),
+            ("host peak", format_bytes(facts["host_peak_bytes"])),
+            ("forward", f"{facts['forward_nodes']} nodes; backward {facts['backward_nodes']} "
+                        f"nodes; gradient seed {', '.join(facts['gradient_seeds']) or 'none'}"),
+            ("FLOPs", f"{facts['flops'] / 1e9:.3f} GFLOP per step"),
+        ]
+        unknown = facts["unknown_shapes"]
+        if unknown["count"]:
+            rows.append(("unknown sizes", f"{unknown['count']} tensors count 0 bytes (e.g. "
+                                          f"{', '.join(unknown['examples'][:3])}); use "
+                                          "--input-shape"))
     if facts["train_op"]:
         rows.append(("train_op", ", ".join(facts["train_op"])))
     if facts["signatures"]:
         rows.append(("signatures", ", ".join(facts["signatures"])))
     lines = [f"{key:<13} {value}" for key, value in rows]
+    if facts.get("live_at_peak"):
+        lines.append("live at peak:")
+        lines.extend(f"  {format_bytes(t['bytes']):>11}  {t['tensor']}" for t in facts["live_at_peak"])
     lines.append("ops:")
     ranked = sorted(facts["ops"].items(), key=lambda kv: (-kv[1], kv[0]))
     width = max((len(op) for op in facts["ops"]), default=0)

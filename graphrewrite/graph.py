@@ -151,7 +151,7 @@ class Graph:
         dag = nx.DiGraph()
         dag.add_nodes_from(real)
         dag.add_edges_from((u, v) for u, v in self.nx.edges()
-                           if u in real and v in real and not self._is_back_edge(u))
+                           if u in real and v in real and not self.loops_back(u))
         if tie_break == "name":
             key = str
         else:
@@ -261,7 +261,7 @@ class Graph:
         real = set(self.nodes())
         dag = nx.DiGraph()
         dag.add_edges_from((u, v) for u, v in self.nx.edges()
-                           if u in real and v in real and not self._is_back_edge(u))
+                           if u in real and v in real and not self.loops_back(u))
         problems = []
         for component in nx.strongly_connected_components(dag):
             if len(component) > 1 or any(dag.has_edge(n, n) for n in component):
@@ -284,7 +284,8 @@ class Graph:
         if not self._is_real(name):
             raise GraphError(f"no node named '{name}'")
 
-    def _is_back_edge(self, producer: str) -> bool:
+    def loops_back(self, producer: str) -> bool:
+        """Whether `producer`'s outgoing edges close a v1 while-loop (NextIteration -> Merge)."""
         data = self.nx.nodes[producer]
         return not data.get("missing") and data["node_def"].op in LOOP_BACK_OPS
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from .analysis import Analysis
 from .graph import Graph, op_histogram
+from .memory import DEVICE, HOST
 from .io import Model
 from .text import dtype_name, format_shape
 
@@ -38,6 +40,26 @@ def summarize(model: Model) -> dict:
         },
         "variables": sorted(n for n in graph.nodes() if graph.op(n) in VARIABLE_OPS),
         "warnings": list(model.warnings),
+    }
+
+
+def memory_facts(analysis: Analysis, top: int = 10) -> dict:
+    """The memory-model keys of `inspect --json`."""
+    report = analysis.memory
+    unknown = report.unknown
+    return {
+        "peak_bytes": report.peak(DEVICE),
+        "host_peak_bytes": report.peak(HOST),
+        "persistent_bytes": report.persistent_bytes.get(DEVICE, 0),
+        "peak_node": report.peak_node.get(DEVICE, ""),
+        "live_at_peak": [{"tensor": str(ref), "bytes": size}
+                         for ref, size in report.live_at_peak.get(DEVICE, [])[:top]],
+        "forward_nodes": len(analysis.split.forward),
+        "backward_nodes": len(analysis.split.backward),
+        "gradient_seeds": list(analysis.split.seeds),
+        "flops": analysis.flops,
+        "fetches": analysis.fetches,
+        "unknown_shapes": {"count": len(unknown), "examples": [str(r) for r in unknown[:5]]},
     }
 
 

@@ -1,0 +1,140 @@
+"""Running a graph in a TensorFlow session: outputs, measured peak memory, step time.
+
+Peak memory is the allocator's own count: the largest `allocator_bytes_in_use` that a fully traced
+step's `RunMetadata` reports on the compute device, minus what was in use before the session
+existed. On a GPU the allocator is the BFC allocator, which always keeps these statistics; on a CPU
+it only does when `TF_CPU_ALLOCATOR_USE_BFC=true` was set before TensorFlow started (the CLI and
+the benchmark set it; `measurement_environment()` says whether it is in force). Without it, the
+peak falls back to the sum of the step's own allocation records, which misses constants.
+
+The session uses TensorFlow's default `ConfigProto` (Grappler on), which is what users run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+BFC_FLAG = "TF_CPU_ALLOCATOR_USE_BFC"
+
+
+def measurement_environment() -> None:
+    """Set up CPU measurement; must run before TensorFlow is imported.
+
+    `TF_CPU_ALLOCATOR_USE_BFC=true`: an allocator that counts its bytes. `TF_ENABLE_ONEDNN_OPTS=0`:
+    oneDNN's kernels keep private re-laid-out copies of constant weights (frozen graphs double
+    their weight memory on the CPU, and run slower); neither happens on a GPU, so measuring
+    without them measures what the graph itself needs.
+    """
+    os.environ.setdefault(BFC_FLAG, "true")
+    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+
+@dataclass
+class StepMeasurement:
+    outputs: dict[str, np.ndarray]
+    peak_bytes: int | None            # allocator peak during the step, above the pre-session base
+    step_alloc_peak_bytes: int        # peak of the step's own allocation records
+    step_seconds: list[float] = field(default_factory=list)
+    device: str = ""
+
+    @property
+    def median_seconds(self) -> float:
+        return statistics.median(self.step_seconds) if self.step_seconds else float("nan")
+
+
+def compute_device() -> str:
+    """`/device:GPU:0` when TensorFlow sees a GPU, else `/device:CPU:0`."""
+    import tensorflow as tf
+
+    return "/device:GPU:0" if tf.config.list_physical_devices("GPU") else "/device:CPU:0"
+
+
+def run_step(graph_def, feeds: dict[str, np.ndarray], fetches: list[str],
+             runs: int = 3, init_ops: tuple[str, ...] = (), config=None) -> StepMeasurement:
+    """Import `graph_def`, run `init_ops` once, then run the fetches: a warm-up, one traced step,
+    `runs` timed steps. Fetches are node names (output 0) or `node:port`; control-only nodes are
+    run as targets. Returns the traced step's outputs and the measurements."""
+    import tensorflow as tf
+
+    device = compute_device()
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.graph_util.import_graph_def(graph_def, name="")
+    fetch_tensors, targets = _resolve(graph, fetches)
+    feed_dict = {graph.get_tensor_by_name(_tensor_name(k)): v for k, v in feeds.items()}
+    base = _allocator_in_use(device)
+    with tf.compat.v1.Session(graph=graph, config=config) as session:
+        if init_ops:
+            session.run([graph.get_operation_by_name(op) for op in init_ops])
+        session.run(fetch_tensors + targets, feed_dict)
+        before_step = _allocator_in_use(device)
+        metadata = tf.compat.v1.RunMetadata()
+        options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+        values = session.run(fetch_tensors + targets, feed_dict, options=options,
+                             run_metadata=metadata)
+        seconds = []
+        for _ in range(runs):
+            start = time.perf_counter()
+            session.run(fetch_tensors + targets, feed_dict)
+            seconds.append(time.perf_counter() - start)
+    in_use, records = _peaks(metadata, device)
+    outputs = {t.name: np.asarray(v) for t, v in zip(fetch_tensors, values)}
+    peak = None if in_use is None else in_use - (base or 0)
+    result = StepMeasurement(outputs, peak, records, seconds, device)
+    result.before_step = None if before_step is None else before_step - (base or 0)
+    return result
+
+
+def _tensor_name(name: str) -> str:
+    return name if ":" in name else name + ":0"
+
+
+def _resolve(graph, fetches):
+    tensors, targets = [], []
+    for name in fetches:
+        op = graph.get_operation_by_name(name.split(":")[0])
+        if ":" in name:
+            tensors.append(graph.get_tensor_by_name(name))
+        elif op.outputs:
+            tensors.append(op.outputs[0])
+        else:
+            targets.append(op)
+    return tensors, targets
+
+
+def _allocator_in_use(device: str) -> int | None:
+    import tensorflow as tf
+
+    try:
+        return tf.config.experimental.get_memory_info(device.replace("/device:", ""))["current"]
+    except (ValueError, tf.errors.OpError):
+        return None
+
+
+def _peaks(metadata, device: str) -> tuple[int | None, int]:
+    """(max allocator_bytes_in_use, peak of the summed allocation records) on `device`."""
+    wanted = device.replace("/device:", "").upper()
+    in_use, records = 0, []
+    for dev in metadata.step_stats.dev_stats:
+        if wanted not in dev.device.upper():
+            continue
+        for node in dev.node_stats:
+            for memory in node.memory:
+                if "cuda_host" in memory.allocator_name or "gpu_host" in memory.allocator_name:
+                    continue
+                in_use = max(in_use, memory.allocator_bytes_in_use)
+                records.extend((r.alloc_micros, r.alloc_bytes) for r in memory.allocation_records)
+    current = peak = 0
+    for _, delta in sorted(records):
+        current += delta
+        peak = max(peak, current)
+    return (in_use or None), peak

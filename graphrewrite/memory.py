@@ -1,0 +1,244 @@
+"""Static memory model of one training step: schedule, liveness, peak per device.
+
+The schedule imitates TensorFlow's executor: only nodes the fetches need run; a node becomes ready
+when all its inputs (data and control) are done, and ready nodes run first-come first-served
+(breadth-first), starting from the sources in file order. Loop back edges are ignored, so a loop
+body counts once.
+
+Each output tensor gets a buffer when its node runs and loses it after its last consumer ran:
+
+- outputs of ops that alias an input (Identity, Reshape, Squeeze, ExpandDims, ...) share that
+  input's buffer and allocate nothing;
+- element-wise ops reuse the buffer of an input of the same size whose last use they are, as
+  TensorFlow's `forward_input_or_allocate_output` does;
+- constants live for the whole step (their kernels hold them); fed inputs live throughout; fetched
+  outputs live to the end;
+- tensors of unknown size count 0 bytes and are listed in `unknown`.
+
+A node's inputs and outputs are live together while it runs; the peak is taken at that moment.
+Nodes pinned to `/device:CPU:0` in a graph that also has accelerator nodes are host memory.
+Kernel workspaces (convolution scratch space) are not modelled.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from .graph import Graph
+from .shapes import Shapes, TensorInfo
+from .tensor_ref import TensorRef
+
+DEVICE, HOST = "device", "host"
+
+# Output i is (a view of) input i: no allocation.
+ALIAS_OPS = frozenset({
+    "Identity", "IdentityN", "Reshape", "Squeeze", "ExpandDims", "StopGradient",
+    "PreventGradient", "Snapshot", "EnsureShape", "CheckNumerics", "Enter", "RefEnter", "Exit",
+    "RefExit", "NextIteration", "RefNextIteration", "Switch", "RefSwitch", "Merge", "RefMerge",
+    "ReadVariableOp", "_Retval", "_Arg",
+})
+# Element-wise kernels that write into an input's buffer when it dies with them.
+FORWARDING_OPS = frozenset({
+    "Relu", "Relu6", "Elu", "Selu", "LeakyRelu", "Tanh", "Sigmoid", "Neg", "Exp", "Log", "Log1p",
+    "Sqrt", "Rsqrt", "Square", "Abs", "Reciprocal", "Inv", "Erf", "Softplus", "Sign", "Floor",
+    "Ceil", "Round", "Cos", "Sin",
+    "Add", "AddV2", "Sub", "Mul", "RealDiv", "Div", "DivNoNan", "Maximum", "Minimum", "Pow",
+    "SquaredDifference", "FloorDiv", "FloorMod", "MulNoNan",
+    "ReluGrad", "Relu6Grad", "EluGrad", "SeluGrad", "LeakyReluGrad", "TanhGrad", "SigmoidGrad",
+    "RsqrtGrad", "SqrtGrad", "ReciprocalGrad", "InvGrad", "SoftplusGrad",
+    "BiasAdd", "AddN", "Select", "SelectV2", "ZerosLike", "OnesLike",
+})
+PERSISTENT_OPS = frozenset({"Const", "HostConst", "VariableV2", "Variable", "VarHandleOp"})
+FEED_OPS = frozenset({"Placeholder", "PlaceholderV2"})
+ACCELERATOR_MARKERS = ("GPU", "TPU", "gpu", "tpu", "XLA_")
+
+
+@dataclass(eq=False)
+class Buffer:
+    """One allocation; several tensors share it when ops alias or write in place."""
+
+    size: int
+    place: str
+    owner: TensorRef            # the tensor that allocated it
+    start: int = 0              # step that allocated it
+    end: int | None = None      # step after which it was freed (None: live to the end)
+    uses_left: int = 0
+    pinned: bool = False        # persistent, fed or fetched: never freed during the step
+
+
+@dataclass
+class MemoryReport:
+    """Result of simulating one step."""
+
+    order: list[str]
+    peak_bytes: dict[str, int]                      # place -> peak
+    peak_node: dict[str, str]                       # place -> node running at the peak
+    live_at_peak: dict[str, list[tuple[TensorRef, int]]]  # place -> (owner tensor, bytes)
+    persistent_bytes: dict[str, int]
+    buffers: list[Buffer]
+    unknown: list[TensorRef] = field(default_factory=list)
+
+    def peak(self, place: str = DEVICE) -> int:
+        return self.peak_bytes.get(place, 0)
+
+
+def placement(graph: Graph, name: str, has_accelerator: bool) -> str:
+    """HOST for CPU-pinned nodes of a graph that also uses an accelerator, else DEVICE."""
+    device = graph.node_def(name).device
+    if has_accelerator and "CPU" in device.upper():
+        return HOST
+    return DEVICE
+
+
+def has_accelerator(graph: Graph) -> bool:
+    return any(m in graph.node_def(n).device for n in graph.nodes() for m in ACCELERATOR_MARKERS)
+
+
+def needed_nodes(graph: Graph, fetches: list[str]) -> set[str]:
+    """What TensorFlow runs for these fetches: their ancestors through data and control edges."""
+    needed, stack = set(), list(fetches)
+    while stack:
+        name = stack.pop()
+        if name in needed:
+            continue
+        needed.add(name)
+        stack.extend(u for u in graph.nx.predecessors(name) if u not in needed)
+    return needed
+
+
+def schedule(graph: Graph, fetches: list[str]) -> list[str]:
+    """Executor-like order: ready nodes first-come first-served, sources in file order."""
+    needed = needed_nodes(graph, fetches)
+    order_index = {n: i for i, n in enumerate(graph.nodes())}
+    pending = {}
+    for name in needed:
+        pending[name] = sum(1 for u, _, d in graph.nx.in_edges(name, data=True)
+                            if u in needed and not graph.loops_back(u))
+    ready = deque(sorted((n for n, count in pending.items() if count == 0), key=order_index.get))
+    order = []
+    while ready:
+        name = ready.popleft()
+        order.append(name)
+        consumers = sorted({v for _, v in graph.nx.out_edges(name) if v in needed},
+                           key=order_index.get)
+        if graph.loops_back(name):
+            continue
+        for consumer in consumers:
+            edges = sum(1 for _ in graph.nx.get_edge_data(name, consumer).values())
+            pending[consumer] -= edges
+            if pending[consumer] == 0:
+                ready.append(consumer)
+    return order
+
+
+def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None) -> MemoryReport:
+    """Simulate one step that fetches `fetches` (default: the sinks) and report the peaks."""
+    if fetches is None:
+        fetches = [n for n in graph.nodes() if graph.nx.out_degree(n) == 0]
+    fetched = set(fetches)
+    order = schedule(graph, fetches)
+    position = {n: i for i, n in enumerate(order)}
+    accelerated = has_accelerator(graph)
+    buffers: list[Buffer] = []
+    buffer_of: dict[TensorRef, Buffer] = {}
+    in_use: dict[str, int] = {}
+    peak: dict[str, tuple[int, int]] = {}  # place -> (bytes, step)
+    unknown: list[TensorRef] = []
+
+    def add_output(ref: TensorRef, buffer: Buffer) -> None:
+        buffer.uses_left += sum(1 for v, _ in graph.consumers(ref) if v in position)
+        buffer_of[ref] = buffer
+
+    def allocate(ref: TensorRef, place: str, step: int, pinned: bool) -> Buffer:
+        size = shapes.nbytes(ref)
+        if graph.op(ref.node) == "VarHandleOp":
+            size = variable_bytes(graph.node_def(ref.node))
+        if size is None:
+            unknown.append(ref)
+            size = 0
+        buffer = Buffer(size, place, ref, start=step, pinned=pinned)
+        buffers.append(buffer)
+        in_use[place] = in_use.get(place, 0) + size
+        return buffer
+
+    def release(buffer: Buffer, step: int) -> None:
+        if not buffer.pinned and buffer.end is None:
+            buffer.end = step
+            in_use[buffer.place] -= buffer.size
+
+    # Constants, variables and fed inputs exist before the step starts.
+    for name in order:
+        if graph.op(name) in PERSISTENT_OPS | FEED_OPS:
+            place = placement(graph, name, accelerated)
+            for ref in shapes.outputs(name):
+                add_output(ref, allocate(ref, place, 0, pinned=True))
+    persistent = {}
+    for buffer in buffers:
+        persistent[buffer.place] = persistent.get(buffer.place, 0) + buffer.size
+
+    for step, name in enumerate(order):
+        op = graph.op(name)
+        place = placement(graph, name, accelerated)
+        inputs = [r for r in graph.data_inputs(name) if r in buffer_of]
+        if op not in PERSISTENT_OPS | FEED_OPS:
+            for ref in shapes.outputs(name):
+                buffer = _output_buffer(op, ref, inputs, buffer_of, shapes)
+                if buffer is None:
+                    buffer = allocate(ref, place, step, pinned=False)
+                buffer.pinned |= name in fetched
+                add_output(ref, buffer)
+        for where, value in in_use.items():
+            if value > peak.get(where, (-1, 0))[0]:
+                peak[where] = (value, step)
+        for ref in inputs:
+            buffer = buffer_of[ref]
+            buffer.uses_left -= 1
+            if buffer.uses_left <= 0:
+                release(buffer, step)
+        for ref in shapes.outputs(name):
+            if ref in buffer_of and buffer_of[ref].uses_left <= 0:
+                release(buffer_of[ref], step)
+
+    live_at_peak = {
+        where: sorted(((b.owner, b.size) for b in buffers
+                       if b.place == where and b.start <= at and (b.end is None or b.end >= at)),
+                      key=lambda item: (-item[1], str(item[0])))
+        for where, (_, at) in peak.items()}
+    return MemoryReport(order, {w: v for w, (v, _) in peak.items()},
+                        {w: order[at] for w, (_, at) in peak.items()}, live_at_peak, persistent,
+                        buffers, sorted(set(unknown)))
+
+
+def variable_bytes(node) -> int | None:
+    """Bytes of the variable a VarHandleOp creates (its handle is 0 bytes, its value is not)."""
+    attrs = node.attr
+    info = TensorInfo(attrs["dtype"].type, None if attrs["shape"].shape.unknown_rank else
+                      tuple(None if d.size < 0 else d.size for d in attrs["shape"].shape.dim))
+    return info.nbytes
+
+
+def _output_buffer(op: str, ref: TensorRef, inputs: list[TensorRef],
+                   buffer_of: dict[TensorRef, Buffer], shapes: Shapes) -> Buffer | None:
+    """The input buffer this output lives in (alias or in-place reuse), or None to allocate."""
+    if op in ALIAS_OPS:
+        source = _alias_source(op, ref, inputs)
+        return buffer_of.get(source) if source is not None else None
+    if op in FORWARDING_OPS and ref.port == 0:
+        size = shapes.nbytes(ref)
+        for source in inputs:
+            buffer = buffer_of[source]
+            dies_here = buffer.uses_left - inputs.count(source) <= 0
+            if dies_here and not buffer.pinned and buffer.size == size and size:
+                return buffer
+    return None
+
+
+def _alias_source(op: str, ref: TensorRef, inputs: list[TensorRef]) -> TensorRef | None:
+    if op in ("IdentityN", "_Retval"):
+        return inputs[ref.port] if ref.port < len(inputs) else None
+    if op in ("Merge", "RefMerge"):
+        return inputs[0] if ref.port == 0 and inputs else None
+    if op in ("Switch", "RefSwitch"):
+        return inputs[0] if inputs else None
+    return inputs[0] if ref.port == 0 and inputs else None

@@ -1,0 +1,175 @@
+"""Shapes, dtypes and byte sizes of every tensor.
+
+TensorFlow's own shape inference does the work: the GraphDef is imported into a `tf.Graph`, whose
+C++ shape functions (with constant inputs evaluated) give each output a dtype and shape.
+`_output_shapes` attributes fill in dimensions inference left unknown. `--input-shape` fixes the
+unknown dimensions of placeholders before inference. Whatever stays unknown is reported by
+`Shapes.unknown`, never counted as 1.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+
+from tensorflow.core.framework import types_pb2
+
+from .errors import GraphRewriteError
+from .graph import Graph
+from .tensor_ref import TensorRef
+
+log = logging.getLogger(__name__)
+
+# Bytes per element; handles (resource) are tiny and owned elsewhere, so they count as 0.
+_ITEM_BYTES = {
+    types_pb2.DT_FLOAT: 4, types_pb2.DT_DOUBLE: 8, types_pb2.DT_HALF: 2, types_pb2.DT_BFLOAT16: 2,
+    types_pb2.DT_INT8: 1, types_pb2.DT_UINT8: 1, types_pb2.DT_INT16: 2, types_pb2.DT_UINT16: 2,
+    types_pb2.DT_INT32: 4, types_pb2.DT_UINT32: 4, types_pb2.DT_INT64: 8, types_pb2.DT_UINT64: 8,
+    types_pb2.DT_BOOL: 1, types_pb2.DT_COMPLEX64: 8, types_pb2.DT_COMPLEX128: 16,
+    types_pb2.DT_QINT8: 1, types_pb2.DT_QUINT8: 1, types_pb2.DT_QINT32: 4,
+    types_pb2.DT_RESOURCE: 0,
+}
+# Outputs whose size the kernel decides (shape inference says "unknown"): an empty tensor on the
+# CPU, a small cuDNN workspace on a GPU. Counted as empty rather than reported as unknown.
+KERNEL_SIZED = {("FusedBatchNormV3", 5), ("_FusedBatchNormEx", 5)}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """dtype (DataType enum, refs resolved) and shape (None: unknown rank; None dims: unknown)."""
+
+    dtype: int
+    shape: tuple | None
+
+    @property
+    def nbytes(self) -> int | None:
+        """Bytes of the tensor's buffer, or None when a dimension or the element size is unknown."""
+        item = _ITEM_BYTES.get(self.dtype % 100)  # DT_FLOAT_REF = DT_FLOAT + 100
+        if item is None or self.shape is None or any(d is None for d in self.shape):
+            return None
+        return item * math.prod(self.shape)
+
+
+@dataclass
+class Shapes:
+    """Every output tensor of a graph with what is known of it."""
+
+    tensors: dict[TensorRef, TensorInfo] = field(default_factory=dict)
+
+    def __getitem__(self, ref: TensorRef) -> TensorInfo | None:
+        return self.tensors.get(ref)
+
+    def nbytes(self, ref: TensorRef) -> int | None:
+        info = self.tensors.get(ref)
+        return None if info is None else info.nbytes
+
+    def outputs(self, node: str) -> list[TensorRef]:
+        """The node's output tensors (port order); empty for nodes TensorFlow could not import."""
+        refs, port = [], 0
+        while TensorRef(node, port) in self.tensors:
+            refs.append(TensorRef(node, port))
+            port += 1
+        return refs
+
+    @property
+    def unknown(self) -> list[TensorRef]:
+        """Tensors whose size is unknown (unknown dims, unknown rank, or variable-size dtype)."""
+        return sorted(ref for ref, info in self.tensors.items() if info.nbytes is None)
+
+
+def parse_input_shape(text: str) -> tuple[str, tuple]:
+    """`x:4,224,224,3` -> ('x', (4, 224, 224, 3)); `?` or -1 keeps a dimension unknown.
+
+    >>> parse_input_shape("images:8,-1,3")
+    ('images', (8, None, 3))
+    """
+    name, sep, dims = text.rpartition(":")
+    if not sep or not name:
+        raise ValueError(f"expected NAME:d0,d1,... not '{text}'")
+    try:
+        shape = tuple(None if d.strip() in ("?", "-1") else int(d) for d in dims.split(",")
+                      if d.strip()) if dims.strip() else ()
+    except ValueError:
+        raise ValueError(f"dimensions of '{name}' must be integers: '{dims}'") from None
+    if any(d is not None and d < 0 for d in shape):
+        raise ValueError(f"negative dimension in '{text}'")
+    return name, shape
+
+
+def infer(graph: Graph, input_shapes: dict[str, tuple] | None = None) -> Shapes:
+    """Shapes of every tensor, by TensorFlow's shape inference (plus `_output_shapes`)."""
+    graph_def = graph.to_graph_def()
+    for name, shape in (input_shapes or {}).items():
+        _fix_placeholder(graph, graph_def, name, shape)
+    shapes = Shapes()
+    inferred = _tensorflow_shapes(graph_def)
+    for node in graph_def.node:
+        recorded = [_from_proto(s) for s in node.attr["_output_shapes"].list.shape] \
+            if "_output_shapes" in node.attr and node.name not in (input_shapes or {}) else []
+        for port, (dtype, shape) in enumerate(inferred.get(node.name, [])):
+            if port < len(recorded):
+                shape = _merge(shape, recorded[port])
+            if (node.op, port) in KERNEL_SIZED and (shape is None or None in shape):
+                shape = (0,)
+            shapes.tensors[TensorRef(node.name, port)] = TensorInfo(dtype, shape)
+    return shapes
+
+
+def _fix_placeholder(graph: Graph, graph_def, name: str, shape: tuple) -> None:
+    if name not in graph:
+        raise GraphRewriteError(f"--input-shape names '{name}', which is not a node of the graph")
+    node = next(n for n in graph_def.node if n.name == name)
+    if "shape" not in node.attr:
+        raise GraphRewriteError(f"--input-shape: '{name}' is a {node.op}, not a placeholder")
+    proto = node.attr["shape"].shape
+    proto.Clear()
+    for dim in shape:
+        proto.dim.add(size=-1 if dim is None else dim)
+
+
+def _tensorflow_shapes(graph_def) -> dict[str, list[tuple[int, tuple | None]]]:
+    """node -> [(dtype, shape)] per output, from importing into a tf.Graph; {} if that fails."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import tensorflow as tf
+
+    tf_graph = tf.Graph()
+    try:
+        with tf_graph.as_default():
+            tf.graph_util.import_graph_def(graph_def, name="")
+    except (ValueError, TypeError, tf.errors.OpError) as err:
+        log.warning("TensorFlow cannot import the graph for shape inference (%s); only recorded "
+                    "_output_shapes are used", str(err).splitlines()[0][:200])
+        return _recorded_only(graph_def)
+    result = {}
+    for op in tf_graph.get_operations():
+        result[op.name] = [
+            (out.dtype.as_datatype_enum,
+             None if out.shape.rank is None else tuple(out.shape.as_list()))
+            for out in op.outputs]
+    return result
+
+
+def _recorded_only(graph_def) -> dict:
+    result = {}
+    for node in graph_def.node:
+        if "_output_shapes" in node.attr:
+            result[node.name] = [(types_pb2.DT_INVALID, _from_proto(s))
+                                 for s in node.attr["_output_shapes"].list.shape]
+    return result
+
+
+def _from_proto(proto) -> tuple | None:
+    if proto.unknown_rank:
+        return None
+    return tuple(None if d.size < 0 else d.size for d in proto.dim)
+
+
+def _merge(inferred: tuple | None, recorded: tuple | None) -> tuple | None:
+    """Inferred dims win; recorded ones fill the gaps (when ranks agree)."""
+    if inferred is None:
+        return recorded
+    if recorded is None or len(recorded) != len(inferred):
+        return inferred
+    return tuple(r if i is None else i for i, r in zip(inferred, recorded))

@@ -1,0 +1,223 @@
+"""Forward/backward split of a training graph, by reachability rather than by name.
+
+TF1 puts gradients under `gradients/`, GradientTape under `gradient_tape/`, Keras and custom code
+elsewhere, and the tape's seed (`ones`) sits outside any gradient scope; names do not decide.
+
+1. Anchors: nodes whose op type only ever appears in a backward pass (`ReluGrad`,
+   `Conv2DBackpropInput`, `FusedBatchNormGradV3`, ...).
+2. Forward values: what anchors read besides the incoming gradient (`ReluGrad`'s features,
+   `FusedBatchNormGrad`'s x and reserve spaces) and everything those depend on.
+3. Gradient seeds: ones-valued tensors (`OnesLike`, `Fill(.., 1)`, an all-ones `Const`) computed
+   from constants and shapes only, from which an anchor is reachable, and which are not forward
+   values. Back-propagation starts there.
+4. Gradient flow: the seeds and everything reachable from them. These run in backprop order.
+5. Forward: what the losses and the forward values depend on, minus the gradient flow; the losses
+   being what the seeds were shaped after plus the sinks outside the gradient flow.
+6. Backward: the rest, i.e. the gradient flow plus the backward nodes that read only forward values
+   (shape computations, activation masks), which TensorFlow runs as soon as their inputs exist.
+
+`backward_scope` overrides the search: the nodes under that name prefix seed the gradient flow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import networkx as nx
+import numpy as np
+
+from .graph import Graph
+
+# Op type -> indices of inputs that are forward values (not the incoming gradient or a shape).
+FORWARD_INPUTS = {
+    "ReluGrad": (1,), "Relu6Grad": (1,), "EluGrad": (1,), "SeluGrad": (1,),
+    "LeakyReluGrad": (1,), "SoftplusGrad": (1,), "SoftsignGrad": (1,),
+    "TanhGrad": (0,), "SigmoidGrad": (0,), "RsqrtGrad": (0,), "SqrtGrad": (0,),
+    "ReciprocalGrad": (0,), "InvGrad": (0,),
+    "BiasAddGrad": (), "BiasAddGradV1": (), "AvgPoolGrad": (), "AvgPool3DGrad": (),
+    "Conv2DBackpropInput": (1,), "Conv2DBackpropFilter": (0,),
+    "Conv3DBackpropInputV2": (1,), "Conv3DBackpropFilterV2": (0,),
+    "DepthwiseConv2dNativeBackpropInput": (1,), "DepthwiseConv2dNativeBackpropFilter": (0,),
+    "FusedBatchNormGrad": (1, 2, 3, 4), "FusedBatchNormGradV2": (1, 2, 3, 4),
+    "FusedBatchNormGradV3": (1, 2, 3, 4, 5),
+    "MaxPoolGrad": (0, 1), "MaxPoolGradV2": (0, 1), "MaxPool3DGrad": (0, 1),
+    "LRNGrad": (1, 2),
+}
+# Ops through which a constant-valued tensor stays constant-valued even if fed a variable input.
+SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank", "OnesLike", "ZerosLike"})
+SOURCE_INPUT_OPS = frozenset({"Placeholder", "PlaceholderV2", "PlaceholderWithDefault",
+                              "VarHandleOp", "VariableV2", "Variable", "ReadVariableOp"})
+
+
+def is_gradient_op(op: str) -> bool:
+    """An op type that only a backward pass contains."""
+    return op in FORWARD_INPUTS or "Backprop" in op or op.endswith(("Grad", "GradV2", "GradV3"))
+
+
+def is_anchor(graph: Graph, name: str) -> bool:
+    """A gradient op, or a call (While, If, PartitionedCall) of a function that contains one."""
+    node = graph.node_def(name)
+    if is_gradient_op(node.op):
+        return True
+    backward = _backward_functions(graph)
+    return node.op in backward or any(
+        value.func.name in backward for value in node.attr.values() if value.HasField("func"))
+
+
+def _backward_functions(graph: Graph) -> frozenset:
+    """Library functions whose bodies contain gradient ops, directly or through calls."""
+    library = {f.signature.name: f for f in graph.shell.library.function}
+    calls = {name: {n.op for n in f.node_def} | {v.func.name for n in f.node_def
+                                                  for v in n.attr.values() if v.HasField("func")}
+             for name, f in library.items()}
+    found = {name for name, f in library.items() if any(is_gradient_op(n.op) for n in f.node_def)}
+    changed = True
+    while changed:
+        grown = {name for name, callees in calls.items() if callees & found}
+        changed = not grown <= found
+        found |= grown
+    return frozenset(found)
+
+
+@dataclass(frozen=True)
+class Split:
+    forward: frozenset
+    backward: frozenset
+    seeds: tuple          # gradient seed nodes (where back-propagation starts)
+    gradient_flow: frozenset
+    losses: tuple         # forward nodes the seeds mirror, plus forward sinks
+
+    @property
+    def early_backward(self) -> frozenset:
+        """Backward nodes outside the gradient flow: they run as soon as forward values exist."""
+        return self.backward - self.gradient_flow
+
+    def is_training_graph(self) -> bool:
+        return bool(self.seeds)
+
+
+def split(graph: Graph, backward_scope: str | None = None) -> Split:
+    """Classify every node as forward or backward (see the module docstring)."""
+    dag = _dag(graph)
+    full = _dependencies(graph)  # with loop back edges: loop-carried values flow through them
+    constant = _constant_valued(graph, dag)
+    if backward_scope:
+        seeds = [n for n in graph.nodes() if n.startswith(backward_scope)]
+    else:
+        seeds = find_seeds(graph, dag, constant)
+    flow = set(seeds)
+    for seed in seeds:
+        flow |= nx.descendants(full, seed)
+    sinks = {n for n in graph.nodes() if full.out_degree(n) == 0}
+    losses = (set(_mirrored(graph, seeds)) | {n for n in sinks if n not in constant}) - flow
+    forward = set()
+    for root in (losses | _forward_value_inputs(graph)) - flow:
+        forward.add(root)
+        forward |= nx.ancestors(full, root)
+    forward -= flow
+    backward = set(graph.nodes()) - forward
+    return Split(frozenset(forward), frozenset(backward), tuple(sorted(seeds)), frozenset(flow),
+                 tuple(sorted(losses)))
+
+
+def find_seeds(graph: Graph, dag: nx.DiGraph, constant: set[str]) -> list[str]:
+    """Ones-valued, constant-derived tensors that reach a gradient op and are not forward values.
+
+    Only the last of a chain of such tensors counts (`Fill(shape, Const(1))` is the seed, not its
+    `Const(1)`).
+    """
+    anchors = [n for n in graph.nodes() if is_anchor(graph, n)]
+    if not anchors:
+        return []
+    forward_values = set()
+    for node in _forward_value_inputs(graph):
+        forward_values.add(node)
+        forward_values |= nx.ancestors(dag, node)
+    reaches_anchor = set(anchors)
+    for anchor in anchors:
+        reaches_anchor |= nx.ancestors(dag, anchor)
+    candidates = {n for n in graph.nodes() if n in reaches_anchor and n not in forward_values
+                  and n in constant and _is_ones(graph, n)}
+    return sorted(n for n in candidates
+                  if not any(c in candidates for c in nx.descendants(dag, n)))
+
+
+def _dag(graph: Graph) -> nx.DiGraph:
+    """Data and control dependencies between real nodes, loop back edges dropped."""
+    order = graph.topological_order()
+    position = {n: i for i, n in enumerate(order)}
+    dag = nx.DiGraph()
+    dag.add_nodes_from(order)
+    dag.add_edges_from((u, v) for u, v in graph.nx.edges()
+                       if u in position and v in position and position[u] < position[v])
+    return dag
+
+
+def _dependencies(graph: Graph) -> nx.DiGraph:
+    """Data and control dependencies between real nodes, loop back edges included."""
+    real = set(graph.nodes())
+    full = nx.DiGraph()
+    full.add_nodes_from(real)
+    full.add_edges_from((u, v) for u, v in graph.nx.edges() if u in real and v in real)
+    return full
+
+
+def _forward_value_inputs(graph: Graph) -> set[str]:
+    nodes = set()
+    for name in graph.nodes():
+        indices = FORWARD_INPUTS.get(graph.op(name))
+        if indices:
+            inputs = graph.data_inputs(name)
+            nodes.update(inputs[i].node for i in indices if i < len(inputs))
+    return nodes
+
+
+def _constant_valued(graph: Graph, dag: nx.DiGraph) -> set[str]:
+    """Nodes whose value does not depend on any input or variable (shapes of them are fine)."""
+    constant = set()
+    for name in nx.topological_sort(dag):
+        op = graph.op(name)
+        if op in SOURCE_INPUT_OPS:
+            continue
+        inputs = graph.data_inputs(name)
+        if op == "Const" or op in SHAPE_OPS or (inputs and all(r.node in constant
+                                                               for r in inputs)):
+            constant.add(name)
+    return constant
+
+
+def _is_ones(graph: Graph, name: str) -> bool:
+    node = graph.node_def(name)
+    if node.op == "OnesLike":
+        return True
+    if node.op == "Fill":
+        value = graph.data_inputs(name)[1].node
+        return graph.op(value) == "Const" and _const_all_ones(graph.node_def(value))
+    return node.op == "Const" and _const_all_ones(node)
+
+
+def _const_all_ones(node) -> bool:
+    from tensorflow.python.framework import tensor_util
+
+    tensor = node.attr["value"].tensor
+    if tensor.dtype not in (1, 2, 14, 19):  # float, double, bfloat16, half
+        return False
+    try:
+        values = tensor_util.MakeNdarray(tensor)
+    except (TypeError, ValueError):
+        return False
+    return values.size > 0 and bool(np.all(values == 1))
+
+
+def _mirrored(graph: Graph, seeds) -> list[str]:
+    """The tensors a seed copies its shape from (`OnesLike(loss)`, `Fill(Shape(loss), 1)`)."""
+    found = []
+    for seed in seeds:
+        if graph.op(seed) == "OnesLike":
+            found.append(graph.data_inputs(seed)[0].node)
+        elif graph.op(seed) == "Fill":
+            dims = graph.data_inputs(seed)[0].node
+            if graph.op(dims) == "Shape":
+                found.append(graph.data_inputs(dims)[0].node)
+    return found
+
