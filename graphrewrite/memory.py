@@ -175,7 +175,8 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None) -> 
                 add_output(ref, allocate(ref, place, 0, pinned=True))
     persistent = {}
     for buffer in buffers:
-        persistent[buffer.place] = persistent.get(buffer.place, 0) + buffer.size
+        if graph.op(buffer.owner.node) in PERSISTENT_OPS:
+            persistent[buffer.place] = persistent.get(buffer.place, 0) + buffer.size
 
     for step, name in enumerate(order):
         op = graph.op(name)
@@ -184,6 +185,8 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None) -> 
         if op not in PERSISTENT_OPS | FEED_OPS:
             for ref in shapes.outputs(name):
                 buffer = _output_buffer(op, ref, inputs, buffer_of, shapes)
+                if buffer is not None and buffer.place != place:
+                    buffer = None  # another device: TensorFlow copies, nothing is shared
                 if buffer is None:
                     buffer = allocate(ref, place, step, pinned=False)
                 buffer.pinned |= name in fetched

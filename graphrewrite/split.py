@@ -9,7 +9,8 @@ elsewhere, and the tape's seed (`ones`) sits outside any gradient scope; names d
    `FusedBatchNormGrad`'s x and reserve spaces) and everything those depend on.
 3. Gradient seeds: ones-valued tensors (`OnesLike`, `Fill(.., 1)`, an all-ones `Const`) computed
    from constants and shapes only, from which an anchor is reachable, and which are not forward
-   values. Back-propagation starts there.
+   values. A forward constant of ones also reaches the loss, so of two candidates the one that
+   reaches strictly more sinks is not a seed. Back-propagation starts there.
 4. Gradient flow: the seeds and everything reachable from them. These run in backprop order.
 5. Forward: what the losses and the forward values depend on, minus the gradient flow; the losses
    being what the seeds were shaped after plus the sinks outside the gradient flow.
@@ -138,8 +139,14 @@ def find_seeds(graph: Graph, dag: nx.DiGraph, constant: set[str]) -> list[str]:
         reaches_anchor |= nx.ancestors(dag, anchor)
     candidates = {n for n in graph.nodes() if n in reaches_anchor and n not in forward_values
                   and n in constant and _is_ones(graph, n)}
-    return sorted(n for n in candidates
-                  if not any(c in candidates for c in nx.descendants(dag, n)))
+    candidates = {n for n in candidates
+                  if not any(c in candidates for c in nx.descendants(dag, n))}
+    # A forward constant of ones (a fresh layer-norm scale) reaches the loss as well as every
+    # gradient; a seed reaches only gradients. Drop candidates that reach strictly more sinks
+    # than another candidate does.
+    sinks = {n for n in graph.nodes() if dag.out_degree(n) == 0 and n not in constant}
+    reach = {n: frozenset(nx.descendants(dag, n) & sinks) for n in candidates}
+    return sorted(n for n in candidates if not any(reach[o] < reach[n] for o in candidates))
 
 
 def _dag(graph: Graph) -> nx.DiGraph:

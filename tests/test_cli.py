@@ -7,7 +7,10 @@ from graphrewrite import io
 from conftest import FIXTURE_NAMES, fixture_path, run_cli
 
 INSPECT_KEYS = ["file", "format", "nodes", "ops", "inputs", "outputs", "train_op", "signatures",
-                "functions", "control_flow", "variables", "warnings"]
+                "functions", "control_flow", "variables", "warnings", "peak_bytes",
+                "host_peak_bytes", "persistent_bytes", "peak_node", "live_at_peak",
+                "forward_nodes", "backward_nodes", "gradient_seeds", "flops", "fetches",
+                "unknown_shapes"]
 
 
 def test_optimize_mode_none_writes_an_equal_model(tmp_path):

@@ -1,0 +1,94 @@
+"""The step memory model on graphs whose peak can be worked out by hand (1 KiB tensors)."""
+
+import tensorflow as tf
+
+from graphrewrite import memory, shapes
+
+from tfgraphs import KIB_FLOATS, build, const, placeholder
+
+KIB = 1024
+
+
+def simulate(graph, fetches):
+    return memory.simulate(graph, shapes.infer(graph), fetches)
+
+
+def test_elementwise_chain_writes_in_place():
+    # x (fed, 1 KiB, lives throughout) -> Neg allocates 1 KiB; Exp and Sqrt reuse Neg's buffer.
+    def chain():
+        tf.sqrt(tf.exp(tf.negative(placeholder()), name="e"), name="s")
+    report = simulate(build(chain), ["s"])
+    assert report.peak() == 2 * KIB
+    assert [b.owner.node for b in report.buffers] == ["x", "Neg"]
+
+
+def test_matmul_chain_holds_input_and_output_together():
+    # w: 1 KiB... as [16,16] constant; x: [16,16]; three matmuls, each output dies at the next.
+    def chain():
+        x = placeholder(shape=(16, 16))
+        w = const("w", (16, 16))
+        tf.matmul(tf.matmul(tf.matmul(x, w, name="m1"), w, name="m2"), w, name="m3")
+    report = simulate(build(chain), ["m3"])
+    # persistent x + w (2 KiB) + at most input and output of one matmul (2 KiB)
+    assert report.persistent_bytes["device"] == KIB
+    assert report.peak() == 4 * KIB
+
+
+def test_value_kept_for_a_late_consumer_stays_live():
+    # a = Neg(x) is read again by the last op: a, b=Exp(a)... cannot reuse a's buffer.
+    def graph():
+        x = placeholder()
+        a = tf.negative(x, name="a")
+        b = tf.matmul(tf.reshape(a, (16, 16)), tf.reshape(a, (16, 16)), name="b")
+        tf.add(tf.reshape(b, (KIB_FLOATS,)), a, name="out")
+    report = simulate(build(graph), ["out"])
+    # x + a + b live together (out writes into b's buffer, which dies with it), plus the
+    # Reshape shape constants: int32 [2], [2] and [1] = 20 bytes.
+    assert report.peak() == 3 * KIB + 20
+    assert {str(ref) for ref, size in report.live_at_peak["device"] if size == KIB} == \
+        {"x", "a", "b"}
+
+
+def test_fetched_intermediate_lives_to_the_end():
+    def graph():
+        x = placeholder()
+        a = tf.negative(x, name="a")
+        tf.matmul(tf.reshape(a, (16, 16)), tf.reshape(a, (16, 16)), name="b")
+    report = simulate(build(graph), ["a", "b"])
+    a = next(b for b in report.buffers if b.owner.node == "a")
+    assert a.pinned and a.end is None
+
+
+def test_only_what_the_fetches_need_runs():
+    def graph():
+        x = placeholder()
+        tf.negative(x, name="used")
+        tf.exp(x, name="unused")
+    report = simulate(build(graph), ["used"])
+    assert "unused" not in report.order
+
+
+def test_schedule_is_breadth_first_from_sources_in_file_order():
+    def graph():
+        x = placeholder()
+        a1 = tf.negative(x, name="a1")
+        b1 = tf.exp(x, name="b1")
+        tf.negative(a1, name="a2")
+        tf.exp(b1, name="b2")
+    order = memory.schedule(build(graph), ["a2", "b2"])
+    assert order == ["x", "a1", "b1", "a2", "b2"]
+
+
+def test_cpu_pinned_nodes_are_host_memory_next_to_an_accelerator():
+    def graph():
+        with tf.device("/device:GPU:0"):
+            x = placeholder()
+            a = tf.negative(x, name="a")
+        with tf.device("/device:CPU:0"):
+            h = tf.identity(tf.exp(a), name="h")
+        with tf.device("/device:GPU:0"):
+            tf.negative(h, name="out")
+    report = simulate(build(graph), ["out"])
+    assert report.peak("host") == KIB
+    # x with a, then x with out (a fresh buffer: h lives on the host); never three at once.
+    assert report.peak("device") == 2 * KIB

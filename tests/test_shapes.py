@@ -1,0 +1,58 @@
+import pytest
+import tensorflow as tf
+
+from graphrewrite import shapes
+from graphrewrite.errors import GraphRewriteError
+from graphrewrite.tensor_ref import TensorRef
+
+from tfgraphs import build
+
+
+def unknown_batch_graph():
+    def graph():
+        x = tf.compat.v1.placeholder(tf.float32, (None, 8), name="x")
+        tf.reduce_sum(tf.nn.relu(x, name="r"), name="s")
+    return build(graph)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("x:4,8", ("x", (4, 8))), ("a/b:?,3", ("a/b", (None, 3))), ("s:", ("s", ())),
+    ("x:-1,2", ("x", (None, 2))),
+])
+def test_parse_input_shape(text, expected):
+    assert shapes.parse_input_shape(text) == expected
+
+
+@pytest.mark.parametrize("text", ["x", ":4", "x:a,b", "x:-3"])
+def test_parse_input_shape_refuses(text):
+    with pytest.raises(ValueError):
+        shapes.parse_input_shape(text)
+
+
+def test_unknown_dimensions_are_reported_not_counted_as_one():
+    result = shapes.infer(unknown_batch_graph())
+    assert result.nbytes(TensorRef("r")) is None
+    assert TensorRef("r") in result.unknown and TensorRef("x") in result.unknown
+    assert result.nbytes(TensorRef("s")) == 4
+
+
+def test_input_shape_fixes_the_placeholder():
+    result = shapes.infer(unknown_batch_graph(), {"x": (16, 8)})
+    assert result[TensorRef("r")].shape == (16, 8)
+    assert result.nbytes(TensorRef("r")) == 16 * 8 * 4
+    assert result.unknown == []
+
+
+def test_input_shape_must_name_a_placeholder():
+    with pytest.raises(GraphRewriteError, match="not a node"):
+        shapes.infer(unknown_batch_graph(), {"nope": (1,)})
+    with pytest.raises(GraphRewriteError, match="not a placeholder"):
+        shapes.infer(unknown_batch_graph(), {"r": (1,)})
+
+
+def test_recorded_output_shapes_fill_gaps():
+    graph = unknown_batch_graph()
+    attr = graph.node_def("r").attr["_output_shapes"].list.shape.add()
+    for size in (32, 8):
+        attr.dim.add(size=size)
+    assert shapes.infer(graph)[TensorRef("r")].shape == (32, 8)

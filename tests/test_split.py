@@ -1,0 +1,81 @@
+"""Forward/backward split: exact sets on fixtures whose gradient ops carry their scope's name."""
+
+import tensorflow as tf
+
+from graphrewrite import io
+from graphrewrite.split import split
+
+from conftest import fixture_path
+from tfgraphs import build, const, placeholder
+
+
+def named_backward(graph, prefix):
+    return {n for n in graph.nodes() if n.startswith(prefix)}
+
+
+def test_tf1_gradients_scope_is_found_by_reachability():
+    graph = io.load(fixture_path("mlp")).graph
+    result = split(graph)
+    assert result.seeds == ("gradients/grad_ys_0",)
+    expected = named_backward(graph, "gradients/") | named_backward(graph, "outputs/grad_")
+    # The cross-entropy's unused Shape node is dead code: nothing forward needs it.
+    assert result.backward == expected | {"SparseSoftmaxCrossEntropyWithLogits/Shape"}
+    assert result.forward == set(graph.nodes()) - result.backward
+    assert "outputs/loss" in result.forward and "outputs/loss" in result.losses
+
+
+def test_tf2_gradient_tape_with_a_seed_outside_its_scope():
+    graph = io.load(fixture_path("tape_tf2")).graph
+    result = split(graph)
+    assert result.seeds == ("ones",)  # GradientTape's seed has no gradient_tape/ prefix
+    tape_outputs = {"Identity_1", "Identity_2", "Identity_3", "Identity_4"}  # the gradients
+    assert result.backward == (named_backward(graph, "gradient_tape/") | {"ones"} | tape_outputs
+                               | named_backward(graph, "outputs/grad_"))
+    assert "Identity" in result.forward  # the loss
+
+
+def test_early_backward_nodes_read_only_forward_values():
+    graph = io.load(fixture_path("transformer_dropout")).graph
+    result = split(graph)
+    early = result.early_backward
+    assert early and early <= named_backward(graph, "gradients/")
+    # e.g. the shape computations of broadcasting gradients
+    assert any(n.endswith("Shape") or "/Shape_" in n for n in early)
+    assert not early & result.gradient_flow
+
+
+def test_functional_while_gradient_is_found_inside_the_library():
+    graph = io.load(fixture_path("rnn_while_v2")).graph
+    result = split(graph)
+    assert result.seeds == ("gradients/grad_ys_0",)
+    grad_loop = next(n for n in graph.nodes() if graph.op(n) == "StatelessWhile"
+                     and n.startswith("gradients/"))
+    assert grad_loop in result.gradient_flow
+
+
+def test_forward_constant_of_ones_is_not_a_seed():
+    # A layer-norm-like scale of ones right before the loss must not be taken for the seed.
+    def graph():
+        x = placeholder()
+        w = const("w", (256,), 0.3)
+        h = tf.nn.relu(x * w, name="h")
+        out = tf.multiply(h, const("gamma", (256,), 1.0), name="scaled")
+        loss = tf.reduce_sum(out * out, name="loss")
+        tf.compat.v1.gradients(loss, [w])
+    result = split(build(graph))
+    assert result.seeds == ("gradients/grad_ys_0",)
+    assert "gamma" in result.forward
+
+
+def test_graph_without_gradients_is_all_forward():
+    graph = io.load(fixture_path("tiny_savedmodel")).graph
+    result = split(graph)
+    assert result.seeds == () and not result.gradient_flow
+
+
+def test_backward_scope_override():
+    graph = io.load(fixture_path("mlp")).graph
+    result = split(graph, backward_scope="gradients/dense_5")
+    assert all(n.startswith("gradients/dense_5") for n in result.seeds)
+    assert "gradients/dense_4/Relu_grad/ReluGrad" in result.gradient_flow
+    assert "gradients/logits/MatMul_grad/MatMul" not in result.gradient_flow
