@@ -58,23 +58,28 @@ def compute_device() -> str:
     return "/device:GPU:0" if tf.config.list_physical_devices("GPU") else "/device:CPU:0"
 
 
-def run_step(graph_def, feeds: dict[str, np.ndarray], fetches: list[str],
-             runs: int = 3, init_ops: tuple[str, ...] = (), config=None) -> StepMeasurement:
-    """Import `graph_def`, run `init_ops` once, then run the fetches: a warm-up, one traced step,
-    `runs` timed steps. Fetches are node names (output 0) or `node:port`; control-only nodes are
-    run as targets. Returns the traced step's outputs and the measurements."""
+def run_step(message, feeds: dict[str, np.ndarray], fetches: list[str],
+             runs: int = 3, config=None) -> StepMeasurement:
+    """Import a GraphDef or MetaGraphDef (whose variables are then initialised), run the fetches
+    once as a warm-up, once traced, and `runs` times timed. Fetches are node names (output 0) or
+    `node:port`; nodes without outputs run as targets. Returns the traced step's outputs."""
     import tensorflow as tf
 
     device = compute_device()
     graph = tf.Graph()
+    init_ops = []
     with graph.as_default():
-        tf.graph_util.import_graph_def(graph_def, name="")
+        if message.DESCRIPTOR.name == "MetaGraphDef":
+            tf.compat.v1.train.import_meta_graph(message, clear_devices=False)
+            init_ops = [tf.compat.v1.global_variables_initializer()]
+        else:
+            tf.graph_util.import_graph_def(message, name="")
     fetch_tensors, targets = _resolve(graph, fetches)
     feed_dict = {graph.get_tensor_by_name(_tensor_name(k)): v for k, v in feeds.items()}
     base = _allocator_in_use(device)
     with tf.compat.v1.Session(graph=graph, config=config) as session:
         if init_ops:
-            session.run([graph.get_operation_by_name(op) for op in init_ops])
+            session.run(init_ops)
         session.run(fetch_tensors + targets, feed_dict)
         before_step = _allocator_in_use(device)
         metadata = tf.compat.v1.RunMetadata()
@@ -92,6 +97,34 @@ def run_step(graph_def, feeds: dict[str, np.ndarray], fetches: list[str],
     result = StepMeasurement(outputs, peak, records, seconds, device)
     result.before_step = None if before_step is None else before_step - (base or 0)
     return result
+
+
+def random_feeds(graph, shapes, seed: int = 0, int_high: int = 10) -> dict[str, np.ndarray]:
+    """Seeded inputs for every placeholder: normal floats, integers in [0, int_high), False bools.
+
+    The same seed gives the same arrays, so two graphs can be compared on equal inputs.
+    """
+    import tensorflow as tf
+
+    from .tensor_ref import TensorRef
+
+    rng = np.random.RandomState(seed)
+    feeds = {}
+    for name in sorted(graph.nodes()):
+        if graph.op(name) not in ("Placeholder", "PlaceholderV2"):
+            continue
+        info = shapes[TensorRef(name)]
+        if info is None or info.shape is None or None in info.shape:
+            raise ValueError(f"placeholder '{name}' has an unknown shape; give it with "
+                             "--input-shape")
+        dtype = tf.dtypes.as_dtype(info.dtype).as_numpy_dtype
+        if np.issubdtype(dtype, np.floating):
+            feeds[name] = rng.standard_normal(info.shape).astype(dtype)
+        elif np.issubdtype(dtype, np.integer):
+            feeds[name] = rng.randint(0, int_high, info.shape).astype(dtype)
+        else:
+            feeds[name] = np.zeros(info.shape, dtype)
+    return feeds
 
 
 def _tensor_name(name: str) -> str:

@@ -55,14 +55,17 @@ def is_gradient_op(op: str) -> bool:
     return op in FORWARD_INPUTS or "Backprop" in op or op.endswith(("Grad", "GradV2", "GradV3"))
 
 
-def is_anchor(graph: Graph, name: str) -> bool:
-    """A gradient op, or a call (While, If, PartitionedCall) of a function that contains one."""
-    node = graph.node_def(name)
-    if is_gradient_op(node.op):
-        return True
+def anchors(graph: Graph) -> list[str]:
+    """Gradient ops, and calls (While, If, PartitionedCall) of functions that contain one."""
     backward = _backward_functions(graph)
-    return node.op in backward or any(
-        value.func.name in backward for value in node.attr.values() if value.HasField("func"))
+    found = []
+    for name in graph.nodes():
+        node = graph.node_def(name)
+        if is_gradient_op(node.op) or node.op in backward or any(
+                value.func.name in backward for value in node.attr.values()
+                if value.HasField("func")):
+            found.append(name)
+    return found
 
 
 def _backward_functions(graph: Graph) -> frozenset:
@@ -106,16 +109,10 @@ def split(graph: Graph, backward_scope: str | None = None) -> Split:
         seeds = [n for n in graph.nodes() if n.startswith(backward_scope)]
     else:
         seeds = find_seeds(graph, dag, constant)
-    flow = set(seeds)
-    for seed in seeds:
-        flow |= nx.descendants(full, seed)
+    flow = reachable(full, seeds)
     sinks = {n for n in graph.nodes() if full.out_degree(n) == 0}
     losses = (set(_mirrored(graph, seeds)) | {n for n in sinks if n not in constant}) - flow
-    forward = set()
-    for root in (losses | _forward_value_inputs(graph)) - flow:
-        forward.add(root)
-        forward |= nx.ancestors(full, root)
-    forward -= flow
+    forward = reachable(full, (losses | _forward_value_inputs(graph)) - flow, upstream=True) - flow
     backward = set(graph.nodes()) - forward
     return Split(frozenset(forward), frozenset(backward), tuple(sorted(seeds)), frozenset(flow),
                  tuple(sorted(losses)))
@@ -127,16 +124,11 @@ def find_seeds(graph: Graph, dag: nx.DiGraph, constant: set[str]) -> list[str]:
     Only the last of a chain of such tensors counts (`Fill(shape, Const(1))` is the seed, not its
     `Const(1)`).
     """
-    anchors = [n for n in graph.nodes() if is_anchor(graph, n)]
-    if not anchors:
+    found = anchors(graph)
+    if not found:
         return []
-    forward_values = set()
-    for node in _forward_value_inputs(graph):
-        forward_values.add(node)
-        forward_values |= nx.ancestors(dag, node)
-    reaches_anchor = set(anchors)
-    for anchor in anchors:
-        reaches_anchor |= nx.ancestors(dag, anchor)
+    forward_values = reachable(dag, _forward_value_inputs(graph), upstream=True)
+    reaches_anchor = reachable(dag, found, upstream=True)
     candidates = {n for n in graph.nodes() if n in reaches_anchor and n not in forward_values
                   and n in constant and _is_ones(graph, n)}
     candidates = {n for n in candidates
@@ -147,6 +139,19 @@ def find_seeds(graph: Graph, dag: nx.DiGraph, constant: set[str]) -> list[str]:
     sinks = {n for n in graph.nodes() if dag.out_degree(n) == 0 and n not in constant}
     reach = {n: frozenset(nx.descendants(dag, n) & sinks) for n in candidates}
     return sorted(n for n in candidates if not any(reach[o] < reach[n] for o in candidates))
+
+
+def reachable(graph: nx.DiGraph, sources, upstream: bool = False) -> set[str]:
+    """`sources` and every node reachable from them (downstream, or upstream), in linear time."""
+    seen = set(sources)
+    stack = list(seen)
+    step = graph.predecessors if upstream else graph.successors
+    while stack:
+        for other in step(stack.pop()):
+            if other not in seen:
+                seen.add(other)
+                stack.append(other)
+    return seen
 
 
 def _dag(graph: Graph) -> nx.DiGraph:

@@ -81,3 +81,51 @@ def test_help_teaches_every_command():
 def test_every_fixture_inspects():
     for name in FIXTURE_NAMES:
         assert run_cli("inspect", fixture_path(name)).exit_code == 0, name
+
+
+def test_inspect_models_memory_and_split():
+    facts = json.loads(run_cli("inspect", "--json", fixture_path("mlp")).stdout)
+    assert facts["gradient_seeds"] == ["gradients/grad_ys_0"]
+    assert facts["forward_nodes"] + facts["backward_nodes"] == facts["nodes"]
+    assert facts["peak_bytes"] > facts["persistent_bytes"] > 0
+    assert facts["host_peak_bytes"] == 0 and facts["unknown_shapes"]["count"] == 0
+    sizes = [t["bytes"] for t in facts["live_at_peak"]]
+    assert sizes == sorted(sizes, reverse=True) and len(sizes) == 10
+    # 6 layers of [16,64]x[64,64] plus the logits, forward and two gradient matmuls each
+    assert facts["flops"] > 3 * 2 * 16 * 64 * 64 * 6
+
+
+def test_inspect_input_shape_fixes_unknown_dimensions(tmp_path):
+    import tensorflow as tf
+
+    from tfgraphs import build
+
+    def graph():
+        x = tf.compat.v1.placeholder(tf.float32, (None, 256), name="x")
+        tf.reduce_sum(tf.nn.relu(tf.negative(x)), name="loss")
+    path = tmp_path / "unknown_batch.pb"
+    path.write_bytes(build(graph).to_graph_def().SerializeToString())
+    unknown = run_cli("inspect", "--json", path)
+    assert json.loads(unknown.stdout)["unknown_shapes"]["count"] == 3  # x, Neg, Relu
+    assert "--input-shape" in unknown.stderr
+    fixed = json.loads(run_cli("inspect", "--json", path, "--input-shape", "x:8,256").stdout)
+    assert fixed["unknown_shapes"]["count"] == 0
+    # x and Neg (Relu writes in place), the int32[2] axes constant and the scalar sum
+    assert fixed["peak_bytes"] == 2 * 8 * 256 * 4 + 8 + 4
+    bad = run_cli("inspect", path, "--input-shape", "x:a,b")
+    assert bad.exit_code == 2 and "must be integers" in bad.stderr
+    missing = run_cli("inspect", path, "--input-shape", "nope:1")
+    assert missing.exit_code == 2 and "not a node" in missing.stderr
+
+
+def test_inspect_outputs_and_backward_scope():
+    facts = json.loads(run_cli("inspect", "--json", fixture_path("mlp"), "--outputs",
+                               "outputs/loss").stdout)
+    assert facts["fetches"] == ["outputs/loss"]
+    assert facts["flops"] < json.loads(run_cli("inspect", "--json",
+                                               fixture_path("mlp")).stdout)["flops"]
+    scoped = json.loads(run_cli("inspect", "--json", fixture_path("mlp"), "--backward-scope",
+                                "gradients/").stdout)
+    assert scoped["backward_nodes"] > 0
+    bad = run_cli("inspect", fixture_path("mlp"), "--outputs", "nope")
+    assert bad.exit_code == 2 and "'nope' is not a node" in bad.stderr
