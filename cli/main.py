@@ -16,6 +16,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before TensorFlow is impor
 
 import click  # noqa: E402
 
+from graphrewrite.measure import measurement_environment  # noqa: E402  (no TensorFlow import)
+
+measurement_environment()  # `verify` measures memory; TensorFlow reads these flags once, at import
+
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
 
@@ -59,77 +63,6 @@ tag_option = click.option("--tag", metavar="TAGS",
                                "(default: the only one, else 'serve').")
 
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--debug", is_flag=True, help="Show a traceback when something fails.")
-@click.option("-v", "--verbose", is_flag=True, help="Log what the library does.")
-@click.option("-q", "--quiet", is_flag=True, help="Only errors on stderr, no warnings.")
-@click.version_option(package_name="graphrewrite")
-@click.pass_context
-def main(ctx, debug, verbose, quiet):
-    """Rewrite TensorFlow training graphs offline so a training step needs less memory.
-
-    \b
-    Typical use:
-      graphrewrite inspect model.pb            what is in the graph
-      graphrewrite optimize model.pb -o model_opt.pb --mode none
-      graphrewrite dump model.pb > model.txt   canonical text, for diffs and golden files
-
-    Exit codes: 0 ok, 1 a check failed, 2 bad input or usage.
-    """
-    ctx.ensure_object(dict)["debug"] = debug
-    _setup_logging(verbose, quiet)
-
-
-@main.command()
-@click.argument("model_path", metavar="IN", type=click.Path())
-@click.option("-o", "--output", "output", required=True, type=click.Path(),
-              help="Where to write the rewritten model; its extension may pick the format "
-                   "(.pb binary, .pbtxt text, .meta MetaGraphDef), else the input's is kept.")
-@click.option("--mode", default="none", show_default=True, metavar="MODE",
-              help="Rewrite pipeline to run. Modes: none (load, check and save; nothing "
-                   "rewritten).")
-@click.option("--report", "report_path", type=click.Path(),
-              help="Also write the report as JSON to this file.")
-@tag_option
-def optimize(model_path, output, mode, report_path, tag):
-    """Rewrite model IN with MODE and write it to OUT in the same format.
-
-    IN is a GraphDef (.pb, .pbtxt), a MetaGraphDef (.meta, .meta.txt) or a SavedModel directory;
-    the format is read from the content. OUT is written atomically, and only after the rewritten
-    graph passed its structural checks: on any failure nothing is written.
-    """
-    from graphrewrite import io, pipeline
-
-    if mode not in pipeline.MODES:
-        raise click.BadParameter(f"unknown mode '{mode}'; modes: {', '.join(pipeline.MODES)}",
-                                 param_hint="--mode")
-    model = io.load(model_path, tag=tag)
-    result = pipeline.optimize(model, mode)
-    fmt = io.save(model, result.graph, output)
-    report = {"input": str(model_path), "output": str(output), "format": str(fmt),
-              "mode": mode, "pipeline": result.pipeline, "nodes_before": result.nodes_before,
-              "nodes_after": result.nodes_after, **result.stats}
-    if report_path:
-        io.write_atomic(Path(report_path), (json.dumps(report, indent=2) + "\n").encode())
-    click.echo(f"wrote {output} ({fmt}): mode {mode}, {result.nodes_before} -> "
-               f"{result.nodes_after} nodes")
-
-
-@main.command()
-@click.argument("model_path", metavar="IN", type=click.Path())
-@tag_option
-def dump(model_path, tag):
-    """Print the canonical text of model IN: one line per node, stable order.
-
-    The same graph dumps identically whatever the order of its nodes in the file, so two dumps
-    can be compared with diff. Tensor payloads print as dtype, shape and a short hash.
-    """
-    from graphrewrite import io, text
-
-    model = io.load(model_path, tag=tag)
-    click.echo(text.dump(model.graph, model.meta_graph), nl=False)
-
-
 def _parse_input_shapes(ctx, param, values):
     from graphrewrite.shapes import parse_input_shape
 
@@ -159,6 +92,168 @@ def analysis_options(command):
     ]):
         command = option(command)
     return command
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, help="Show a traceback when something fails.")
+@click.option("-v", "--verbose", is_flag=True, help="Log what the library does.")
+@click.option("-q", "--quiet", is_flag=True, help="Only errors on stderr, no warnings.")
+@click.version_option(package_name="graphrewrite")
+@click.pass_context
+def main(ctx, debug, verbose, quiet):
+    """Rewrite TensorFlow training graphs offline so a training step needs less memory.
+
+    \b
+    Typical use:
+      graphrewrite inspect model.pb            what is in the graph
+      graphrewrite optimize model.pb -o model_opt.pb --mode none
+      graphrewrite dump model.pb > model.txt   canonical text, for diffs and golden files
+
+    Exit codes: 0 ok, 1 a check failed, 2 bad input or usage.
+    """
+    ctx.ensure_object(dict)["debug"] = debug
+    _setup_logging(verbose, quiet)
+
+
+def _mode_help() -> str:
+    from graphrewrite.pipeline import MODE_HELP
+
+    return "Rewrite to run. " + "; ".join(f"{k}: {v}" for k, v in MODE_HELP.items()) + "."
+
+
+@main.command()
+@click.argument("model_path", metavar="IN", type=click.Path())
+@click.option("-o", "--output", "output", required=True, type=click.Path(),
+              help="Where to write the rewritten model; its extension may pick the format "
+                   "(.pb binary, .pbtxt text, .meta MetaGraphDef), else the input's is kept.")
+@click.option("--mode", default="memory", show_default=True, metavar="MODE", help=_mode_help())
+@click.option("--checkpoints", metavar="SELECTORS",
+              help="Tensors to keep (mode collection): names, regex:PAT, scope:PREFIX, op:TYPE, "
+                   "comma-separated.")
+@click.option("--report", "report_path", type=click.Path(),
+              help="Also write the report as JSON to this file.")
+@click.option("--explain", metavar="NODE", multiple=True,
+              help="Say why this node's output was kept or recomputed (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@analysis_options
+@tag_option
+def optimize(model_path, output, mode, checkpoints, report_path, explain, as_json, input_shapes,
+             outputs, backward_scope, tag):
+    """Rewrite model IN with MODE and write it to OUT in the same format.
+
+    IN is a GraphDef (.pb, .pbtxt), a MetaGraphDef (.meta, .meta.txt) or a SavedModel directory;
+    the format is read from the content. OUT is written atomically, and only after the rewritten
+    graph passed its structural checks: on any failure nothing is written. Check the result
+    with `graphrewrite verify IN OUT`.
+    """
+    from graphrewrite import io, pipeline, report
+
+    if mode not in pipeline.MODES:
+        raise click.BadParameter(f"unknown mode '{mode}'; modes: {', '.join(pipeline.MODES)}",
+                                 param_hint="--mode")
+    model = io.load(model_path, tag=tag)
+    result = pipeline.optimize(model, mode, input_shapes=input_shapes,
+                               backward_scope=backward_scope, fetches=outputs,
+                               checkpoints=checkpoints)
+    for name in explain:
+        if name.split(":")[0] not in model.graph:
+            raise click.BadParameter(f"'{name}' is not a node of {model_path}",
+                                     param_hint="--explain")
+    fmt = io.save(model, result.graph, output)
+    facts = report.optimize_report(model_path, output, fmt, result)
+    if report_path:
+        io.write_atomic(Path(report_path), (json.dumps(facts, indent=2) + "\n").encode())
+    if as_json:
+        click.echo(json.dumps(facts, indent=2))
+    else:
+        click.echo(format_optimize(facts))
+    for name in explain:
+        click.echo(report.explain(result, model.graph, name.split(":")[0]))
+
+
+def _parse_feeds(ctx, param, values):
+    feeds = {}
+    for value in values:
+        name, sep, path = value.partition("=")
+        if not sep or not name or not path:
+            raise click.BadParameter(f"expected NAME=FILE.npy, not '{value}'")
+        feeds[name] = path
+    return feeds
+
+
+@main.command()
+@click.argument("original_path", metavar="ORIGINAL", type=click.Path())
+@click.argument("rewritten_path", metavar="REWRITTEN", type=click.Path())
+@click.option("--rtol", default=0.0, show_default=True, help="Relative tolerance (0: bitwise).")
+@click.option("--atol", default=0.0, show_default=True, help="Absolute tolerance (0: bitwise).")
+@click.option("--feed", "feeds", multiple=True, metavar="NAME=FILE.npy", callback=_parse_feeds,
+              help="Feed this array instead of a random one (repeatable).")
+@click.option("--runs", default=5, show_default=True, help="Timed steps per model.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the random inputs.")
+@click.option("--int-high", default=10, show_default=True,
+              help="Integer inputs are drawn from [0, INT_HIGH) (class ids, token ids).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object (keys in the README).")
+@analysis_options
+@tag_option
+def verify(original_path, rewritten_path, rtol, atol, feeds, runs, seed, int_high, as_json,
+           input_shapes, outputs, backward_scope, tag):
+    """Run ORIGINAL and REWRITTEN on the same seeded inputs and compare every output.
+
+    Outputs are compared bitwise unless --rtol/--atol relax it. Both are also measured: peak
+    memory of one step (TensorFlow's allocator) and the median step time, side by side. A GPU is
+    used when TensorFlow sees one. Exit 0 when all outputs match, 1 when any differs.
+    """
+    from graphrewrite import io, verify as verify_mod
+
+    original = io.load(original_path, tag=tag)
+    rewritten = io.load(rewritten_path, tag=tag)
+    result = verify_mod.verify(original, rewritten, outputs, input_shapes,
+                               verify_mod.load_feeds(feeds), rtol, atol, runs, seed, int_high)
+    facts = result.to_json()
+    if as_json:
+        click.echo(json.dumps(facts, indent=2))
+    else:
+        click.echo(format_verify(facts))
+    if not result.match:
+        click.get_current_context().exit(EXIT_CHECK_FAILED)
+
+
+def format_verify(facts: dict) -> str:
+    """`verify`'s side-by-side table for people."""
+    peak, step = facts["peak_bytes"], facts["step_seconds"]
+
+    def ratio(a, b):
+        return f"{b / a:.2f}x" if a and b else "-"
+
+    verdict = "MATCH" if facts["match"] else "MISMATCH"
+    tolerance = "bitwise" if facts["max_abs_diff"] == 0 else f"max |diff| {facts['max_abs_diff']:.3g}"
+    lines = [f"outputs       {verdict}: {facts['outputs_compared']} compared ({tolerance})"]
+    if facts["mismatched"]:
+        lines.append(f"mismatched    {_shorten(facts['mismatched'])}")
+    lines += [
+        f"{'':13} {'original':>12} {'rewritten':>12} {'ratio':>7}",
+        f"{'peak memory':13} {format_bytes(peak['original'] or 0):>12} "
+        f"{format_bytes(peak['rewritten'] or 0):>12} {ratio(peak['original'], peak['rewritten']):>7}",
+        f"{'step time':13} {step['original'] * 1000:>10.1f}ms {step['rewritten'] * 1000:>10.1f}ms "
+        f"{ratio(step['original'], step['rewritten']):>7}",
+        f"device        {facts['device']}",
+    ]
+    return "\n".join(lines)
+
+
+@main.command()
+@click.argument("model_path", metavar="IN", type=click.Path())
+@tag_option
+def dump(model_path, tag):
+    """Print the canonical text of model IN: one line per node, stable order.
+
+    The same graph dumps identically whatever the order of its nodes in the file, so two dumps
+    can be compared with diff. Tensor payloads print as dtype, shape and a short hash.
+    """
+    from graphrewrite import io, text
+
+    model = io.load(model_path, tag=tag)
+    click.echo(text.dump(model.graph, model.meta_graph), nl=False)
 
 
 @main.command()
@@ -193,6 +288,33 @@ def format_bytes(count: int) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{value:.1f} GiB"
+
+
+def format_optimize(facts: dict) -> str:
+    """The `optimize` report for people."""
+    before, after = facts["peak_bytes"]["before"], facts["peak_bytes"]["after"]
+    ratio = f" ({after / before:.2f}x)" if before else ""
+    rows = [
+        ("wrote", f"{facts['output']} ({facts['format']}) in {facts['seconds']:.1f} s"),
+        ("mode", f"{facts['mode']}: {facts['pipeline'] or '(no passes)'}"),
+        ("modelled peak", f"{format_bytes(before)} -> {format_bytes(after)}{ratio}"),
+        ("nodes", f"{facts['nodes_before']} -> {facts['nodes_after']} "
+                  f"(+{facts['nodes_added']}: {len(facts['recomputed'])} recomputed copies, "
+                  f"{facts['triggers']} triggers)"),
+    ]
+    if facts["checkpoints"] or facts["recomputed"]:
+        rows.append(("checkpoints", f"{len(facts['checkpoints'])} kept"
+                     + (f" ({_shorten(facts['checkpoints'], 4)})" if facts["checkpoints"] else "")))
+        rows.append(("extra compute", f"{facts['extra_flops'] / 1e9:.3f} GFLOP per step"))
+    if facts["ungated_segments"]:
+        rows.append(("ungated", f"{facts['ungated_segments']} segments had no safe trigger "
+                                "(their copies may run early)"))
+    for reason, info in facts["skipped"].items():
+        rows.append(("not recomputed", f"{info['count']} {reason} "
+                                       f"(e.g. {', '.join(info['examples'])})"))
+    if facts["note"]:
+        rows.append(("note", facts["note"]))
+    return "\n".join(f"{key:<15} {value}" for key, value in rows)
 
 
 def format_summary(facts: dict) -> str:

@@ -1,21 +1,41 @@
 """Modes: named rewrite pipelines, and `optimize`, which runs one on a loaded model.
 
-A mode names a pipeline of passes (the grammar of TensorFlow's Graph Transform Tool,
-`name(k=v) name2`). Only `none` exists yet: load, check, save, nothing rewritten; it is how a user
-checks that a model survives the round trip unchanged.
+A pipeline is a string in the grammar of TensorFlow's Graph Transform Tool: passes separated by
+spaces, each with optional `(key=value, ...)` options, e.g. `recompute(policy=speed)`. A mode is a
+named pipeline; the report records the exact pipeline that ran. Analyses are recomputed between
+passes, so each pass sees the graph as the previous one left it.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import logging
+import re
+import time
 from dataclasses import dataclass, field
 
-from .errors import GraphError
+from . import analysis as analysis_mod
+from .errors import GraphError, GraphRewriteError
 from .graph import Graph
 from .io import Model
+from .passes import PASSES
+
+log = logging.getLogger(__name__)
 
 MODES: dict[str, str] = {
     "none": "",
+    "memory": "recompute(policy=memory)",
+    "speed": "recompute(policy=speed)",
+    "collection": "recompute(policy=collection)",
+    "manual": "recompute(policy=manual)",
+}
+MODE_HELP = {
+    "none": "load, check and save; nothing rewritten",
+    "memory": "keep ~sqrt(N) bottleneck activations, recompute the rest (most memory saved)",
+    "speed": "keep outputs of MatMul/Conv/Einsum, recompute cheap ops (least slowdown)",
+    "collection": "keep what --checkpoints selects (or the 'checkpoints' collection)",
+    "manual": "recompute the nodes marked with the _recompute_hint attribute",
 }
 
 
@@ -26,15 +46,66 @@ class OptimizeResult:
     pipeline: str
     nodes_before: int
     nodes_after: int
+    peak_before: int
+    peak_after: int
+    seconds: float
     stats: dict = field(default_factory=dict)
 
 
-def optimize(model: Model, mode: str) -> OptimizeResult:
+def parse_pipeline(text: str) -> list[tuple[str, dict]]:
+    """`'recompute(policy=speed) other'` -> [('recompute', {'policy': 'speed'}), ('other', {})]."""
+    steps = []
+    for match in re.finditer(r"\s*([A-Za-z_]\w*)(?:\(([^)]*)\))?", text):
+        name, args = match.group(1), match.group(2) or ""
+        if name not in PASSES:
+            raise GraphRewriteError(f"unknown pass '{name}' (passes: {', '.join(PASSES)})")
+        options = {}
+        for item in filter(None, (a.strip() for a in args.split(","))):
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise GraphRewriteError(f"pass option '{item}' must be key=value")
+            options[key.strip()] = value.strip()
+        steps.append((name, options))
+    return steps
+
+
+def optimize(model: Model, mode: str, input_shapes: dict | None = None,
+             backward_scope: str | None = None, fetches: list[str] | None = None,
+             checkpoints: str | None = None) -> OptimizeResult:
     """Run the pipeline of `mode` on a copy of the model's graph and check the result."""
     if mode not in MODES:
-        raise ValueError(f"unknown mode '{mode}' (modes: {', '.join(MODES)})")
+        raise GraphRewriteError(f"unknown mode '{mode}' (modes: {', '.join(MODES)})")
+    start = time.perf_counter()
+    pipeline = MODES[mode]
     graph = copy.deepcopy(model.graph)
-    problems = graph.check()
-    if problems:
-        raise GraphError(f"mode '{mode}' produced an invalid graph: {problems[0]}")
-    return OptimizeResult(graph, mode, MODES[mode], len(model.graph), len(graph))
+    found = analysis_mod.analyse(model, graph, input_shapes, backward_scope, fetches)
+    peak_before = found.memory.peak()
+    stats: dict = {}
+    ran = []
+    for name, raw in parse_pipeline(pipeline):
+        options_type, run = PASSES[name]
+        if name == "recompute" and checkpoints:
+            raw = {**raw, "checkpoints": checkpoints}
+        options = _options(options_type, name, raw)
+        result = run(graph, found, options, model)
+        ran.append(name)
+        problems = result.graph.check()
+        if problems:
+            raise GraphError(f"pass '{name}' (after: {', '.join(ran[:-1]) or 'nothing'}) "
+                             f"produced an invalid graph: {problems[0]}")
+        stats.update(result.stats)
+        if result.modified:
+            graph = result.graph
+            found = analysis_mod.analyse(model, graph, input_shapes, backward_scope,
+                                         found.fetches)
+    return OptimizeResult(graph, mode, pipeline, len(model.graph), len(graph), peak_before,
+                          found.memory.peak(), time.perf_counter() - start, stats)
+
+
+def _options(options_type, name: str, raw: dict):
+    fields = {f.name: f for f in dataclasses.fields(options_type)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise GraphRewriteError(f"pass '{name}' has no option '{unknown[0]}' "
+                                f"(options: {', '.join(fields)})")
+    return options_type(**raw)

@@ -34,6 +34,7 @@ _ITEM_BYTES = {
 # Outputs whose size the kernel decides (shape inference says "unknown"): an empty tensor on the
 # CPU, a small cuDNN workspace on a GPU. Counted as empty rather than reported as unknown.
 KERNEL_SIZED = {("FusedBatchNormV3", 5), ("_FusedBatchNormEx", 5)}
+SAME_SHAPE_OPS = frozenset({"ZerosLike", "OnesLike", "Identity", "StopGradient"})
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,19 @@ def infer(graph: Graph, input_shapes: dict[str, tuple] | None = None) -> Shapes:
             if (node.op, port) in KERNEL_SIZED and (shape is None or None in shape):
                 shape = (0,)
             shapes.tensors[TensorRef(node.name, port)] = TensorInfo(dtype, shape)
+    _follow_kernel_sized(graph, shapes)
     return shapes
+
+
+def _follow_kernel_sized(graph: Graph, shapes: Shapes) -> None:
+    """Ops shaped like their input (ZerosLike of a kernel-sized output) take the input's size."""
+    for name in graph.topological_order():
+        if graph.op(name) not in SAME_SHAPE_OPS:
+            continue
+        ref, inputs = TensorRef(name), graph.data_inputs(name)
+        info = shapes[ref]
+        if info is not None and info.nbytes is None and inputs and shapes[inputs[0]] is not None:
+            shapes.tensors[ref] = TensorInfo(info.dtype, shapes[inputs[0]].shape)
 
 
 def _fix_placeholder(graph: Graph, graph_def, name: str, shape: tuple) -> None:

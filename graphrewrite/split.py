@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import networkx as nx
 import numpy as np
 
+from . import ops
 from .graph import Graph
 
 # Op type -> indices of inputs that are forward values (not the incoming gradient or a shape).
@@ -104,7 +105,7 @@ def split(graph: Graph, backward_scope: str | None = None) -> Split:
     """Classify every node as forward or backward (see the module docstring)."""
     dag = _dag(graph)
     full = _dependencies(graph)  # with loop back edges: loop-carried values flow through them
-    constant = _constant_valued(graph, dag)
+    constant = constant_valued(graph, dag)
     if backward_scope:
         seeds = [n for n in graph.nodes() if n.startswith(backward_scope)]
     else:
@@ -184,12 +185,14 @@ def _forward_value_inputs(graph: Graph) -> set[str]:
     return nodes
 
 
-def _constant_valued(graph: Graph, dag: nx.DiGraph) -> set[str]:
-    """Nodes whose value does not depend on any input or variable (shapes of them are fine)."""
+def constant_valued(graph: Graph, dag: nx.DiGraph | None = None) -> set[str]:
+    """Nodes whose value does not depend on any input, variable or random draw (shapes of inputs
+    are fine: they are static)."""
+    dag = dag if dag is not None else _dag(graph)
     constant = set()
     for name in nx.topological_sort(dag):
         op = graph.op(name)
-        if op in SOURCE_INPUT_OPS:
+        if op in SOURCE_INPUT_OPS or (op != "Const" and ops.is_stateful(op)):
             continue
         inputs = graph.data_inputs(name)
         if op == "Const" or op in SHAPE_OPS or (inputs and all(r.node in constant

@@ -19,7 +19,7 @@ def test_optimize_mode_none_writes_an_equal_model(tmp_path):
     result = run_cli("optimize", fixture_path("mlp"), "-o", out, "--mode", "none",
                      "--report", report)
     assert result.exit_code == 0, result.stderr
-    assert "mode none" in result.stdout
+    assert "mode            none" in result.stdout
     assert io.load(out).container == io.load(fixture_path("mlp")).container
     facts = json.loads(report.read_text())
     assert facts["mode"] == "none" and facts["nodes_before"] == facts["nodes_after"] == 95

@@ -1,1 +1,23 @@
-"""Rewrite passes, one per module; each is `fn(graph, options) -> PassResult`."""
+"""Rewrite passes, one per module. Each is `run(graph, analysis, options, model) -> PassResult`
+and registered here by name with the frozen dataclass of its options."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..graph import Graph
+from . import recompute
+
+
+@dataclass
+class PassResult:
+    """What a pass returns: the (possibly new) graph, whether it changed, and what it did."""
+
+    graph: Graph
+    modified: bool
+    stats: dict = field(default_factory=dict)
+
+
+PASSES = {
+    "recompute": (recompute.RecomputeOptions, recompute.run),
+}

@@ -1,0 +1,213 @@
+"""Which forward tensors to keep (checkpoints) and which nodes may be recomputed at all.
+
+Policies are small named functions, as JAX's remat policies are:
+
+- `memory`: bottleneck tensors of the forward pass (every path from the inputs to the loss runs
+  through them), about sqrt(N) of them, balanced by the bytes between them. Bottlenecks are the
+  dominators of the loss in the graph of large activations, found in near-linear time (Cooper,
+  Harvey and Kennedy, via networkx). Small tensors (labels, token ids reused as targets, masks)
+  are left out of that graph, so a side input that reaches the loss directly does not hide them.
+  The policy offers a few counts around sqrt(N); the recompute pass keeps the one whose rewritten
+  graph models the lowest peak.
+- `speed`: outputs of the expensive ops (MatMul, BatchMatMul, Conv*, Einsum), by op type.
+- `collection`: what `--checkpoints` selects, else a MetaGraphDef collection named `checkpoints`.
+- `manual`: Grappler's `_recompute_hint` attribute marks the nodes to recompute; the rest is kept.
+
+Never recomputed (they act as checkpoints, and the report says why): inputs, constants and
+anything computed only from constants (TensorFlow's constant folding would turn copies into new
+constants), variable reads, stateful and random ops (a recomputed dropout mask is a silent wrong
+answer), nodes inside v1 while-loop frames, function calls (While, If, PartitionedCall).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import networkx as nx
+
+from . import ops
+from .analysis import Analysis
+from .errors import GraphRewriteError
+from .graph import Graph
+from .selectors import select
+from .split import constant_valued, reachable
+from .summary import FUNCTIONAL_CONTROL_OPS, PLACEHOLDER_OPS, V1_LOOP_OPS
+
+EXPENSIVE_OPS = frozenset({
+    "MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Conv2D", "Conv3D",
+    "DepthwiseConv2dNative", "Einsum", "_FusedMatMul", "_FusedConv2D",
+})
+VARIABLE_READ_OPS = frozenset({"ReadVariableOp", "VariableV2", "Variable", "VarHandleOp",
+                               "ResourceGather", "PlaceholderWithDefault"})
+CALL_OPS = FUNCTIONAL_CONTROL_OPS | {"PartitionedCall", "StatefulPartitionedCall"}
+# An activation is "large" when it holds at least this fraction of the largest one.
+LARGE_FRACTION = 1 / 64
+
+
+@dataclass
+class Context:
+    """What the policies and the recompute pass need to know about the graph."""
+
+    graph: Graph
+    analysis: Analysis
+    constant: set[str]
+    in_loop_frame: set[str]
+
+    @classmethod
+    def build(cls, graph: Graph, analysis: Analysis) -> "Context":
+        return cls(graph, analysis, constant_valued(graph), loop_frame_nodes(graph))
+
+    def blocker(self, name: str) -> str | None:
+        """Why `name` must not be recomputed, or None when copying it is safe."""
+        graph = self.graph
+        op = graph.op(name)
+        functions = {f.signature.name for f in graph.shell.library.function}
+        if op in PLACEHOLDER_OPS:
+            return "graph input"
+        if name in self.constant:
+            return "computed from constants only"
+        if op in VARIABLE_READ_OPS:
+            return "variable read"
+        if "Random" in op or op in ("Multinomial", "TruncatedNormal", "RandomShuffle"):
+            return "random op"
+        if name in self.in_loop_frame or op in V1_LOOP_OPS:
+            return "inside a while-loop frame"
+        if op in CALL_OPS or op in functions or any(
+                v.HasField("func") for v in graph.node_def(name).attr.values()):
+            return "function call"
+        if ops.is_stateful(op):
+            return "stateful op" if ops.op_def(op) is not None else "op unknown to TensorFlow"
+        if not self.analysis.shapes.outputs(name):
+            return "no outputs"
+        return None
+
+
+def loop_frame_nodes(graph: Graph) -> set[str]:
+    """Nodes inside v1 while-loop frames: reachable from an Enter without passing an Exit."""
+    inside, stack = set(), [n for n in graph.nodes() if graph.op(n) in ("Enter", "RefEnter")]
+    while stack:
+        name = stack.pop()
+        if name in inside:
+            continue
+        inside.add(name)
+        if graph.op(name) not in ("Exit", "RefExit"):
+            stack.extend(v for v in graph.successors(name) if v not in inside)
+    return inside
+
+
+# --------------------------------------------------------------------------- policies
+
+def speed_policy(ctx: Context) -> list[set[str]]:
+    """Keep the outputs of expensive ops; recompute the cheap rest."""
+    graph = ctx.graph
+    return [{n for n in ctx.analysis.split.forward if graph.op(n) in EXPENSIVE_OPS}]
+
+
+def collection_policy(ctx: Context, selectors: str | None, meta_graph=None) -> list[set[str]]:
+    """Keep what the selectors (or the MetaGraphDef's `checkpoints` collection) name."""
+    if selectors:
+        return [set(select(ctx.graph, selectors))]
+    if meta_graph is None or "checkpoints" not in meta_graph.collection_def:
+        raise GraphRewriteError("mode 'collection' needs --checkpoints SELECTORS, or a "
+                                "MetaGraphDef with a 'checkpoints' collection")
+    collection = meta_graph.collection_def["checkpoints"]
+    names = list(collection.node_list.value) or [
+        v.decode() for v in collection.bytes_list.value]
+    return [set(select(ctx.graph, ",".join(names)))]
+
+
+def manual_policy(ctx: Context) -> list[set[str]]:
+    """Recompute what carries `_recompute_hint`; keep every other forward node."""
+    graph = ctx.graph
+    hinted = {n for n in graph.nodes() if "_recompute_hint" in graph.node_def(n).attr}
+    return [set(ctx.analysis.split.forward) - hinted]
+
+
+def memory_policy(ctx: Context) -> list[set[str]]:
+    """Candidate checkpoint sets: bottlenecks, about sqrt(N) of them, at a few counts."""
+    chain = bottlenecks(ctx)
+    if not chain:
+        return []
+    weights = _bytes_needed_before(ctx, chain)
+    base = math.sqrt(len(chain))
+    counts = sorted({max(1, min(len(chain), round(base * f))) for f in (0.5, 0.75, 1, 1.5, 2)})
+    return [set(_balanced(chain, weights, k)) for k in counts]
+
+
+POLICIES = {"memory": memory_policy, "speed": speed_policy, "collection": collection_policy,
+            "manual": manual_policy}
+
+
+def bottlenecks(ctx: Context) -> list[str]:
+    """Forward nodes every path from the inputs to the loss runs through, in forward order.
+
+    The graph holds forward nodes that are not constant-valued, linked by their large tensors
+    only. A virtual source feeds the entries (nodes with large outputs that read graph inputs
+    and no large tensor), a virtual sink drains the exits (nodes reached from the source whose
+    large outputs no forward node reads). The bottlenecks are the sink's dominators.
+    """
+    graph, shapes, split = ctx.graph, ctx.analysis.shapes, ctx.analysis.split
+    nodes = [n for n in graph.topological_order() if n in split.forward and n not in ctx.constant]
+    sizes = {n: max((shapes.nbytes(r) or 0 for r in shapes.outputs(n)), default=0)
+             for n in nodes}
+    threshold = max(sizes.values(), default=0) * LARGE_FRACTION
+    large = {n for n in nodes if sizes[n] > 0 and sizes[n] >= threshold}
+    activations = nx.DiGraph()
+    activations.add_nodes_from(large)
+    for name in large:
+        for ref in graph.data_inputs(name):
+            if ref.node in large and (shapes.nbytes(ref) or 0) >= threshold:
+                activations.add_edge(ref.node, name)
+    source, sink = "graphrewrite:source", "graphrewrite:sink"
+    for name in large:
+        reads_input = any(graph.op(r.node) in PLACEHOLDER_OPS for r in graph.data_inputs(name))
+        if graph.op(name) in PLACEHOLDER_OPS or (activations.in_degree(name) == 0
+                                                 and reads_input):
+            activations.add_edge(source, name)
+    if source not in activations:
+        return []
+    reached = reachable(activations, [source])
+    for name in reached - {source}:
+        if activations.out_degree(name) == 0:
+            activations.add_edge(name, sink)
+    dominators = nx.immediate_dominators(activations, source)
+    chain, node = [], dominators.get(sink)
+    while node is not None and node != source:
+        chain.append(node)
+        node = dominators[node]
+    position = {n: i for i, n in enumerate(nodes)}
+    return sorted(chain, key=position.get)
+
+
+def _bytes_needed_before(ctx: Context, chain: list[str]) -> list[int]:
+    """For each bottleneck: bytes of forward tensors the backward reads, produced up to it."""
+    graph, shapes, flow = ctx.graph, ctx.analysis.shapes, ctx.analysis.split.gradient_flow
+    order = graph.topological_order()
+    position = {n: i for i, n in enumerate(order)}
+    needed = []
+    for name in ctx.analysis.split.forward:
+        for ref in shapes.outputs(name):
+            if any(v in flow for v, _ in graph.consumers(ref)):
+                needed.append((position[name], shapes.nbytes(ref) or 0))
+    needed.sort()
+    weights, total, index = [], 0, 0
+    for name in chain:
+        while index < len(needed) and needed[index][0] <= position[name]:
+            total += needed[index][1]
+            index += 1
+        weights.append(total)
+    return weights
+
+
+def _balanced(chain: list[str], weights: list[int], count: int) -> list[str]:
+    """`count` bottlenecks splitting the cumulative bytes into equal parts."""
+    total = weights[-1] or 1
+    chosen = []
+    for part in range(1, count + 1):
+        target = total * part / (count + 1)
+        best = min(range(len(chain)), key=lambda i: (abs(weights[i] - target), i))
+        if chain[best] not in chosen:
+            chosen.append(chain[best])
+    return chosen
+

@@ -1,0 +1,178 @@
+"""Recompute pass: keep checkpoints, recompute the rest of what the backward pass reads.
+
+For each forward node the gradient flow reads that is not a checkpoint, the pass copies it and
+everything between it and the checkpoints above it (each node once), and rewires only the
+gradient-flow consumers to the copies; forward consumers, and backward nodes that run during the
+forward pass (shape computations), keep the originals, which are then freed early. Copies are
+grouped into connected segments; each segment's root copies wait on a trigger NoOp whose control
+inputs are the gradient-flow nodes feeding the segment's consumers, so the recomputation runs
+when back-propagation reaches the segment. A trigger input is only taken if it does not itself
+depend on the segment's copies (checked on the graph as it grows), so no cycle can form.
+
+Copies are named `graphrewrite/recompute/<original>`, triggers
+`graphrewrite/recompute_trigger/<first root>`. Original nodes are never removed or renamed.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass
+
+import networkx as nx
+
+from .. import checkpoints as policies
+from .. import flops, memory
+from ..analysis import Analysis
+from ..graph import Graph
+from ..shapes import Shapes
+from ..split import reachable
+from ..tensor_ref import CONTROL, TensorRef
+
+log = logging.getLogger(__name__)
+
+COPY_PREFIX = "graphrewrite/recompute/"
+TRIGGER_PREFIX = "graphrewrite/recompute_trigger/"
+
+
+@dataclass(frozen=True)
+class RecomputeOptions:
+    policy: str = "memory"          # memory | speed | collection | manual
+    checkpoints: str | None = None  # selectors, for policy=collection
+
+    def __post_init__(self):
+        if self.policy not in policies.POLICIES:
+            from ..errors import GraphRewriteError
+
+            raise GraphRewriteError(f"recompute: unknown policy '{self.policy}' (policies: "
+                                    f"{', '.join(policies.POLICIES)})")
+
+
+@dataclass
+class Rewrite:
+    """One applied choice of checkpoints and what it did."""
+
+    graph: Graph
+    checkpoints: set[str]
+    recomputed: dict[str, str]       # original -> copy
+    triggers: dict[str, list[str]]   # trigger -> its control inputs
+    ungated: int                     # segments no safe trigger was found for
+    blocked: dict[str, set[str]]     # reason -> nodes kept because they cannot be recomputed
+    shapes: Shapes
+    peak: int = 0
+
+
+def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None):
+    from . import PassResult
+
+    if not analysis.split.seeds:
+        return PassResult(graph, False, {"recompute": "no backward pass found: nothing to do"})
+    ctx = policies.Context.build(graph, analysis)
+    if options.policy == "collection":
+        candidates = policies.collection_policy(ctx, options.checkpoints,
+                                                model.meta_graph if model else None)
+    else:
+        candidates = policies.POLICIES[options.policy](ctx)
+    if not candidates:
+        return PassResult(graph, False, {"recompute": "no checkpoint candidates found"})
+    best = None
+    for checkpoints in candidates:
+        attempt = apply(ctx, checkpoints)
+        attempt.peak = memory.simulate(attempt.graph, attempt.shapes, analysis.fetches).peak()
+        log.info("recompute: %d checkpoints -> modelled peak %d bytes", len(checkpoints),
+                 attempt.peak)
+        if best is None or attempt.peak < best.peak:
+            best = attempt
+    if not best.recomputed:
+        return PassResult(graph, False, _stats(ctx, best, analysis))
+    return PassResult(best.graph, True, _stats(ctx, best, analysis))
+
+
+def apply(ctx: policies.Context, checkpoints: set[str]) -> Rewrite:
+    """Copy what the gradient flow reads between `checkpoints`, rewire it, add the triggers."""
+    graph = copy.deepcopy(ctx.graph)
+    split = ctx.analysis.split
+    flow, forward = split.gradient_flow, split.forward
+    blocked: dict[str, set[str]] = {}
+
+    def recomputable(name: str) -> bool:
+        if name in checkpoints or name not in forward:
+            return False
+        reason = ctx.blocker(name)
+        if reason:
+            blocked.setdefault(reason, set()).add(name)
+        return reason is None
+
+    order = graph.topological_order()
+    boundary = [n for n in order if n in forward
+                and any(v in flow for v, slot in graph.consumers(n) if slot >= 0)
+                and recomputable(n)]
+    segment_nodes, stack = set(), list(boundary)
+    while stack:
+        name = stack.pop()
+        if name not in segment_nodes:
+            segment_nodes.add(name)
+            stack.extend(r.node for r in graph.data_inputs(name)
+                         if r.node not in segment_nodes and recomputable(r.node))
+    copies = {}
+    for name in (n for n in order if n in segment_nodes):
+        copies[name] = graph.copy_node(name, graph.unique_name(COPY_PREFIX + name))
+        for ref in graph.data_inputs(copies[name]):
+            if ref.node in copies:
+                graph.replace_uses(ref, TensorRef(copies[ref.node], ref.port), [copies[name]])
+    for name in boundary:
+        for ref in ctx.analysis.shapes.outputs(name):
+            readers = [v for v, _ in graph.consumers(ref) if v in flow]
+            if readers:
+                graph.replace_uses(ref, TensorRef(copies[name], ref.port), readers)
+    triggers, ungated = _add_triggers(graph, ctx, copies, flow, order)
+    shapes = Shapes(dict(ctx.analysis.shapes.tensors))
+    for name, copy_name in copies.items():
+        for ref in ctx.analysis.shapes.outputs(name):
+            shapes.tensors[TensorRef(copy_name, ref.port)] = shapes.tensors[ref]
+    return Rewrite(graph, set(checkpoints), copies, triggers, ungated, blocked, shapes)
+
+
+def _add_triggers(graph: Graph, ctx, copies: dict[str, str], flow, order) -> tuple[dict, int]:
+    """One trigger per connected segment of copies, deepest segment first."""
+    segments = nx.Graph()
+    segments.add_nodes_from(copies)
+    for name in copies:
+        segments.add_edges_from((r.node, name) for r in ctx.graph.data_inputs(name)
+                                if r.node in copies)
+    position = {n: i for i, n in enumerate(order)}
+    components = sorted((sorted(c, key=position.get) for c in nx.connected_components(segments)),
+                        key=lambda c: position[c[0]], reverse=True)
+    all_copies = set(copies.values())
+    triggers, ungated = {}, 0
+    for component in components:
+        members = {copies[n] for n in component}
+        targets = {v for c in members for v in graph.successors(c) if v not in all_copies}
+        downstream = reachable(graph.nx, members)
+        waits = sorted({r.node for t in targets for r in graph.data_inputs(t)
+                        if r.node in flow and r.node not in downstream})
+        if not waits:
+            ungated += 1
+            continue
+        roots = [copies[n] for n in component
+                 if not any(r.node in copies for r in ctx.graph.data_inputs(n))]
+        trigger = graph.add_node(graph.unique_name(TRIGGER_PREFIX + component[0]), "NoOp",
+                                 [TensorRef(w, CONTROL) for w in waits],
+                                 device=graph.node_def(roots[0]).device)
+        for root in roots:
+            graph.add_control(trigger, root)
+        triggers[trigger] = waits
+    return triggers, ungated
+
+
+def _stats(ctx: policies.Context, best: Rewrite, analysis: Analysis) -> dict:
+    extra = flops.total_flops(ctx.graph, analysis.shapes, list(best.recomputed))
+    return {
+        "checkpoints": sorted(best.checkpoints),
+        "recomputed": sorted(best.recomputed),
+        "triggers": len(best.triggers),
+        "ungated_segments": best.ungated,
+        "nodes_added": len(best.recomputed) + len(best.triggers),
+        "extra_flops": extra,
+        "kept_because": {reason: sorted(nodes) for reason, nodes in sorted(best.blocked.items())},
+    }

@@ -1,0 +1,61 @@
+"""The optimize report (plain data with stable keys) and `--explain`'s answer for one node."""
+
+from __future__ import annotations
+
+from .graph import Graph
+from .passes.recompute import COPY_PREFIX, TRIGGER_PREFIX
+from .pipeline import OptimizeResult
+
+EXAMPLES = 3
+
+
+def optimize_report(source, output, fmt, result: OptimizeResult) -> dict:
+    stats = result.stats
+    kept_because = stats.get("kept_because", {})
+    return {
+        "input": str(source),
+        "output": str(output),
+        "format": str(fmt),
+        "mode": result.mode,
+        "pipeline": result.pipeline,
+        "nodes_before": result.nodes_before,
+        "nodes_after": result.nodes_after,
+        "nodes_added": result.nodes_after - result.nodes_before,
+        "peak_bytes": {"before": result.peak_before, "after": result.peak_after},
+        "checkpoints": stats.get("checkpoints", []),
+        "recomputed": stats.get("recomputed", []),
+        "triggers": stats.get("triggers", 0),
+        "ungated_segments": stats.get("ungated_segments", 0),
+        "extra_flops": stats.get("extra_flops", 0),
+        "skipped": {reason: {"count": len(nodes), "examples": nodes[:EXAMPLES]}
+                    for reason, nodes in kept_because.items()},
+        "note": stats.get("recompute", ""),
+        "seconds": round(result.seconds, 3),
+    }
+
+
+def explain(result: OptimizeResult, original: Graph, name: str) -> str:
+    """One sentence on why `name`'s output was kept or recomputed."""
+    stats = result.stats
+    graph = result.graph
+    if name in stats.get("recomputed", []):
+        copy = next(n for n in graph.nodes() if n.startswith(COPY_PREFIX)
+                    and n[len(COPY_PREFIX):] == name)
+        readers = sorted({v for v, _ in graph.consumers(copy) if not v.startswith(COPY_PREFIX)})
+        gate = next((n for n in graph.nodes() if n.startswith(TRIGGER_PREFIX)
+                     and n in graph.control_inputs(copy)), None)
+        when = f", after trigger {gate}" if gate else ""
+        return (f"{name}: recomputed as {copy}{when}; backward readers: "
+                f"{', '.join(readers[:EXAMPLES]) or 'none'}"
+                + (" ..." if len(readers) > EXAMPLES else ""))
+    if name in stats.get("checkpoints", []):
+        return f"{name}: kept (a checkpoint chosen by mode {result.mode})"
+    for reason, nodes in stats.get("kept_because", {}).items():
+        if name in nodes:
+            return f"{name}: kept, it cannot be recomputed ({reason})"
+    if name not in original:
+        return f"{name}: not a node of the input graph"
+    if any(n.startswith(COPY_PREFIX) for n in graph.nodes()):
+        return (f"{name}: left alone (the backward pass does not read it, or it is backward "
+                "itself)")
+    return f"{name}: left alone ({stats.get('recompute') or 'mode ' + result.mode + ' rewrote nothing'})"
