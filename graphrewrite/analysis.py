@@ -16,6 +16,8 @@ from .io import Model
 
 log = logging.getLogger(__name__)
 
+UNFETCHABLE_TYPES = frozenset({20, 21})  # resource, variant: no numpy value to return
+
 
 @dataclass
 class Analysis:
@@ -26,10 +28,12 @@ class Analysis:
     flops: int
 
 
-def default_fetches(model: Model) -> list[str]:
+def default_fetches(model: Model, graph: Graph | None = None,
+                    shapes: shapes_mod.Shapes | None = None) -> list[str]:
     """What one training step fetches: a MetaGraphDef's `train_op` (and `losses`) collections,
-    else every sink of the graph."""
-    graph = model.graph
+    else the sinks of the graph that can be fetched: not inside a while-loop frame, and (given
+    `shapes`) holding a numeric tensor or nothing at all."""
+    graph = graph or model.graph
     meta = model.meta_graph
     if meta is not None and "train_op" in meta.collection_def:
         names = list(meta.collection_def["train_op"].node_list.value)
@@ -38,19 +42,25 @@ def default_fetches(model: Model) -> list[str]:
         found = [n.split(":")[0].lstrip("^") for n in names]
         if all(n in graph for n in found):
             return list(dict.fromkeys(found))
-    return [n for n in graph.nodes() if graph.nx.out_degree(n) == 0]
+    in_loop = split_mod.loop_frame_nodes(graph)
+    sinks = [n for n in graph.nodes() if graph.nx.out_degree(n) == 0 and n not in in_loop]
+    if shapes is None:
+        return sinks
+    return [n for n in sinks if not shapes.outputs(n)
+            or (shapes[shapes.outputs(n)[0]].dtype % 100) not in UNFETCHABLE_TYPES]
 
 
 def analyse(model: Model, graph: Graph | None = None, input_shapes: dict | None = None,
-            backward_scope: str | None = None, fetches: list[str] | None = None) -> Analysis:
-    """Shapes, forward/backward split, simulated step memory and FLOPs of `graph`."""
+            backward_scope: str | None = None, fetches: list[str] | None = None,
+            shapes: shapes_mod.Shapes | None = None) -> Analysis:
+    """Shapes (unless given), forward/backward split, simulated step memory and FLOPs."""
     graph = graph or model.graph
-    fetches = fetches or default_fetches(model)
-    missing = [f for f in fetches if f.split(":")[0] not in graph]
+    missing = [f for f in fetches or [] if f.split(":")[0] not in graph]
     if missing:
         raise GraphRewriteError(f"output '{missing[0]}' is not a node of the graph")
+    shapes = shapes or shapes_mod.infer(graph, input_shapes)
+    fetches = fetches or default_fetches(model, graph, shapes)
     fetch_nodes = list(dict.fromkeys(f.split(":")[0] for f in fetches))
-    shapes = shapes_mod.infer(graph, input_shapes)
     split = split_mod.split(graph, backward_scope)
     report = memory.simulate(graph, shapes, fetch_nodes)
     total = flops_mod.total_flops(graph, shapes, report.order)

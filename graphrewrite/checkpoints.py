@@ -2,13 +2,12 @@
 
 Policies are small named functions, as JAX's remat policies are:
 
-- `memory`: bottleneck tensors of the forward pass (every path from the inputs to the loss runs
-  through them), about sqrt(N) of them, balanced by the bytes between them. Bottlenecks are the
-  dominators of the loss in the graph of large activations, found in near-linear time (Cooper,
-  Harvey and Kennedy, via networkx). Small tensors (labels, token ids reused as targets, masks)
-  are left out of that graph, so a side input that reaches the loss directly does not hide them.
-  The policy offers a few counts around sqrt(N); the recompute pass keeps the one whose rewritten
-  graph models the lowest peak.
+- `memory`: bottleneck tensors of the forward pass (every path from the main inputs to the loss
+  runs through them), balanced by the bytes the backward pass reads between them. Bottlenecks
+  are dominators, found in near-linear time (Cooper, Harvey and Kennedy, via networkx), not by
+  the seed's quadratic search; small side inputs (labels, token ids reused as targets, masks)
+  cannot hide them (see `bottlenecks`). The policy offers log-spaced counts (sqrt(N) among them);
+  the recompute pass keeps the one whose rewritten graph models the lowest peak.
 - `speed`: outputs of the expensive ops (MatMul, BatchMatMul, Conv*, Einsum), by op type.
 - `collection`: what `--checkpoints` selects, else a MetaGraphDef collection named `checkpoints`.
 - `manual`: Grappler's `_recompute_hint` attribute marks the nodes to recompute; the rest is kept.
@@ -21,7 +20,6 @@ answer), nodes inside v1 while-loop frames, function calls (While, If, Partition
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import networkx as nx
@@ -31,7 +29,8 @@ from .analysis import Analysis
 from .errors import GraphRewriteError
 from .graph import Graph
 from .selectors import select
-from .split import constant_valued, reachable
+from .split import constant_valued, loop_frame_nodes, reachable
+from .tensor_ref import TensorRef
 from .summary import FUNCTIONAL_CONTROL_OPS, PLACEHOLDER_OPS, V1_LOOP_OPS
 
 EXPENSIVE_OPS = frozenset({
@@ -41,7 +40,9 @@ EXPENSIVE_OPS = frozenset({
 VARIABLE_READ_OPS = frozenset({"ReadVariableOp", "VariableV2", "Variable", "VarHandleOp",
                                "ResourceGather", "PlaceholderWithDefault"})
 CALL_OPS = FUNCTIONAL_CONTROL_OPS | {"PartitionedCall", "StatefulPartitionedCall"}
-# An activation is "large" when it holds at least this fraction of the largest one.
+FLOATING_TYPES = frozenset({1, 2, 14, 19})  # float, double, bfloat16, half
+# An activation is "large" when it holds at least this fraction of the largest one: entries and
+# bottlenecks must be large, so small side inputs and scalars are neither.
 LARGE_FRACTION = 1 / 64
 
 
@@ -83,19 +84,6 @@ class Context:
         return None
 
 
-def loop_frame_nodes(graph: Graph) -> set[str]:
-    """Nodes inside v1 while-loop frames: reachable from an Enter without passing an Exit."""
-    inside, stack = set(), [n for n in graph.nodes() if graph.op(n) in ("Enter", "RefEnter")]
-    while stack:
-        name = stack.pop()
-        if name in inside:
-            continue
-        inside.add(name)
-        if graph.op(name) not in ("Exit", "RefExit"):
-            stack.extend(v for v in graph.successors(name) if v not in inside)
-    return inside
-
-
 # --------------------------------------------------------------------------- policies
 
 def speed_policy(ctx: Context) -> list[set[str]]:
@@ -130,8 +118,11 @@ def memory_policy(ctx: Context) -> list[set[str]]:
     if not chain:
         return []
     weights = _bytes_needed_before(ctx, chain)
-    base = math.sqrt(len(chain))
-    counts = sorted({max(1, min(len(chain), round(base * f))) for f in (0.5, 0.75, 1, 1.5, 2)})
+    counts, k = [], 1.0
+    while round(k) <= len(chain):  # log-spaced: sqrt(N) is a guide, the model picks
+        if round(k) not in counts:
+            counts.append(round(k))
+        k *= 1.4
     return [set(_balanced(chain, weights, k)) for k in counts]
 
 
@@ -140,12 +131,15 @@ POLICIES = {"memory": memory_policy, "speed": speed_policy, "collection": collec
 
 
 def bottlenecks(ctx: Context) -> list[str]:
-    """Forward nodes every path from the inputs to the loss runs through, in forward order.
+    """Large forward tensors every path from the main inputs to the loss runs through, in order.
 
-    The graph holds forward nodes that are not constant-valued, linked by their large tensors
-    only. A virtual source feeds the entries (nodes with large outputs that read graph inputs
-    and no large tensor), a virtual sink drains the exits (nodes reached from the source whose
-    large outputs no forward node reads). The bottlenecks are the sink's dominators.
+    The graph holds the forward nodes that are not constant-valued. A virtual source feeds the
+    entries only: large floating-point inputs, and nodes with a large floating-point output
+    computed from inputs and constants alone (an embedding lookup of token ids); not labels or
+    ids themselves, and not the loss, which reads labels and logits. A small side input (labels, token ids reused as targets, a
+    mask) is therefore never reached from the source, and its shortcut to the loss cannot hide
+    the bottlenecks. A virtual sink drains every node without forward consumers. The
+    bottlenecks are the sink's dominators, kept when their output is large.
     """
     graph, shapes, split = ctx.graph, ctx.analysis.shapes, ctx.analysis.split
     nodes = [n for n in graph.topological_order() if n in split.forward and n not in ctx.constant]
@@ -153,31 +147,36 @@ def bottlenecks(ctx: Context) -> list[str]:
              for n in nodes}
     threshold = max(sizes.values(), default=0) * LARGE_FRACTION
     large = {n for n in nodes if sizes[n] > 0 and sizes[n] >= threshold}
-    activations = nx.DiGraph()
-    activations.add_nodes_from(large)
-    for name in large:
-        for ref in graph.data_inputs(name):
-            if ref.node in large and (shapes.nbytes(ref) or 0) >= threshold:
-                activations.add_edge(ref.node, name)
+    forward = nx.DiGraph()
+    forward.add_nodes_from(nodes)
+    members = set(nodes)
+    for name in nodes:
+        forward.add_edges_from((r.node, name) for r in graph.data_inputs(name)
+                               if r.node in members)
     source, sink = "graphrewrite:source", "graphrewrite:sink"
     for name in large:
-        reads_input = any(graph.op(r.node) in PLACEHOLDER_OPS for r in graph.data_inputs(name))
-        if graph.op(name) in PLACEHOLDER_OPS or (activations.in_degree(name) == 0
-                                                 and reads_input):
-            activations.add_edge(source, name)
-    if source not in activations:
+        computed = [r.node for r in graph.data_inputs(name) if r.node not in ctx.constant]
+        floating = _is_floating(shapes[TensorRef(name)])
+        if floating and (graph.op(name) in PLACEHOLDER_OPS or (computed and all(
+                graph.op(n) in PLACEHOLDER_OPS for n in computed))):
+            forward.add_edge(source, name)
+    if source not in forward:
         return []
-    reached = reachable(activations, [source])
-    for name in reached - {source}:
-        if activations.out_degree(name) == 0:
-            activations.add_edge(name, sink)
-    dominators = nx.immediate_dominators(activations, source)
+    for name in reachable(forward, [source]) - {source}:
+        if forward.out_degree(name) == 0:
+            forward.add_edge(name, sink)
+    dominators = nx.immediate_dominators(forward, source)
     chain, node = [], dominators.get(sink)
     while node is not None and node != source:
-        chain.append(node)
+        if node in large:
+            chain.append(node)
         node = dominators[node]
     position = {n: i for i, n in enumerate(nodes)}
     return sorted(chain, key=position.get)
+
+
+def _is_floating(info) -> bool:
+    return info is not None and info.dtype % 100 in FLOATING_TYPES
 
 
 def _bytes_needed_before(ctx: Context, chain: list[str]) -> list[int]:

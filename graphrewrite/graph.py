@@ -97,6 +97,22 @@ class Graph:
             node.input.extend(self._input_texts(name))
         return out
 
+    def copy(self) -> "Graph":
+        """A structural copy: new topology, NodeDefs shared (passes add nodes, they do not edit
+        NodeDefs in place; use `set_attr` to change one)."""
+        other = Graph(self.shell)
+        other.nx = self.nx.copy()
+        other._load_problems = list(self._load_problems)
+        other._next_order = self._next_order
+        return other
+
+    def set_attr(self, name: str, key: str, value) -> None:
+        """Set attribute `key` of node `name` on a private copy of its NodeDef."""
+        payload = node_def_pb2.NodeDef()
+        payload.CopyFrom(self.node_def(name))
+        payload.attr[key].CopyFrom(value)
+        self.nx.nodes[name]["node_def"] = payload
+
     # ----------------------------------------------------------------- queries
 
     def __contains__(self, name: str) -> bool:
@@ -111,7 +127,7 @@ class Graph:
         return [n for _, n in sorted(real)]
 
     def node_def(self, name: str) -> node_def_pb2.NodeDef:
-        """The node's NodeDef without inputs (mutable: attrs and device may be edited in place)."""
+        """The node's NodeDef without inputs; read it, change it only through `set_attr`."""
         self._require(name)
         return self.nx.nodes[name]["node_def"]
 

@@ -22,7 +22,7 @@ Kernel workspaces (convolution scratch space) are not modelled.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from .graph import Graph
@@ -138,7 +138,6 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None) -> 
         fetches = [n for n in graph.nodes() if graph.nx.out_degree(n) == 0]
     fetched = set(fetches)
     order = schedule(graph, fetches)
-    position = {n: i for i, n in enumerate(order)}
     accelerated = has_accelerator(graph)
     buffers: list[Buffer] = []
     buffer_of: dict[TensorRef, Buffer] = {}
@@ -146,8 +145,11 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None) -> 
     peak: dict[str, tuple[int, int]] = {}  # place -> (bytes, step)
     unknown: list[TensorRef] = []
 
+    reads = {name: graph.data_inputs(name) for name in order}
+    uses = Counter(ref for name in order for ref in reads[name])
+
     def add_output(ref: TensorRef, buffer: Buffer) -> None:
-        buffer.uses_left += sum(1 for v, _ in graph.consumers(ref) if v in position)
+        buffer.uses_left += uses[ref]
         buffer_of[ref] = buffer
 
     def allocate(ref: TensorRef, place: str, step: int, pinned: bool) -> Buffer:
@@ -181,7 +183,7 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None) -> 
     for step, name in enumerate(order):
         op = graph.op(name)
         place = placement(graph, name, accelerated)
-        inputs = [r for r in graph.data_inputs(name) if r in buffer_of]
+        inputs = [r for r in reads[name] if r in buffer_of]
         if op not in PERSISTENT_OPS | FEED_OPS:
             for ref in shapes.outputs(name):
                 buffer = _output_buffer(op, ref, inputs, buffer_of, shapes)

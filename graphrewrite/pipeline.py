@@ -8,7 +8,6 @@ passes, so each pass sees the graph as the previous one left it.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 import re
@@ -77,7 +76,7 @@ def optimize(model: Model, mode: str, input_shapes: dict | None = None,
         raise GraphRewriteError(f"unknown mode '{mode}' (modes: {', '.join(MODES)})")
     start = time.perf_counter()
     pipeline = MODES[mode]
-    graph = copy.deepcopy(model.graph)
+    graph = model.graph.copy()
     found = analysis_mod.analyse(model, graph, input_shapes, backward_scope, fetches)
     peak_before = found.memory.peak()
     stats: dict = {}
@@ -97,7 +96,7 @@ def optimize(model: Model, mode: str, input_shapes: dict | None = None,
         if result.modified:
             graph = result.graph
             found = analysis_mod.analyse(model, graph, input_shapes, backward_scope,
-                                         found.fetches)
+                                         found.fetches, shapes=result.shapes)
     return OptimizeResult(graph, mode, pipeline, len(model.graph), len(graph), peak_before,
                           found.memory.peak(), time.perf_counter() - start, stats)
 

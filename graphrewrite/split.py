@@ -155,6 +155,19 @@ def reachable(graph: nx.DiGraph, sources, upstream: bool = False) -> set[str]:
     return seen
 
 
+def loop_frame_nodes(graph: Graph) -> set[str]:
+    """Nodes inside v1 while-loop frames: reachable from an Enter without passing an Exit."""
+    inside, stack = set(), [n for n in graph.nodes() if graph.op(n) in ("Enter", "RefEnter")]
+    while stack:
+        name = stack.pop()
+        if name in inside:
+            continue
+        inside.add(name)
+        if graph.op(name) not in ("Exit", "RefExit"):
+            stack.extend(v for v in graph.successors(name) if v not in inside)
+    return inside
+
+
 def _dag(graph: Graph) -> nx.DiGraph:
     """Data and control dependencies between real nodes, loop back edges dropped."""
     order = graph.topological_order()

@@ -69,13 +69,16 @@ def load_feeds(specs: dict[str, str]) -> dict[str, np.ndarray]:
 def verify(original: Model, rewritten: Model, fetches: list[str] | None = None,
            input_shapes: dict | None = None, feeds: dict[str, np.ndarray] | None = None,
            rtol: float = 0.0, atol: float = 0.0, runs: int = 5, seed: int = 0,
-           int_high: int = 10) -> VerifyResult:
-    """Run both models on equal inputs; compare every fetched output and measure both."""
-    fetches = fetches or analysis.default_fetches(original)
+           int_high: int = 10, isolated: bool = True) -> VerifyResult:
+    """Run both models on equal inputs; compare every fetched output and measure both.
+
+    `isolated` runs each model in a fresh process, so both are measured from an empty allocator.
+    """
+    shapes = shapes_mod.infer(original.graph, input_shapes)
+    fetches = fetches or analysis.default_fetches(original, shapes=shapes)
     missing = [f for f in fetches if f.split(":")[0] not in rewritten.graph]
     if missing:
         raise GraphRewriteError(f"the rewritten model has no node '{missing[0]}'")
-    shapes = shapes_mod.infer(original.graph, input_shapes)
     given = feeds or {}
     unknown = sorted(set(given) - set(original.graph.nodes()))
     if unknown:
@@ -85,8 +88,9 @@ def verify(original: Model, rewritten: Model, fetches: list[str] | None = None,
     except ValueError as err:
         raise GraphRewriteError(str(err)) from None
     log.info("verify: %d inputs, %d outputs, %d timed runs each", len(inputs), len(fetches), runs)
-    first = measure.run_step(_message(original), inputs, fetches, runs)
-    second = measure.run_step(_message(rewritten), inputs, fetches, runs)
+    run = measure.run_step_isolated if isolated else measure.run_step
+    first = run(_message(original), inputs, fetches, runs)
+    second = run(_message(rewritten), inputs, fetches, runs)
     comparisons = [_compare(name, first.outputs[name], second.outputs[name], rtol, atol)
                    for name in first.outputs]
     return VerifyResult(all(c.equal for c in comparisons), comparisons, first, second, fetches)

@@ -33,3 +33,18 @@ def compare_with_golden(actual: str, golden_name: str, update: bool) -> None:
 def test_dump_matches_golden(name, update_goldens):
     model = io.load(fixture_path(name))
     compare_with_golden(dump(model.graph, model.meta_graph), f"{name}.dump", update_goldens)
+
+
+REWRITES = [("mlp", "memory"), ("resnet_cnn", "memory"),
+            ("resnet_cnn", "speed"), ("transformer_dropout", "speed")]
+
+
+@pytest.mark.parametrize("name, mode", REWRITES)
+def test_rewrite_matches_golden(name, mode, update_goldens):
+    from graphrewrite import pipeline
+
+    model = io.load(fixture_path(name))
+    result = pipeline.optimize(model, mode)
+    assert result.nodes_after > result.nodes_before, "the golden should show a rewrite"
+    compare_with_golden(dump(result.graph, model.meta_graph), f"{name}.{mode}.dump",
+                        update_goldens)

@@ -16,6 +16,7 @@ class PassResult:
     graph: Graph
     modified: bool
     stats: dict = field(default_factory=dict)
+    shapes: object = None  # the new graph's Shapes, when the pass knows them (saves inference)
 
 
 PASSES = {

@@ -15,7 +15,6 @@ Copies are named `graphrewrite/recompute/<original>`, triggers
 
 from __future__ import annotations
 
-import copy
 import logging
 from dataclasses import dataclass
 
@@ -32,6 +31,8 @@ from ..tensor_ref import CONTROL, TensorRef
 log = logging.getLogger(__name__)
 
 COPY_PREFIX = "graphrewrite/recompute/"
+MIN_GAIN = 0.01    # a rewrite that models less than 1% lower peak is not worth its compute
+PEAK_SLACK = 0.02  # peaks this close count as equal; then less recomputation wins
 TRIGGER_PREFIX = "graphrewrite/recompute_trigger/"
 
 
@@ -60,6 +61,7 @@ class Rewrite:
     blocked: dict[str, set[str]]     # reason -> nodes kept because they cannot be recomputed
     shapes: Shapes
     peak: int = 0
+    extra_flops: int = 0
 
 
 def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None):
@@ -75,22 +77,29 @@ def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None)
         candidates = policies.POLICIES[options.policy](ctx)
     if not candidates:
         return PassResult(graph, False, {"recompute": "no checkpoint candidates found"})
-    best = None
+    attempts = []
     for checkpoints in candidates:
         attempt = apply(ctx, checkpoints)
         attempt.peak = memory.simulate(attempt.graph, attempt.shapes, analysis.fetches).peak()
-        log.info("recompute: %d checkpoints -> modelled peak %d bytes", len(checkpoints),
-                 attempt.peak)
-        if best is None or attempt.peak < best.peak:
-            best = attempt
-    if not best.recomputed:
-        return PassResult(graph, False, _stats(ctx, best, analysis))
-    return PassResult(best.graph, True, _stats(ctx, best, analysis))
+        attempt.extra_flops = flops.total_flops(ctx.graph, analysis.shapes, list(attempt.recomputed))
+        log.info("recompute: %d checkpoints -> modelled peak %d bytes, %d extra FLOPs",
+                 len(checkpoints), attempt.peak, attempt.extra_flops)
+        attempts.append(attempt)
+    # Within PEAK_SLACK of the lowest peak, the cheapest recomputation wins.
+    lowest = min(a.peak for a in attempts)
+    best = min((a for a in attempts if a.peak <= lowest * (1 + PEAK_SLACK)),
+               key=lambda a: (a.extra_flops, a.peak))
+    automatic = options.policy in ("memory", "speed")  # hints and selectors are obeyed as given
+    if automatic and best.peak > analysis.memory.peak() * (1 - MIN_GAIN):
+        return PassResult(graph, False, {"recompute": (
+            f"no checkpoint choice lowers the modelled peak by {MIN_GAIN:.0%} or more: graph "
+            "left unchanged")})
+    return PassResult(best.graph, True, _stats(best), best.shapes)
 
 
 def apply(ctx: policies.Context, checkpoints: set[str]) -> Rewrite:
     """Copy what the gradient flow reads between `checkpoints`, rewire it, add the triggers."""
-    graph = copy.deepcopy(ctx.graph)
+    graph = ctx.graph.copy()
     split = ctx.analysis.split
     flow, forward = split.gradient_flow, split.forward
     blocked: dict[str, set[str]] = {}
@@ -165,14 +174,13 @@ def _add_triggers(graph: Graph, ctx, copies: dict[str, str], flow, order) -> tup
     return triggers, ungated
 
 
-def _stats(ctx: policies.Context, best: Rewrite, analysis: Analysis) -> dict:
-    extra = flops.total_flops(ctx.graph, analysis.shapes, list(best.recomputed))
+def _stats(best: Rewrite) -> dict:
     return {
         "checkpoints": sorted(best.checkpoints),
         "recomputed": sorted(best.recomputed),
         "triggers": len(best.triggers),
         "ungated_segments": best.ungated,
         "nodes_added": len(best.recomputed) + len(best.triggers),
-        "extra_flops": extra,
+        "extra_flops": best.extra_flops,
         "kept_because": {reason: sorted(nodes) for reason, nodes in sorted(best.blocked.items())},
     }

@@ -1,0 +1,190 @@
+"""Recompute rewriting: invariants over every fixture and mode, policies, and selectors."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from graphrewrite import io, ops, pipeline, selectors
+from graphrewrite.errors import GraphRewriteError
+from graphrewrite.passes.recompute import COPY_PREFIX, TRIGGER_PREFIX
+from graphrewrite.split import split
+
+from conftest import FIXTURE_NAMES, fixture_path
+from tfgraphs import build
+
+MODES = ["memory", "speed", "manual"]
+
+
+def rewrite(name, mode, **options):
+    model = io.load(fixture_path(name))
+    return model, pipeline.optimize(model, mode, **options)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", FIXTURE_NAMES)
+def test_invariants(name, mode):
+    model, result = rewrite(name, mode)
+    before, after = model.graph, result.graph
+    assert after.check() == []
+    # No original node lost, renamed or changed (only inputs of backward readers move).
+    for node in before.nodes():
+        assert node in after
+        assert after.node_def(node) == before.node_def(node)
+    added = [n for n in after.nodes() if n not in before]
+    for node in added:
+        assert node.startswith((COPY_PREFIX, TRIGGER_PREFIX)), node
+        if node.startswith(TRIGGER_PREFIX):
+            assert after.op(node) == "NoOp"
+            continue
+        op = after.op(node)
+        assert not ops.is_stateful(op) and "Random" not in op, f"{node} copies a {op}"
+    # Copies feed only the backward pass (and each other): the forward is untouched.
+    flow = split(before).gradient_flow
+    for node in added:
+        for reader in after.successors(node):
+            assert reader in flow or reader in added, (node, reader)
+    assert (result.nodes_after > result.nodes_before) == bool(result.stats.get("recomputed"))
+    if added:
+        assert result.peak_after < result.peak_before
+
+
+@pytest.mark.parametrize("name", ["resnet_cnn", "mlp"])
+def test_rewriting_twice_is_harmless(name, tmp_path):
+    model, first = rewrite(name, "memory")
+    path = tmp_path / fixture_path(name).name
+    io.save(model, first.graph, path)
+    second = pipeline.optimize(io.load(path), "memory")
+    assert second.graph.check() == []
+    assert second.peak_after <= first.peak_after * 1.01
+
+
+def test_mode_none_and_unhinted_manual_change_nothing():
+    for mode in ("none", "manual"):
+        model, result = rewrite("resnet_cnn", mode)
+        assert result.graph.to_graph_def() == model.graph.to_graph_def()
+
+
+def test_random_ops_are_never_copied():
+    model, result = rewrite("transformer_dropout", "speed")
+    randoms = {n for n in model.graph.nodes() if "Random" in model.graph.op(n)}
+    assert randoms
+    copied = {n[len(COPY_PREFIX):] for n in result.graph.nodes() if n.startswith(COPY_PREFIX)}
+    assert copied and not copied & randoms
+    assert "random op" in result.stats["kept_because"]
+
+
+def test_loops_come_back_unchanged_or_sound():
+    for name in ("rnn_while_v1", "rnn_while_v2"):
+        model, result = rewrite(name, "speed")
+        assert result.graph.check() == []
+        frames = [n for n in result.graph.nodes() if n.startswith(COPY_PREFIX)
+                  and model.graph.op(n[len(COPY_PREFIX):]) in ("Enter", "Merge", "Switch")]
+        assert frames == []
+
+
+def test_triggers_wait_on_the_gradient_flow():
+    model, result = rewrite("resnet_cnn", "memory")
+    flow = split(model.graph).gradient_flow
+    triggers = [n for n in result.graph.nodes() if n.startswith(TRIGGER_PREFIX)]
+    assert triggers
+    for trigger in triggers:
+        waits = result.graph.control_inputs(trigger)
+        assert waits and all(w in flow for w in waits)
+        gated = [v for v, _ in result.graph.consumers(trigger)]
+        assert gated and all(g.startswith(COPY_PREFIX) for g in gated)
+
+
+def test_speed_keeps_expensive_ops():
+    model, result = rewrite("resnet_cnn", "speed")
+    kept = set(result.stats["checkpoints"])
+    convs = {n for n in model.graph.nodes() if model.graph.op(n) == "Conv2D"}
+    assert kept == convs | {"logits/MatMul"}
+    assert not any(n[len(COPY_PREFIX):] in convs for n in result.graph.nodes()
+                   if n.startswith(COPY_PREFIX))
+
+
+def test_collection_mode_uses_selectors():
+    model, result = rewrite("resnet_cnn", "collection", checkpoints="op:Relu")
+    relus = {n for n in model.graph.nodes() if model.graph.op(n) == "Relu"}
+    assert set(result.stats["checkpoints"]) == relus
+    with pytest.raises(GraphRewriteError, match="needs --checkpoints"):
+        rewrite("resnet_cnn", "collection")
+
+
+def test_collection_mode_reads_the_metagraph_collection(tmp_path):
+    model = io.load(fixture_path("adam_train"))
+    meta = model.container
+    meta.collection_def["checkpoints"].node_list.value.append("dense_0/Relu:0")
+    result = pipeline.optimize(model, "collection")
+    assert result.stats.get("checkpoints", []) in ([], ["dense_0/Relu"])
+
+
+def test_manual_mode_honours_recompute_hint():
+    model = io.load(fixture_path("resnet_cnn"))
+    hinted = [n for n in model.graph.nodes() if model.graph.op(n) == "Relu"][:3]
+    for name in hinted:
+        value = tf.compat.v1.AttrValue(b=True)
+        model.graph.set_attr(name, "_recompute_hint", value)
+    result = pipeline.optimize(model, "manual")
+    copied = {n[len(COPY_PREFIX):] for n in result.graph.nodes() if n.startswith(COPY_PREFIX)}
+    assert copied == set(hinted)
+
+
+def test_memory_policy_finds_bottlenecks_past_a_label_shortcut():
+    """Labels reach the loss directly; the chain of layer outputs must still be found."""
+    from graphrewrite import analysis, checkpoints
+
+    model = io.load(fixture_path("mlp"))
+    found = analysis.analyse(model)
+    chain = checkpoints.bottlenecks(checkpoints.Context.build(model.graph, found))
+    assert {"dense_0/Relu", "dense_3/Relu", "dense_5/Relu"} <= set(chain)
+
+
+def test_bottlenecks_of_a_residual_block_are_its_outputs():
+    from graphrewrite import analysis, checkpoints
+    from graphrewrite.graph import Graph
+
+    def graph():
+        x = tf.compat.v1.placeholder(tf.float32, (64, 64), name="x")
+        w = tf.constant(np.full((64, 64), 0.01, np.float32), name="w")
+        h = x
+        for i in range(3):
+            inner = tf.nn.relu(tf.matmul(h, w), name=f"inner_{i}")
+            h = tf.add(h, tf.matmul(inner, w), name=f"block_{i}")
+        loss = tf.reduce_sum(h * h, name="loss")
+        tf.compat.v1.gradients(loss, [w])
+    g = build(graph)
+    model = io.Model(fixture_path("mlp"), io.Format("graphdef"), g.to_graph_def(), g)
+    chain = checkpoints.bottlenecks(checkpoints.Context.build(g, analysis.analyse(model, g)))
+    assert {"block_0", "block_1", "block_2"} <= set(chain)
+    assert not {"inner_0", "inner_1"} & set(chain)  # skipped by the residual path
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("block_1/Relu", {"block_1/Relu"}),
+    ("block_1/Relu:0", {"block_1/Relu"}),
+    ("scope:block_2/conv_bn_a", None),
+    ("regex:^stem/", None),
+    ("op:Conv2D", None),
+])
+def test_selectors(text, expected):
+    graph = io.load(fixture_path("resnet_cnn")).graph
+    chosen = set(selectors.select(graph, text))
+    if expected is not None:
+        assert chosen == expected
+    kind, _, value = text.partition(":")
+    if kind == "scope":
+        assert chosen and all(n.startswith(value + "/") or n == value for n in chosen)
+    elif kind == "regex":
+        assert chosen and all(n.startswith("stem/") for n in chosen)
+    elif kind == "op":
+        assert chosen == {n for n in graph.nodes() if graph.op(n) == "Conv2D"}
+
+
+@pytest.mark.parametrize("text, message", [
+    ("nope", "not in the graph"), ("regex:(", "bad regular expression"), ("scope:", "missing"),
+])
+def test_selectors_refuse(text, message):
+    graph = io.load(fixture_path("resnet_cnn")).graph
+    with pytest.raises(GraphRewriteError, match=message):
+        selectors.select(graph, text)
