@@ -20,7 +20,7 @@ answer), nodes inside v1 while-loop frames, function calls (While, If, Partition
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import networkx as nx
 
@@ -54,16 +54,24 @@ class Context:
     analysis: Analysis
     constant: set[str]
     in_loop_frame: set[str]
+    functions: frozenset = frozenset()
+    _blockers: dict = field(default_factory=dict)
 
     @classmethod
     def build(cls, graph: Graph, analysis: Analysis) -> "Context":
-        return cls(graph, analysis, constant_valued(graph), loop_frame_nodes(graph))
+        functions = frozenset(f.signature.name for f in graph.shell.library.function)
+        return cls(graph, analysis, constant_valued(graph), loop_frame_nodes(graph), functions)
 
     def blocker(self, name: str) -> str | None:
         """Why `name` must not be recomputed, or None when copying it is safe."""
+        if name not in self._blockers:
+            self._blockers[name] = self._find_blocker(name)
+        return self._blockers[name]
+
+    def _find_blocker(self, name: str) -> str | None:
         graph = self.graph
         op = graph.op(name)
-        functions = {f.signature.name for f in graph.shell.library.function}
+        functions = self.functions
         if op in PLACEHOLDER_OPS:
             return "graph input"
         if name in self.constant:
@@ -123,7 +131,11 @@ def memory_policy(ctx: Context) -> list[set[str]]:
         if round(k) not in counts:
             counts.append(round(k))
         k *= 1.4
-    return [set(_balanced(chain, weights, k)) for k in counts]
+    unique = []
+    for chosen in (frozenset(_balanced(chain, weights, k)) for k in counts):
+        if chosen not in unique:
+            unique.append(chosen)
+    return [set(c) for c in unique]
 
 
 POLICIES = {"memory": memory_policy, "speed": speed_policy, "collection": collection_policy,

@@ -47,6 +47,9 @@ class Graph:
         self.shell = shell if shell is not None else graph_pb2.GraphDef()
         self._load_problems: list[str] = []
         self._next_order = 0
+        # Ordered in-edges per node, a cache dropped for every node whose inputs a mutation
+        # touches (replace_uses, add_control, remove_node); the edges stay the only truth.
+        self._inputs_cache: dict[str, list[tuple[str, dict]]] = {}
 
     # ----------------------------------------------------------------- conversion
 
@@ -128,8 +131,10 @@ class Graph:
 
     def node_def(self, name: str) -> node_def_pb2.NodeDef:
         """The node's NodeDef without inputs; read it, change it only through `set_attr`."""
-        self._require(name)
-        return self.nx.nodes[name]["node_def"]
+        data = self.nx.nodes.get(name)
+        if data is None or data.get("missing"):
+            raise GraphError(f"no node named '{name}'")
+        return data["node_def"]
 
     def op(self, name: str) -> str:
         return self.node_def(name).op
@@ -219,6 +224,7 @@ class Graph:
         for v, k, d in moved:
             self.nx.remove_edge(old.node, v, key=k)
             self.nx.add_edge(new.node, v, key=k, port=new.port, slot=d["slot"], text=None)
+            self._inputs_cache.pop(v, None)
         return len(moved)
 
     def add_control(self, before: str, after: str) -> bool:
@@ -230,6 +236,7 @@ class Graph:
         keys = [k for _, _, k in self.nx.in_edges(after, keys=True)]
         self.nx.add_edge(before, after, key=max(keys, default=-1) + 1, port=CONTROL, slot=None,
                          text=None)
+        self._inputs_cache.pop(after, None)
         return True
 
     def remove_node(self, name: str) -> None:
@@ -239,6 +246,7 @@ class Graph:
         if users:
             raise GraphError(f"cannot remove '{name}': still read by {', '.join(users[:3])}")
         self.nx.remove_node(name)
+        self._inputs_cache.pop(name, None)
 
     def unique_name(self, base: str) -> str:
         """`base` if free, else `base_1`, `base_2`, ... (deterministic)."""
@@ -294,7 +302,8 @@ class Graph:
         self._next_order += 1
 
     def _is_real(self, name: str) -> bool:
-        return self.nx.has_node(name) and not self.nx.nodes[name].get("missing")
+        data = self.nx.nodes.get(name)
+        return data is not None and not data.get("missing")
 
     def _require(self, name: str) -> None:
         if not self._is_real(name):
@@ -306,9 +315,12 @@ class Graph:
         return not data.get("missing") and data["node_def"].op in LOOP_BACK_OPS
 
     def _in_edges(self, name: str) -> list[tuple[str, dict]]:
-        self._require(name)
-        edges = sorted(self.nx.in_edges(name, keys=True, data=True), key=lambda e: e[2])
-        return [(u, d) for u, _, _, d in edges]
+        cached = self._inputs_cache.get(name)
+        if cached is None:
+            self._require(name)
+            edges = sorted(self.nx.in_edges(name, keys=True, data=True), key=lambda e: e[2])
+            cached = self._inputs_cache[name] = [(u, d) for u, _, _, d in edges]
+        return cached
 
     def _input_texts(self, name: str) -> list[str]:
         return [d["text"] or str(TensorRef(u, d["port"])) for u, d in self._in_edges(name)]
