@@ -2,10 +2,11 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-DEMO   ?= fixtures/resnet_cnn.pb
-MODE   ?= none
+DEMO   ?= fixtures/mlp.pbtxt
+MODE   ?= memory
+ZOO    ?= out/zoo
 
-.PHONY: install demo test test-fast fixtures goldens clean
+.PHONY: install demo test test-fast fixtures goldens zoo bench clean
 
 install: $(VENV)/.installed
 
@@ -18,12 +19,8 @@ $(VENV)/.installed: pyproject.toml
 demo: install
 	@mkdir -p out
 	$(BIN)/graphrewrite inspect $(DEMO)
-	$(BIN)/graphrewrite optimize $(DEMO) -o out/demo_opt.pb --mode $(MODE) --report out/demo_report.json
-	@$(BIN)/graphrewrite dump $(DEMO) > out/demo_before.txt
-	@$(BIN)/graphrewrite dump out/demo_opt.pb > out/demo_after.txt
-	@diff -u out/demo_before.txt out/demo_after.txt > out/demo.diff \
-	  && echo "dump before == dump after (mode $(MODE) changed nothing)" \
-	  || echo "dump diff: out/demo.diff ($$(grep -c '^[+-][^+-]' out/demo.diff) lines changed)"
+	$(BIN)/graphrewrite optimize $(DEMO) -o out/demo_opt$(suffix $(DEMO)) --mode $(MODE) --report out/demo_report.json
+	$(BIN)/graphrewrite verify $(DEMO) out/demo_opt$(suffix $(DEMO)) --runs 3
 
 test: install
 	$(BIN)/pytest -q
@@ -37,6 +34,15 @@ fixtures: install
 goldens: install
 	$(BIN)/pytest -q tests/test_goldens.py --update-goldens
 	@git --no-pager diff --stat -- fixtures/goldens
+
+zoo: install
+	$(BIN)/python fixtures/zoo.py --out $(ZOO)
+
+$(ZOO)/manifest.json:
+	$(MAKE) zoo
+
+bench: install $(ZOO)/manifest.json
+	$(BIN)/python fixtures/bench.py --zoo $(ZOO) --markdown BENCHMARKS.md
 
 clean:
 	rm -rf out .pytest_cache

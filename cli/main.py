@@ -290,6 +290,9 @@ def format_bytes(count: int) -> str:
     return f"{value:.1f} GiB"
 
 
+EXPECTED_SKIPS = ("constant", "graph input")  # in the JSON report, too obvious for the table
+
+
 def format_optimize(facts: dict) -> str:
     """The `optimize` report for people."""
     before, after = facts["peak_bytes"]["before"], facts["peak_bytes"]["after"]
@@ -310,6 +313,8 @@ def format_optimize(facts: dict) -> str:
         rows.append(("ungated", f"{facts['ungated_segments']} segments had no safe trigger "
                                 "(their copies may run early)"))
     for reason, info in facts["skipped"].items():
+        if reason in EXPECTED_SKIPS:
+            continue
         rows.append(("not recomputed", f"{info['count']} {reason} "
                                        f"(e.g. {', '.join(info['examples'])})"))
     if facts["note"]:

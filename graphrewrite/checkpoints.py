@@ -6,8 +6,9 @@ Policies are small named functions, as JAX's remat policies are:
   runs through them), balanced by the bytes the backward pass reads between them. Bottlenecks
   are dominators, found in near-linear time (Cooper, Harvey and Kennedy, via networkx), not by
   the seed's quadratic search; small side inputs (labels, token ids reused as targets, masks)
-  cannot hide them (see `bottlenecks`). The policy offers log-spaced counts (sqrt(N) among them);
-  the recompute pass keeps the one whose rewritten graph models the lowest peak.
+  cannot hide them (see `bottlenecks`). The policy offers log-spaced counts (sqrt(N) among them),
+  spread by bytes and by position; the recompute pass keeps the one whose rewritten graph models
+  the lowest peak, then tries dropping the checkpoints live at that peak.
 - `speed`: outputs of the expensive ops (MatMul, BatchMatMul, Conv*, Einsum), by op type.
 - `collection`: what `--checkpoints` selects, else a MetaGraphDef collection named `checkpoints`.
 - `manual`: Grappler's `_recompute_hint` attribute marks the nodes to recompute; the rest is kept.
@@ -74,6 +75,8 @@ class Context:
         functions = self.functions
         if op in PLACEHOLDER_OPS:
             return "graph input"
+        if op == "Const":
+            return "constant"
         if name in self.constant:
             return "computed from constants only"
         if op in VARIABLE_READ_OPS:
@@ -131,8 +134,9 @@ def memory_policy(ctx: Context) -> list[set[str]]:
         if round(k) not in counts:
             counts.append(round(k))
         k *= 1.4
+    uniform = list(range(1, len(chain) + 1))  # balance by position instead of by bytes
     unique = []
-    for chosen in (frozenset(_balanced(chain, weights, k)) for k in counts):
+    for chosen in (frozenset(_balanced(chain, w, k)) for w in (weights, uniform) for k in counts):
         if chosen not in unique:
             unique.append(chosen)
     return [set(c) for c in unique]

@@ -52,13 +52,14 @@ class StepMeasurement:
 
 
 def run_step_isolated(message, feeds: dict[str, np.ndarray], fetches: list[str],
-                      runs: int = 3) -> StepMeasurement:
+                      runs: int = 3, config=None) -> StepMeasurement:
     """`run_step` in a fresh Python process: the allocator starts empty, so two models measured
     one after the other are measured alike (in one process the second reads a few % higher)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    payload = (message.DESCRIPTOR.full_name, message.SerializeToString())
+    payload = (message.DESCRIPTOR.full_name, message.SerializeToString(),
+               config.SerializeToString() if config is not None else None)
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
         return pool.submit(_run_serialized, payload, feeds, fetches, runs).result()
@@ -67,13 +68,14 @@ def run_step_isolated(message, feeds: dict[str, np.ndarray], fetches: list[str],
 def _run_serialized(payload, feeds, fetches, runs) -> StepMeasurement:
     measurement_environment()
     from tensorflow.core.framework import graph_pb2
-    from tensorflow.core.protobuf import meta_graph_pb2
+    from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
 
-    kind, data = payload
+    kind, data, config_data = payload
     message = (meta_graph_pb2.MetaGraphDef() if kind.endswith("MetaGraphDef")
                else graph_pb2.GraphDef())
     message.ParseFromString(data)
-    return run_step(message, feeds, fetches, runs)
+    config = config_pb2.ConfigProto.FromString(config_data) if config_data else None
+    return run_step(message, feeds, fetches, runs, config)
 
 
 def compute_device() -> str:

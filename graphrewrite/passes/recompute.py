@@ -16,7 +16,7 @@ Copies are named `graphrewrite/recompute/<original>`, triggers
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import networkx as nx
 
@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 COPY_PREFIX = "graphrewrite/recompute/"
 MIN_GAIN = 0.01    # a rewrite that models less than 1% lower peak is not worth its compute
 PEAK_SLACK = 0.02  # peaks this close count as equal; then less recomputation wins
+REFINE_ROUNDS, REFINE_TRIES = 3, 4  # bounded local search after the candidate sweep
 TRIGGER_PREFIX = "graphrewrite/recompute_trigger/"
 
 
@@ -62,6 +63,7 @@ class Rewrite:
     shapes: Shapes
     peak: int = 0
     extra_flops: int = 0
+    live_at_peak: set = field(default_factory=set)
 
 
 def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None):
@@ -77,24 +79,61 @@ def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None)
         candidates = policies.POLICIES[options.policy](ctx)
     if not candidates:
         return PassResult(graph, False, {"recompute": "no checkpoint candidates found"})
-    attempts = []
-    for checkpoints in candidates:
-        attempt = apply(ctx, checkpoints)
-        attempt.peak = memory.simulate(attempt.graph, attempt.shapes, analysis.fetches).peak()
-        attempt.extra_flops = flops.total_flops(ctx.graph, analysis.shapes, list(attempt.recomputed))
-        log.info("recompute: %d checkpoints -> modelled peak %d bytes, %d extra FLOPs",
-                 len(checkpoints), attempt.peak, attempt.extra_flops)
-        attempts.append(attempt)
-    # Within PEAK_SLACK of the lowest peak, the cheapest recomputation wins.
-    lowest = min(a.peak for a in attempts)
-    best = min((a for a in attempts if a.peak <= lowest * (1 + PEAK_SLACK)),
-               key=lambda a: (a.extra_flops, a.peak))
+    attempts = [_evaluate(ctx, checkpoints) for checkpoints in candidates]
+    best = _choose(attempts)
+    if options.policy == "memory":
+        best = _refine(ctx, best, attempts)
     automatic = options.policy in ("memory", "speed")  # hints and selectors are obeyed as given
     if automatic and best.peak > analysis.memory.peak() * (1 - MIN_GAIN):
         return PassResult(graph, False, {"recompute": (
             f"no checkpoint choice lowers the modelled peak by {MIN_GAIN:.0%} or more: graph "
             "left unchanged")})
     return PassResult(best.graph, True, _stats(best), best.shapes)
+
+
+def _evaluate(ctx: policies.Context, checkpoints: set[str]) -> Rewrite:
+    """Apply a checkpoint choice and model the rewritten step's peak and extra FLOPs."""
+    analysis = ctx.analysis
+    attempt = apply(ctx, checkpoints)
+    report = memory.simulate(attempt.graph, attempt.shapes, analysis.fetches)
+    attempt.peak = report.peak()
+    attempt.live_at_peak = {ref.node for ref, _ in report.live_at_peak.get(memory.DEVICE, [])}
+    attempt.extra_flops = flops.total_flops(ctx.graph, analysis.shapes, list(attempt.recomputed))
+    log.info("recompute: %d checkpoints -> modelled peak %d bytes, %d extra FLOPs",
+             len(checkpoints), attempt.peak, attempt.extra_flops)
+    return attempt
+
+
+def _choose(attempts: list[Rewrite]) -> Rewrite:
+    """Within PEAK_SLACK of the lowest modelled peak, the cheapest recomputation wins."""
+    lowest = min(a.peak for a in attempts)
+    return min((a for a in attempts if a.peak <= lowest * (1 + PEAK_SLACK)),
+               key=lambda a: (a.extra_flops, a.peak))
+
+
+def _refine(ctx: policies.Context, best: Rewrite, attempts: list[Rewrite]) -> Rewrite:
+    """Drop checkpoints whose buffers are live at the modelled peak, one at a time, while the
+    peak goes down: big early checkpoints can cost more than recomputing their segment."""
+    for _ in range(REFINE_ROUNDS):
+        sizes = {n: sum(ctx.analysis.shapes.nbytes(r) or 0 for r in
+                        ctx.analysis.shapes.outputs(n)) for n in best.checkpoints}
+        live = sorted((n for n in best.checkpoints if _owner_live(ctx, n, best.live_at_peak)),
+                      key=lambda n: (-sizes[n], n))[:REFINE_TRIES]
+        trials = [_evaluate(ctx, best.checkpoints - {n}) for n in live]
+        attempts.extend(trials)
+        better = [t for t in trials if t.peak < best.peak * (1 - MIN_GAIN / 2)]
+        if not better:
+            break
+        best = min(better, key=lambda t: (t.peak, t.extra_flops))
+    return _choose([a for a in attempts if a.peak <= best.peak * (1 + PEAK_SLACK)] or [best])
+
+
+def _owner_live(ctx: policies.Context, name: str, live_nodes: set[str]) -> bool:
+    """Whether the checkpoint's buffer (possibly owned by the node it was written in place of)
+    is among those live at the peak."""
+    if name in live_nodes:
+        return True
+    return any(r.node in live_nodes for r in ctx.graph.data_inputs(name))
 
 
 def apply(ctx: policies.Context, checkpoints: set[str]) -> Rewrite:
