@@ -129,3 +129,35 @@ def test_inspect_outputs_and_backward_scope():
     assert scoped["backward_nodes"] > 0
     bad = run_cli("inspect", fixture_path("mlp"), "--outputs", "nope")
     assert bad.exit_code == 2 and "'nope' is not a node" in bad.stderr
+
+
+def test_optimize_memory_reports_and_explains(tmp_path):
+    out = tmp_path / "resnet_cnn_opt.pb"
+    result = run_cli("optimize", fixture_path("resnet_cnn"), "-o", out, "--json")
+    assert result.exit_code == 0, result.stderr
+    facts = json.loads(result.stdout)
+    assert facts["mode"] == "memory" and facts["pipeline"] == "recompute(policy=memory)"
+    assert facts["peak_bytes"]["after"] < facts["peak_bytes"]["before"]
+    assert facts["nodes_added"] == len(facts["recomputed"]) + facts["triggers"] > 0
+    assert facts["extra_flops"] > 0 and facts["checkpoints"]
+    assert facts["skipped"]["graph input"]["examples"] == ["labels", "x"]
+    kept, copied = facts["checkpoints"][0], facts["recomputed"][0]
+    explained = run_cli("optimize", fixture_path("resnet_cnn"), "-o", out, "--explain", kept,
+                        "--explain", copied, "--explain", "x")
+    lines = explained.stdout.splitlines()[-3:]
+    assert lines[0].startswith(f"{kept}: kept (a checkpoint")
+    assert lines[1].startswith(f"{copied}: recomputed as graphrewrite/recompute/{copied}")
+    assert lines[2] == "x: kept, it cannot be recomputed (graph input)"
+    bad = run_cli("optimize", fixture_path("resnet_cnn"), "-o", tmp_path / "o.pb", "--explain",
+                  "nope")
+    assert bad.exit_code == 2 and not (tmp_path / "o.pb").exists()
+
+
+def test_optimize_collection_needs_selectors(tmp_path):
+    out = tmp_path / "o.pb"
+    result = run_cli("optimize", fixture_path("resnet_cnn"), "-o", out, "--mode", "collection")
+    assert result.exit_code == 2 and "--checkpoints" in result.stderr and not out.exists()
+    chosen = run_cli("optimize", fixture_path("resnet_cnn"), "-o", out, "--mode", "collection",
+                     "--checkpoints", "op:Conv2D,regex:Relu$", "--json")
+    assert chosen.exit_code == 0
+    assert "stem/Relu" in json.loads(chosen.stdout)["checkpoints"]
