@@ -303,7 +303,7 @@ def format_optimize(facts: dict) -> str:
         ("modelled peak", f"{format_bytes(before)} -> {format_bytes(after)}{ratio}"),
         ("nodes", f"{facts['nodes_before']} -> {facts['nodes_after']} "
                   f"(+{facts['nodes_added']}: {len(facts['recomputed'])} recomputed copies, "
-                  f"{facts['triggers']} triggers)"),
+                  f"{facts['triggers']} triggers, {facts['fanout_pads']} fanout pads)"),
     ]
     if facts["checkpoints"] or facts["recomputed"]:
         rows.append(("checkpoints", f"{len(facts['checkpoints'])} kept"

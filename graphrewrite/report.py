@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .graph import Graph
-from .passes.recompute import COPY_PREFIX, TRIGGER_PREFIX
+from .passes.recompute import COPY_PREFIX, PAD_PREFIX, TRIGGER_PREFIX
 from .pipeline import OptimizeResult
 
 EXAMPLES = 3
@@ -26,6 +26,7 @@ def optimize_report(source, output, fmt, result: OptimizeResult) -> dict:
         "recomputed": stats.get("recomputed", []),
         "triggers": stats.get("triggers", 0),
         "ungated_segments": stats.get("ungated_segments", 0),
+        "fanout_pads": stats.get("fanout_pads", 0),
         "extra_flops": stats.get("extra_flops", 0),
         "skipped": {reason: {"count": len(nodes), "examples": nodes[:EXAMPLES]}
                     for reason, nodes in kept_because.items()},
@@ -41,7 +42,8 @@ def explain(result: OptimizeResult, original: Graph, name: str) -> str:
     if name in stats.get("recomputed", []):
         copy = next(n for n in graph.nodes() if n.startswith(COPY_PREFIX)
                     and n[len(COPY_PREFIX):] == name)
-        readers = sorted({v for v, _ in graph.consumers(copy) if not v.startswith(COPY_PREFIX)})
+        readers = sorted({v for v, _ in graph.consumers(copy)
+                          if not v.startswith((COPY_PREFIX, PAD_PREFIX))})
         gate = next((n for n in graph.nodes() if n.startswith(TRIGGER_PREFIX)
                      and n in graph.control_inputs(copy)), None)
         when = f", after trigger {gate}" if gate else ""

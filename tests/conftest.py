@@ -10,6 +10,10 @@ import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+from graphrewrite.measure import measurement_environment  # noqa: E402  (no TensorFlow import)
+
+measurement_environment()  # as the CLI does, before TensorFlow loads: oneDNN off for `verify`
+
 from click.testing import CliRunner  # noqa: E402
 from tensorflow.core.framework import graph_pb2  # noqa: E402
 
