@@ -13,6 +13,7 @@ from . import memory, shapes as shapes_mod, split as split_mod
 from .errors import GraphRewriteError
 from .graph import Graph
 from .io import Model
+from .names import PAD_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +44,8 @@ def default_fetches(model: Model, graph: Graph | None = None,
         if all(n in graph for n in found):
             return list(dict.fromkeys(found))
     in_loop = split_mod.loop_frame_nodes(graph)
-    from .passes.recompute import PAD_PREFIX  # pads are Grappler hints nobody reads, not outputs
-
     sinks = [n for n in graph.nodes() if graph.nx.out_degree(n) == 0 and n not in in_loop
-             and not n.startswith(PAD_PREFIX)]
+             and not n.startswith(PAD_PREFIX)]  # pads are hints for Grappler, not outputs
     if shapes is None:
         return sinks
     return [n for n in sinks if not shapes.outputs(n)

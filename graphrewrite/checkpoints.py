@@ -29,6 +29,7 @@ from . import ops
 from .analysis import Analysis
 from .errors import GraphRewriteError
 from .graph import Graph
+from .memory import needed_nodes
 from .selectors import select
 from .split import constant_valued, loop_frame_nodes, reachable
 from .tensor_ref import TensorRef
@@ -158,7 +159,14 @@ def bottlenecks(ctx: Context) -> list[str]:
     bottlenecks are the sink's dominators, kept when their output is large.
     """
     graph, shapes, split = ctx.graph, ctx.analysis.shapes, ctx.analysis.split
-    nodes = [n for n in graph.topological_order() if n in split.forward and n not in ctx.constant]
+    # Only what the loss depends on: side branches (batch-norm moving-average updates,
+    # metrics) end elsewhere and must not count as ways around a bottleneck.
+    needed = needed_nodes(graph, ctx.analysis.fetches)
+    losses = [n for n in split.losses if n in needed] + [
+        n for n in ctx.analysis.fetches if n in split.forward]
+    towards_loss = reachable(graph.nx, losses, upstream=True) if losses else None
+    nodes = [n for n in graph.topological_order() if n in split.forward and n not in ctx.constant
+             and (towards_loss is None or n in towards_loss)]
     sizes = {n: max((shapes.nbytes(r) or 0 for r in shapes.outputs(n)), default=0)
              for n in nodes}
     threshold = max(sizes.values(), default=0) * LARGE_FRACTION

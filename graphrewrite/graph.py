@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Sequence
 
 import networkx as nx
 from tensorflow.core.framework import graph_pb2, node_def_pb2

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .graph import Graph
-from .passes.recompute import COPY_PREFIX, PAD_PREFIX, TRIGGER_PREFIX
+from .names import COPY_PREFIX, PAD_PREFIX, TRIGGER_PREFIX
 from .pipeline import OptimizeResult
 
 EXAMPLES = 3

@@ -6,7 +6,7 @@ import tensorflow as tf
 
 from graphrewrite import io, ops, pipeline, selectors
 from graphrewrite.errors import GraphRewriteError
-from graphrewrite.passes.recompute import COPY_PREFIX, PAD_PREFIX, TRIGGER_PREFIX
+from graphrewrite.names import COPY_PREFIX, PAD_PREFIX, TRIGGER_PREFIX
 from graphrewrite.split import split
 
 from conftest import FIXTURE_NAMES, fixture_path
@@ -146,7 +146,6 @@ def test_memory_policy_finds_bottlenecks_past_a_label_shortcut():
 
 def test_bottlenecks_of_a_residual_block_are_its_outputs():
     from graphrewrite import analysis, checkpoints
-    from graphrewrite.graph import Graph
 
     def graph():
         x = tf.compat.v1.placeholder(tf.float32, (64, 64), name="x")

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from graphrewrite.graph import Graph
-from graphrewrite.passes.recompute import PAD_PREFIX
+from graphrewrite.names import PAD_PREFIX
 from graphrewrite.split import reachable
 
 from conftest import run_cli

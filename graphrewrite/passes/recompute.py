@@ -36,18 +36,16 @@ from .. import checkpoints as policies
 from .. import flops, memory
 from ..analysis import Analysis
 from ..graph import Graph
+from ..names import COPY_PREFIX, PAD_PREFIX, TRIGGER_PREFIX
 from ..shapes import Shapes
 from ..split import reachable
 from ..tensor_ref import CONTROL, TensorRef
 
 log = logging.getLogger(__name__)
 
-COPY_PREFIX = "graphrewrite/recompute/"
 MIN_GAIN = 0.01    # a rewrite that models less than 1% lower peak is not worth its compute
 PEAK_SLACK = 0.02  # peaks this close count as equal; then less recomputation wins
 REFINE_ROUNDS, REFINE_TRIES = 3, 4  # bounded local search after the candidate sweep
-TRIGGER_PREFIX = "graphrewrite/recompute_trigger/"
-PAD_PREFIX = "graphrewrite/recompute_pad/"
 
 
 @dataclass(frozen=True)
