@@ -241,6 +241,27 @@ def format_verify(facts: dict) -> str:
     return "\n".join(lines)
 
 
+@main.command(name="diff")
+@click.argument("a_path", metavar="A", type=click.Path())
+@click.argument("b_path", metavar="B", type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: identical, added, "
+                                                      "removed, changed, rewired, functions.")
+@tag_option
+def diff_command(a_path, b_path, as_json, tag):
+    """Semantic diff of graphs A and B, independent of node and attribute order.
+
+    Lines start with + (node added), - (removed), ~ (op, device or an attribute changed) or
+    > (inputs rewired); tensor payloads compare by content hash. Exit 0 when identical, 1 when
+    different, 2 on bad input: usable as a CI check on rewritten fixtures.
+    """
+    from graphrewrite import diff, io
+
+    result = diff.diff(io.load(a_path, tag=tag).graph, io.load(b_path, tag=tag).graph)
+    click.echo(json.dumps(result.to_json(), indent=2) if as_json else diff.format_diff(result))
+    if not result.identical:
+        click.get_current_context().exit(EXIT_CHECK_FAILED)
+
+
 @main.command()
 @click.argument("model_path", metavar="IN", type=click.Path())
 @tag_option

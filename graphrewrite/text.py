@@ -31,7 +31,7 @@ def dump(graph: Graph, meta_graph=None) -> str:
         lines.append(node_line(name, node.op, [str(r) for r in graph.inputs(name)], node.attr,
                                node.device))
     for function in sorted(shell.library.function, key=lambda f: f.signature.name):
-        lines.extend(_function_lines(function))
+        lines.extend(function_lines(function))
     for gradient in sorted(shell.library.gradient, key=lambda g: g.function_name):
         lines.append(f"gradient {gradient.function_name} = {gradient.gradient_func}")
     if meta_graph is not None:
@@ -105,7 +105,12 @@ def format_tensor(tensor) -> str:
     return f"tensor<{dtype_name(tensor.dtype)}{format_shape(tensor.tensor_shape)}>#{digest}"
 
 
-def _function_lines(function) -> list[str]:
+def dump_function(function) -> str:
+    """The canonical text of one library function."""
+    return "\n".join(function_lines(function))
+
+
+def function_lines(function) -> list[str]:
     sig = function.signature
     args = ", ".join(f"{a.name}: {_arg_type(a)}" for a in sig.input_arg)
     outs = ", ".join(f"{a.name}: {_arg_type(a)}" for a in sig.output_arg)

@@ -79,6 +79,12 @@ class Rewrite:
 
 
 def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None):
+    """Keep the policy's checkpoints and recompute the rest the backward pass reads.
+
+    Every candidate checkpoint set is applied and its rewritten step modelled; the lowest peak
+    wins (the cheapest recomputation among near-equal peaks). Automatic policies leave the graph
+    alone unless the modelled peak drops by MIN_GAIN.
+    """
     from . import PassResult
 
     if not analysis.split.seeds:
