@@ -241,6 +241,84 @@ def format_verify(facts: dict) -> str:
     return "\n".join(lines)
 
 
+@main.command()
+@click.argument("paths", metavar="PATH...", nargs=-1, required=True, type=click.Path())
+@click.option("--out-dir", required=True, type=click.Path(file_okay=False),
+              help="Where rewritten models go, under their path relative to the PATH given.")
+@click.option("--mode", default="memory", show_default=True, help=_mode_help())
+@click.option("--jobs", default=1, show_default=True,
+              help="Models rewritten at once (a local process pool).")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False),
+              help="Write one JSON line per model here (JSON Lines).")
+@click.option("--verify", "with_verify", is_flag=True,
+              help="Also run each original and rewritten model and compare outputs.")
+@click.option("--force", is_flag=True, help="Redo models whose output is already up to date.")
+@click.option("--executor", type=click.Choice(["local", "dask"]), default="local",
+              show_default=True, help="Run jobs in a local process pool or on a Dask cluster.")
+@click.option("--scheduler", metavar="ADDRESS",
+              help="Dask scheduler address (tcp://host:8786), with --executor dask.")
+def batch(paths, out_dir, mode, jobs, report_path, with_verify, force, executor, scheduler):
+    """Rewrite every model found under PATH... into --out-dir, one report line each.
+
+    Models are .pb, .pbtxt, .meta files and SavedModel directories. A failing or corrupt model
+    is reported and never stops the others; re-running skips models whose output is newer than
+    their input (--force redoes them). Exit 0 when every model is ok or skipped, 1 when any
+    failed.
+    """
+    from graphrewrite import batch as batch_mod, pipeline
+
+    if mode not in pipeline.MODES:
+        raise click.BadParameter(f"unknown mode '{mode}'; modes: {', '.join(pipeline.MODES)}",
+                                 param_hint="--mode")
+    if executor == "dask" and not scheduler:
+        raise click.BadParameter("--executor dask needs --scheduler ADDRESS",
+                                 param_hint="--scheduler")
+    planned = batch_mod.plan(paths, out_dir, mode, with_verify, force)
+    if not planned:
+        raise click.BadParameter("no models (.pb, .pbtxt, .meta, SavedModel) under the paths",
+                                 param_hint="PATH")
+    progress = _Progress(len(planned))
+    results = batch_mod.run(planned, jobs, scheduler if executor == "dask" else None,
+                            progress.update)
+    progress.close()
+    lines = [json.dumps(line, sort_keys=True) for line in results]
+    if report_path:
+        from graphrewrite import io
+
+        io.write_atomic(Path(report_path), ("\n".join(lines) + "\n").encode())
+    counts = {s: sum(1 for r in results if r["status"] == s) for s in ("ok", "skipped", "failed")}
+    for line in results:
+        if line["status"] == "failed":
+            click.echo(f"failed  {line['path']}: {line['error']}", err=True)
+    click.echo(f"{len(results)} models: {counts['ok']} ok, {counts['skipped']} skipped, "
+               f"{counts['failed']} failed")
+    if counts["failed"]:
+        click.get_current_context().exit(EXIT_CHECK_FAILED)
+
+
+class _Progress:
+    """A bar on a terminal, one plain line per model elsewhere (CI logs)."""
+
+    def __init__(self, total: int):
+        self.total, self.done = total, 0
+        self.bar = None
+        if sys.stderr.isatty():
+            self.bar = click.progressbar(length=total, label="rewriting", file=sys.stderr)
+            self.bar.__enter__()
+
+    def update(self, line: dict) -> None:
+        self.done += 1
+        if self.bar is not None:
+            self.bar.update(1)
+        else:
+            click.echo(f"[{self.done}/{self.total}] {line['status']:7} {line['path']} "
+                       f"({line['seconds']}s)", err=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+
+
 @main.command(name="diff")
 @click.argument("a_path", metavar="A", type=click.Path())
 @click.argument("b_path", metavar="B", type=click.Path())
