@@ -72,11 +72,16 @@ def plan(paths, out_dir, mode: str = "memory", verify: bool = False,
 def run_job(job: Job) -> dict:
     """Rewrite (and optionally verify) one model; never raises: errors become the line."""
     from . import io, measure, pipeline
+    from .errors import InputError
 
     measure.measurement_environment()
     start = time.perf_counter()
     line = {"path": job.source, "output": job.output, "status": "ok", "error": None,
-            "peak_before": None, "peak_after": None, "nodes_added": None, "seconds": None}
+            "peak_before": None, "peak_after": None, "nodes_added": None, "seconds": None,
+            "warnings": []}
+    capture = _Collect(line["warnings"])
+    logger = logging.getLogger("graphrewrite")
+    logger.addHandler(capture)
     try:
         if not job.force and _up_to_date(Path(job.source), Path(job.output)):
             line["status"] = "skipped"
@@ -97,10 +102,24 @@ def run_job(job: Job) -> dict:
                 line["error"] = f"outputs differ (max |diff| {checked.max_abs_diff:.3g})"
     except Exception as err:  # noqa: BLE001  (one bad model must not stop the zoo)
         line["status"] = "failed"
-        line["error"] = str(err).splitlines()[0] if str(err) else type(err).__name__
+        text = err.message if isinstance(err, InputError) else str(err)
+        line["error"] = text.splitlines()[0] if text else type(err).__name__
         log.debug("%s failed:\n%s", job.source, traceback.format_exc())
+    finally:
+        logger.removeHandler(capture)
     line["seconds"] = round(time.perf_counter() - start, 3)
     return line
+
+
+class _Collect(logging.Handler):
+    """Keeps a job's warnings for its report line instead of a worker's stderr."""
+
+    def __init__(self, into: list):
+        super().__init__(logging.WARNING)
+        self.into = into
+
+    def emit(self, record):
+        self.into.append(record.getMessage())
 
 
 def run(jobs: list[Job], workers: int = 1, scheduler: str | None = None,
