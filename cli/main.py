@@ -36,10 +36,12 @@ class _Group(click.Group):
 
             if ctx.obj and ctx.obj.get("debug"):
                 traceback.print_exc()
+            first_line = (str(err).strip().splitlines() or [""])[0]
             if isinstance(err, GraphRewriteError):
-                message = str(err)
+                message = first_line
             else:
-                message = f"unexpected error: {type(err).__name__}: {err} (--debug shows where)"
+                message = (f"unexpected error: {type(err).__name__}: {first_line} "
+                           "(--debug shows where)")
             click.echo(f"graphrewrite: error: {message}", err=True)
             ctx.exit(EXIT_BAD_INPUT)
 
