@@ -83,16 +83,22 @@ class MemoryReport:
         return self.peak_bytes.get(place, 0)
 
 
-def placement(graph: Graph, name: str, has_accelerator: bool) -> str:
-    """HOST for CPU-pinned nodes of a graph that also uses an accelerator, else DEVICE."""
-    device = graph.node_def(name).device
-    if has_accelerator and "CPU" in device.upper():
+def placement(graph: Graph, name: str, cpu_is_host: bool) -> str:
+    """HOST for CPU-pinned nodes when the compute device is something else, else DEVICE."""
+    if cpu_is_host and "CPU" in graph.node_def(name).device.upper():
         return HOST
     return DEVICE
 
 
-def has_accelerator(graph: Graph) -> bool:
-    return any(m in graph.node_def(n).device for n in graph.nodes() for m in ACCELERATOR_MARKERS)
+def cpu_is_host(graph: Graph) -> bool:
+    """Whether CPU-pinned nodes are host memory: the graph uses an accelerator, or most nodes are
+    unplaced (they land on the accelerator of a GPU machine, and a node pinned to the CPU, such
+    as a swapped-out copy, lives in host memory there)."""
+    devices = [graph.node_def(n).device for n in graph.nodes()]
+    if any(m in d for d in devices for m in ACCELERATOR_MARKERS):
+        return True
+    pinned_cpu = sum(1 for d in devices if "CPU" in d.upper())
+    return 0 < pinned_cpu < len(devices) - pinned_cpu
 
 
 def needed_nodes(graph: Graph, fetches: list[str]) -> set[str]:
@@ -138,7 +144,7 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None) -> 
         fetches = [n for n in graph.nodes() if graph.nx.out_degree(n) == 0]
     fetched = set(fetches)
     order = schedule(graph, fetches)
-    accelerated = has_accelerator(graph)
+    host_split = cpu_is_host(graph)
     buffers: list[Buffer] = []
     buffer_of: dict[TensorRef, Buffer] = {}
     in_use: dict[str, int] = {}
@@ -172,7 +178,7 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None) -> 
     # Constants, variables and fed inputs exist before the step starts.
     for name in order:
         if graph.op(name) in PERSISTENT_OPS | FEED_OPS:
-            place = placement(graph, name, accelerated)
+            place = placement(graph, name, host_split)
             for ref in shapes.outputs(name):
                 add_output(ref, allocate(ref, place, 0, pinned=True))
     persistent = {}
@@ -182,7 +188,7 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None) -> 
 
     for step, name in enumerate(order):
         op = graph.op(name)
-        place = placement(graph, name, accelerated)
+        place = placement(graph, name, host_split)
         inputs = [r for r in reads[name] if r in buffer_of]
         if op not in PERSISTENT_OPS | FEED_OPS:
             for ref in shapes.outputs(name):

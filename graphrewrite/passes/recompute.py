@@ -9,14 +9,9 @@ inputs are the gradient-flow nodes feeding the segment's consumers, so the recom
 when back-propagation reaches the segment. A trigger input is only taken if it does not itself
 depend on the segment's copies (checked on the graph as it grows), so no cycle can form.
 
-Grappler rewrites a node differently when its number of data readers changes (many rules only
-fire on a tensor with exactly one reader: constant push-down, MinimizeBroadcasts, AddOpsRewrite,
-fusions), which would make the rewritten graph compute bitwise different values. So every live
-tensor left with fewer readers than it had (an original that lost its backward readers, a copy
-that got only some of them) gets an IdentityN "pad" reading it the missing number of times,
-marked `_grappler_do_not_remove`: Grappler keeps it (and so sees the original counts) through all
-its iterations, and the session then prunes it with everything else no fetch needs, so it never
-runs.
+Originals that lost backward readers, and copies that got only some of their original's
+readers, are given fan-out pads (see `pads.py`), so Grappler rewrites them as it would the
+originals and every output stays bitwise equal.
 
 Copies are named `graphrewrite/recompute/<original>`, triggers
 `graphrewrite/recompute_trigger/<first root>`, pads `graphrewrite/recompute_pad/<node>`. Original
@@ -26,20 +21,19 @@ nodes are never removed or renamed.
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from dataclasses import dataclass, field
 
 import networkx as nx
-from tensorflow.core.framework import attr_value_pb2
 
 from .. import checkpoints as policies
 from .. import flops, memory
 from ..analysis import Analysis
 from ..graph import Graph
-from ..names import COPY_PREFIX, PAD_PREFIX, TRIGGER_PREFIX
+from ..names import COPY_PREFIX, TRIGGER_PREFIX
 from ..shapes import Shapes
 from ..split import reachable
 from ..tensor_ref import CONTROL, TensorRef
+from .pads import pad_readers
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +186,7 @@ def apply(ctx: policies.Context, checkpoints: set[str]) -> Rewrite:
             if readers:
                 graph.replace_uses(ref, TensorRef(copies[name], ref.port), readers)
     triggers, ungated = _add_triggers(graph, ctx, copies, flow, order)
-    pads = _pad_readers(graph, ctx, copies)
+    pads = pad_readers(graph, ctx.graph, ctx.analysis, {c: o for o, c in copies.items()})
     shapes = Shapes(dict(ctx.analysis.shapes.tensors))
     for name, copy_name in copies.items():
         for ref in ctx.analysis.shapes.outputs(name):
@@ -230,39 +224,6 @@ def _add_triggers(graph: Graph, ctx, copies: dict[str, str], flow, order) -> tup
             graph.add_control(trigger, root)
         triggers[trigger] = waits
     return triggers, ungated
-
-
-def _pad_readers(graph: Graph, ctx, copies: dict[str, str]) -> int:
-    """Give each live tensor as many data readers as its original had; returns the pads added."""
-    fetch_nodes = [f.split(":")[0] for f in ctx.analysis.fetches]
-    _, before = _live_readers(ctx.graph, fetch_nodes)
-    live, after = _live_readers(graph, fetch_nodes)
-    original_of = {c: o for o, c in copies.items()}
-    shapes, pads = ctx.analysis.shapes, 0
-    for name in [n for n in graph.nodes() if n in live]:
-        original = original_of.get(name, name)
-        if original not in ctx.graph:
-            continue  # a trigger
-        missing = [TensorRef(name, ref.port) for ref in shapes.outputs(original)
-                   for _ in range(before[ref] - after[TensorRef(name, ref.port)])]
-        dtypes = [shapes[TensorRef(original, r.port)].dtype for r in missing]
-        if not missing or not all(0 < t < 100 for t in dtypes):
-            continue  # nothing lost, or a dtype IdentityN cannot carry (a ref, unknown)
-        types = attr_value_pb2.AttrValue.ListValue(type=dtypes)
-        attrs = {"T": attr_value_pb2.AttrValue(list=types),
-                 "_grappler_do_not_remove": attr_value_pb2.AttrValue(b=True)}
-        graph.add_node(graph.unique_name(PAD_PREFIX + name), "IdentityN", missing, attrs,
-                       device=graph.node_def(name).device)
-        pads += 1
-    return pads
-
-
-def _live_readers(graph: Graph, fetch_nodes: list[str]) -> tuple[set[str], Counter]:
-    """Nodes a fetch needs, and how many data inputs of those nodes read each tensor."""
-    live = reachable(graph.nx, fetch_nodes, upstream=True)
-    readers = Counter(TensorRef(u, d["port"]) for u, v, d in graph.nx.edges(data=True)
-                      if v in live and d["slot"] is not None)
-    return live, readers
 
 
 def _stats(best: Rewrite) -> dict:

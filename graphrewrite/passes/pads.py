@@ -1,0 +1,54 @@
+"""Fan-out pads: keep Grappler's view of how many readers each tensor has.
+
+Grappler rewrites a node differently when its number of data readers changes (many rules only
+fire on a tensor with exactly one reader: constant push-down, MinimizeBroadcasts, AddOpsRewrite,
+fusions), which would make a rewritten graph compute bitwise different values. So every live
+tensor left with fewer readers than its original had gets an IdentityN "pad" reading it the
+missing number of times, marked `_grappler_do_not_remove`: Grappler keeps it (and so sees the
+original counts) through all its iterations, and the session then prunes it with everything else
+no fetch needs, so it never runs.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from tensorflow.core.framework import attr_value_pb2
+
+from ..graph import Graph
+from ..names import PAD_PREFIX
+from ..split import reachable
+from ..tensor_ref import TensorRef
+
+
+def pad_readers(graph: Graph, original: Graph, analysis, original_of: dict[str, str]) -> int:
+    """Give each live tensor of `graph` as many data readers as its original had in `original`
+    (`original_of` maps new nodes to the node they stand for); returns the pads added."""
+    fetch_nodes = [f.split(":")[0] for f in analysis.fetches]
+    _, before = _live_readers(original, fetch_nodes)
+    live, after = _live_readers(graph, fetch_nodes)
+    shapes, pads = analysis.shapes, 0
+    for name in [n for n in graph.nodes() if n in live]:
+        source = original_of.get(name, name)
+        if source not in original:
+            continue  # a node with no original (a trigger)
+        missing = [TensorRef(name, ref.port) for ref in shapes.outputs(source)
+                   for _ in range(before[ref] - after[TensorRef(name, ref.port)])]
+        dtypes = [shapes[TensorRef(source, r.port)].dtype for r in missing]
+        if not missing or not all(0 < t < 100 for t in dtypes):
+            continue  # nothing lost, or a dtype IdentityN cannot carry (a ref, unknown)
+        types = attr_value_pb2.AttrValue.ListValue(type=dtypes)
+        attrs = {"T": attr_value_pb2.AttrValue(list=types),
+                 "_grappler_do_not_remove": attr_value_pb2.AttrValue(b=True)}
+        graph.add_node(graph.unique_name(PAD_PREFIX + name), "IdentityN", missing, attrs,
+                       device=graph.node_def(name).device)
+        pads += 1
+    return pads
+
+
+def _live_readers(graph: Graph, fetch_nodes: list[str]) -> tuple[set[str], Counter]:
+    """Nodes a fetch needs, and how many data inputs of those nodes read each tensor."""
+    live = reachable(graph.nx, fetch_nodes, upstream=True)
+    readers = Counter(TensorRef(u, d["port"]) for u, v, d in graph.nx.edges(data=True)
+                      if v in live and d["slot"] is not None)
+    return live, readers
