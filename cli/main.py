@@ -123,12 +123,24 @@ def _mode_help() -> str:
     return "Rewrite to run. " + "; ".join(f"{k}: {v}" for k, v in MODE_HELP.items()) + "."
 
 
+def _check_mode(ctx, param, value):
+    from graphrewrite.pipeline import MODES
+
+    if value not in MODES:
+        raise click.BadParameter(f"unknown mode '{value}'; modes: {', '.join(MODES)}")
+    return value
+
+
+mode_option = click.option("--mode", default="memory", show_default=True, metavar="MODE",
+                           callback=_check_mode, help=_mode_help())
+
+
 @main.command()
 @click.argument("model_path", metavar="IN", type=click.Path())
 @click.option("-o", "--output", "output", required=True, type=click.Path(),
               help="Where to write the rewritten model; its extension may pick the format "
                    "(.pb binary, .pbtxt text, .meta MetaGraphDef), else the input's is kept.")
-@click.option("--mode", default="memory", show_default=True, metavar="MODE", help=_mode_help())
+@mode_option
 @click.option("--checkpoints", metavar="SELECTORS",
               help="Tensors to keep (mode collection): names, regex:PAT, scope:PREFIX, op:TYPE, "
                    "comma-separated.")
@@ -150,9 +162,6 @@ def optimize(model_path, output, mode, checkpoints, report_path, explain, as_jso
     """
     from graphrewrite import io, pipeline, report
 
-    if mode not in pipeline.MODES:
-        raise click.BadParameter(f"unknown mode '{mode}'; modes: {', '.join(pipeline.MODES)}",
-                                 param_hint="--mode")
     model = io.load(model_path, tag=tag)
     result = pipeline.optimize(model, mode, input_shapes=input_shapes,
                                backward_scope=backward_scope, fetches=outputs,
@@ -247,7 +256,7 @@ def format_verify(facts: dict) -> str:
 @click.argument("paths", metavar="PATH...", nargs=-1, required=True, type=click.Path())
 @click.option("--out-dir", required=True, type=click.Path(file_okay=False),
               help="Where rewritten models go, under their path relative to the PATH given.")
-@click.option("--mode", default="memory", show_default=True, help=_mode_help())
+@mode_option
 @click.option("--jobs", default=1, show_default=True,
               help="Models rewritten at once (a local process pool).")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False),
@@ -267,11 +276,8 @@ def batch(paths, out_dir, mode, jobs, report_path, with_verify, force, executor,
     their input (--force redoes them). Exit 0 when every model is ok or skipped, 1 when any
     failed.
     """
-    from graphrewrite import batch as batch_mod, pipeline
+    from graphrewrite import batch as batch_mod
 
-    if mode not in pipeline.MODES:
-        raise click.BadParameter(f"unknown mode '{mode}'; modes: {', '.join(pipeline.MODES)}",
-                                 param_hint="--mode")
     if executor == "dask" and not scheduler:
         raise click.BadParameter("--executor dask needs --scheduler ADDRESS",
                                  param_hint="--scheduler")

@@ -31,7 +31,7 @@ from .errors import GraphRewriteError
 from .graph import Graph
 from .memory import needed_nodes
 from .selectors import select
-from .split import constant_valued, loop_frame_nodes, reachable
+from .split import loop_frame_nodes, reachable
 from .tensor_ref import TensorRef
 from .summary import FUNCTIONAL_CONTROL_OPS, PLACEHOLDER_OPS, V1_LOOP_OPS
 
@@ -54,7 +54,7 @@ class Context:
 
     graph: Graph
     analysis: Analysis
-    constant: set[str]
+    constant: frozenset
     in_loop_frame: set[str]
     functions: frozenset = frozenset()
     _blockers: dict = field(default_factory=dict)
@@ -62,7 +62,7 @@ class Context:
     @classmethod
     def build(cls, graph: Graph, analysis: Analysis) -> "Context":
         functions = frozenset(f.signature.name for f in graph.shell.library.function)
-        return cls(graph, analysis, constant_valued(graph), loop_frame_nodes(graph), functions)
+        return cls(graph, analysis, analysis.split.constant, loop_frame_nodes(graph), functions)
 
     def blocker(self, name: str) -> str | None:
         """Why `name` must not be recomputed, or None when copying it is safe."""

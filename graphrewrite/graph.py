@@ -160,9 +160,6 @@ class Graph:
     def successors(self, name: str) -> list[str]:
         return sorted(set(self.nx.successors(name)))
 
-    def predecessors(self, name: str) -> list[str]:
-        return sorted(set(self.nx.predecessors(name)))
-
     def topological_order(self, tie_break: str = "order") -> list[str]:
         """Producers before consumers, loop back edges ignored; ties by file `order` or by `name`.
 

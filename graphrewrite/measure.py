@@ -41,8 +41,7 @@ def measurement_environment() -> None:
 @dataclass
 class StepMeasurement:
     outputs: dict[str, np.ndarray]
-    peak_bytes: int | None            # allocator peak during the step, above the pre-session base
-    step_alloc_peak_bytes: int        # peak of the step's own allocation records
+    peak_bytes: int                   # allocator peak during the step, above the pre-session base
     step_seconds: list[float] = field(default_factory=list)
     device: str = ""
 
@@ -119,8 +118,8 @@ def run_step(message, feeds: dict[str, np.ndarray], fetches: list[str],
             seconds.append(time.perf_counter() - start)
     in_use, records = _peaks(metadata, device)
     outputs = {t.name: np.asarray(v) for t, v in zip(fetch_tensors, values)}
-    peak = None if in_use is None else in_use - (base or 0)
-    return StepMeasurement(outputs, peak, records, seconds, device)
+    peak = records if in_use is None else in_use - (base or 0)
+    return StepMeasurement(outputs, peak, seconds, device)
 
 
 def random_feeds(graph, shapes, seed: int = 0, int_high: int = 10) -> dict[str, np.ndarray]:

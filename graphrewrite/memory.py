@@ -16,7 +16,8 @@ Each output tensor gets a buffer when its node runs and loses it after its last 
 - tensors of unknown size count 0 bytes and are listed in `unknown`.
 
 A node's inputs and outputs are live together while it runs; the peak is taken at that moment.
-Nodes pinned to `/device:CPU:0` in a graph that also has accelerator nodes are host memory.
+Nodes pinned to `/device:CPU:0` are host memory when the compute device is something else (see
+`cpu_is_host`).
 Kernel workspaces (convolution scratch space) are not modelled.
 """
 
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 
 from .graph import Graph
 from .shapes import Shapes, TensorInfo
+from .split import reachable
 from .tensor_ref import TensorRef
 
 DEVICE, HOST = "device", "host"
@@ -103,14 +105,7 @@ def cpu_is_host(graph: Graph) -> bool:
 
 def needed_nodes(graph: Graph, fetches: list[str]) -> set[str]:
     """What TensorFlow runs for these fetches: their ancestors through data and control edges."""
-    needed, stack = set(), list(fetches)
-    while stack:
-        name = stack.pop()
-        if name in needed:
-            continue
-        needed.add(name)
-        stack.extend(u for u in graph.nx.predecessors(name) if u not in needed)
-    return needed
+    return reachable(graph.nx, fetches, upstream=True)
 
 
 def schedule(graph: Graph, fetches: list[str]) -> list[str]:
@@ -126,11 +121,10 @@ def schedule(graph: Graph, fetches: list[str]) -> list[str]:
     while ready:
         name = ready.popleft()
         order.append(name)
-        consumers = sorted({v for _, v in graph.nx.out_edges(name) if v in needed},
-                           key=order_index.get)
         if graph.loops_back(name):
             continue
-        for consumer in consumers:
+        for consumer in sorted({v for _, v in graph.nx.out_edges(name) if v in needed},
+                               key=order_index.get):
             edges = sum(1 for _ in graph.nx.get_edge_data(name, consumer).values())
             pending[consumer] -= edges
             if pending[consumer] == 0:

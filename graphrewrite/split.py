@@ -91,14 +91,12 @@ class Split:
     seeds: tuple          # gradient seed nodes (where back-propagation starts)
     gradient_flow: frozenset
     losses: tuple         # forward nodes the seeds mirror, plus forward sinks
+    constant: frozenset   # nodes whose value depends on no input, variable or random draw
 
     @property
     def early_backward(self) -> frozenset:
         """Backward nodes outside the gradient flow: they run as soon as forward values exist."""
         return self.backward - self.gradient_flow
-
-    def is_training_graph(self) -> bool:
-        return bool(self.seeds)
 
 
 def split(graph: Graph, backward_scope: str | None = None) -> Split:
@@ -116,7 +114,7 @@ def split(graph: Graph, backward_scope: str | None = None) -> Split:
     forward = reachable(full, (losses | _forward_value_inputs(graph)) - flow, upstream=True) - flow
     backward = set(graph.nodes()) - forward
     return Split(frozenset(forward), frozenset(backward), tuple(sorted(seeds)), frozenset(flow),
-                 tuple(sorted(losses)))
+                 tuple(sorted(losses)), frozenset(constant))
 
 
 def find_seeds(graph: Graph, dag: nx.DiGraph, constant: set[str]) -> list[str]:
