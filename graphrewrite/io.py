@@ -73,6 +73,11 @@ class Model:
             return self.container.meta_graphs[self.meta_graph_index]
         return None
 
+    def runnable(self) -> pb_message.Message:
+        """What a session imports: the MetaGraphDef itself (its variables and collections come
+        along), else the GraphDef."""
+        return self.container if self.format.kind == METAGRAPH else self.graph.to_graph_def()
+
     def with_graph(self, graph: Graph | None = None) -> pb_message.Message:
         """A copy of the container with `graph` (default: the model's own) in place of the old."""
         out = type(self.container)()

@@ -122,8 +122,10 @@ def run_step(message, feeds: dict[str, np.ndarray], fetches: list[str],
     return StepMeasurement(outputs, peak, seconds, device)
 
 
-def random_feeds(graph, shapes, seed: int = 0, int_high: int = 10) -> dict[str, np.ndarray]:
-    """Seeded inputs for every placeholder: normal floats, integers in [0, int_high), False bools.
+def random_feeds(graph, shapes, seed: int = 0, int_high: int = 10,
+                 given: set[str] = frozenset()) -> dict[str, np.ndarray]:
+    """Seeded inputs for every placeholder not `given`: normal floats, integers in [0, int_high),
+    False bools.
 
     The same seed gives the same arrays, so two graphs can be compared on equal inputs.
     """
@@ -134,7 +136,7 @@ def random_feeds(graph, shapes, seed: int = 0, int_high: int = 10) -> dict[str, 
     rng = np.random.RandomState(seed)
     feeds = {}
     for name in sorted(graph.nodes()):
-        if graph.op(name) not in ("Placeholder", "PlaceholderV2"):
+        if graph.op(name) not in ("Placeholder", "PlaceholderV2") or name in given:
             continue
         info = shapes[TensorRef(name)]
         if info is None or info.shape is None or None in info.shape:

@@ -17,7 +17,7 @@ import numpy as np
 
 from . import analysis, measure, shapes as shapes_mod
 from .errors import GraphRewriteError
-from .io import METAGRAPH, Model
+from .io import Model
 
 log = logging.getLogger(__name__)
 
@@ -84,20 +84,17 @@ def verify(original: Model, rewritten: Model, fetches: list[str] | None = None,
     if unknown:
         raise GraphRewriteError(f"--feed names '{unknown[0]}', which is not a node")
     try:
-        inputs = {**measure.random_feeds(original.graph, shapes, seed, int_high), **given}
+        inputs = {**measure.random_feeds(original.graph, shapes, seed, int_high, set(given)),
+                  **given}
     except ValueError as err:
         raise GraphRewriteError(str(err)) from None
     log.info("verify: %d inputs, %d outputs, %d timed runs each", len(inputs), len(fetches), runs)
     run = measure.run_step_isolated if isolated else measure.run_step
-    first = run(_message(original), inputs, fetches, runs)
-    second = run(_message(rewritten), inputs, fetches, runs)
+    first = run(original.runnable(), inputs, fetches, runs)
+    second = run(rewritten.runnable(), inputs, fetches, runs)
     comparisons = [_compare(name, first.outputs[name], second.outputs[name], rtol, atol)
                    for name in first.outputs]
     return VerifyResult(all(c.equal for c in comparisons), comparisons, first, second, fetches)
-
-
-def _message(model: Model):
-    return model.container if model.format.kind == METAGRAPH else model.graph.to_graph_def()
 
 
 def _compare(name: str, a: np.ndarray, b: np.ndarray, rtol: float, atol: float) -> Comparison:
