@@ -144,6 +144,14 @@ mode_option = click.option("--mode", default="memory", show_default=True, metava
 @click.option("--checkpoints", metavar="SELECTORS",
               help="Tensors to keep (mode collection): names, regex:PAT, scope:PREFIX, op:TYPE, "
                    "comma-separated.")
+@click.option("--swap-form", type=click.Choice(["portable", "grappler"]), default=None,
+              help="Mode swap: Identity copies pinned to the CPU (portable, the default) or "
+                   "Grappler's _CopyFromGpuToHost/_CopyFromHostToGpu pair (GPU kernels only).")
+@click.option("--budget", metavar="BYTES|PCT",
+              help="Mode swap: stop once the modelled device peak is at most this (6GiB, "
+                   "60%%); default: as low as it goes.")
+@click.option("--bandwidth", type=float, metavar="BYTES_PER_S",
+              help="Mode swap: host transfer bandwidth for timing swap-ins [default: 16e9].")
 @click.option("--report", "report_path", type=click.Path(),
               help="Also write the report as JSON to this file.")
 @click.option("--explain", metavar="NODE", multiple=True,
@@ -151,8 +159,8 @@ mode_option = click.option("--mode", default="memory", show_default=True, metava
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @analysis_options
 @tag_option
-def optimize(model_path, output, mode, checkpoints, report_path, explain, as_json, input_shapes,
-             outputs, backward_scope, tag):
+def optimize(model_path, output, mode, checkpoints, swap_form, budget, bandwidth, report_path,
+             explain, as_json, input_shapes, outputs, backward_scope, tag):
     """Rewrite model IN with MODE and write it to OUT in the same format.
 
     IN is a GraphDef (.pb, .pbtxt), a MetaGraphDef (.meta, .meta.txt) or a SavedModel directory;
@@ -165,7 +173,9 @@ def optimize(model_path, output, mode, checkpoints, report_path, explain, as_jso
     model = io.load(model_path, tag=tag)
     result = pipeline.optimize(model, mode, input_shapes=input_shapes,
                                backward_scope=backward_scope, fetches=outputs,
-                               checkpoints=checkpoints)
+                               checkpoints=checkpoints,
+                               swap_options={"form": swap_form, "budget": budget,
+                                             "bandwidth": bandwidth})
     for name in explain:
         if name.split(":")[0] not in model.graph:
             raise click.BadParameter(f"'{name}' is not a node of {model_path}",
@@ -397,7 +407,8 @@ def format_bytes(count: int) -> str:
     return f"{value:.1f} GiB"
 
 
-EXPECTED_SKIPS = ("constant", "graph input")  # in the JSON report, too obvious for the table
+# In the JSON report; too obvious for the table.
+EXPECTED_SKIPS = ("constant", "graph input", "smaller than 1 KiB")
 
 
 def format_optimize(facts: dict) -> str:
@@ -409,20 +420,30 @@ def format_optimize(facts: dict) -> str:
         ("mode", f"{facts['mode']}: {facts['pipeline'] or '(no passes)'}"),
         ("modelled peak", f"{format_bytes(before)} -> {format_bytes(after)}{ratio}"),
         ("nodes", f"{facts['nodes_before']} -> {facts['nodes_after']} "
-                  f"(+{facts['nodes_added']}: {len(facts['recomputed'])} recomputed copies, "
-                  f"{facts['triggers']} triggers, {facts['fanout_pads']} fanout pads)"),
+                  f"(+{facts['nodes_added']})"),
     ]
-    if facts["checkpoints"] or facts["recomputed"]:
+    if facts["recomputed"]:
+        rows.append(("recomputed", f"{len(facts['recomputed'])} copies behind "
+                                   f"{facts['triggers']} triggers"))
+    if facts["fanout_pads"]:
+        rows.append(("fanout pads", f"{facts['fanout_pads']} (never run: they keep Grappler's "
+                                    "rewrites as on the original)"))
+    if facts["recomputed"]:
         rows.append(("checkpoints", f"{len(facts['checkpoints'])} kept"
                      + (f" ({_shorten(facts['checkpoints'], 4)})" if facts["checkpoints"] else "")))
         rows.append(("extra compute", f"{facts['extra_flops'] / 1e9:.3f} GFLOP per step"))
+    if facts["swapped"]:
+        rows.append(("swapped", f"{len(facts['swapped'])} tensors to host "
+                                f"({_shorten(facts['swapped'], 3)}); "
+                                f"{format_bytes(facts['bytes_moved'])} moved per step, "
+                                f"{facts['transfer_seconds'] * 1000:.1f} ms at the bandwidth"))
     if facts["ungated_segments"]:
         rows.append(("ungated", f"{facts['ungated_segments']} segments had no safe trigger "
                                 "(their copies may run early)"))
     for reason, info in facts["skipped"].items():
         if reason in EXPECTED_SKIPS:
             continue
-        rows.append(("not recomputed", f"{info['count']} {reason} "
+        rows.append(("not rewritten", f"{info['count']} {reason} "
                                        f"(e.g. {', '.join(info['examples'])})"))
     if facts["note"]:
         rows.append(("note", facts["note"]))

@@ -54,6 +54,7 @@ FORWARDING_OPS = frozenset({
 PERSISTENT_OPS = frozenset({"Const", "HostConst", "VariableV2", "Variable", "VarHandleOp"})
 FEED_OPS = frozenset({"Placeholder", "PlaceholderV2"})
 ACCELERATOR_MARKERS = ("GPU", "TPU", "gpu", "tpu", "XLA_")
+HOST_OUTPUT_OPS = frozenset({"_CopyFromGpuToHost"})
 
 
 @dataclass(eq=False)
@@ -79,6 +80,7 @@ class MemoryReport:
     live_at_peak: dict[str, list[tuple[TensorRef, int]]]  # place -> (owner tensor, bytes)
     persistent_bytes: dict[str, int]
     buffers: list[Buffer]
+    buffer_of: dict[TensorRef, Buffer]              # tensor -> the buffer holding it
     unknown: list[TensorRef] = field(default_factory=list)
 
     def peak(self, place: str = DEVICE) -> int:
@@ -86,8 +88,10 @@ class MemoryReport:
 
 
 def placement(graph: Graph, name: str, cpu_is_host: bool) -> str:
-    """HOST for CPU-pinned nodes when the compute device is something else, else DEVICE."""
-    if cpu_is_host and "CPU" in graph.node_def(name).device.upper():
+    """Where a node's outputs live: HOST for CPU-pinned nodes when the compute device is
+    something else, and for Grappler's swap-out copy (its output is host memory); else DEVICE."""
+    node = graph.node_def(name)
+    if node.op in HOST_OUTPUT_OPS or (cpu_is_host and "CPU" in node.device.upper()):
         return HOST
     return DEVICE
 
@@ -212,7 +216,7 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None) -> 
         for where, (_, at) in peak.items()}
     return MemoryReport(order, {w: v for w, (v, _) in peak.items()},
                         {w: order[at] for w, (_, at) in peak.items()}, live_at_peak, persistent,
-                        buffers, sorted(set(unknown)))
+                        buffers, buffer_of, sorted(set(unknown)))
 
 
 def variable_bytes(node) -> int | None:

@@ -28,6 +28,7 @@ MODES: dict[str, str] = {
     "speed": "recompute(policy=speed)",
     "collection": "recompute(policy=collection)",
     "manual": "recompute(policy=manual)",
+    "swap": "swap",
 }
 MODE_HELP = {
     "none": "load, check and save; nothing rewritten",
@@ -35,6 +36,7 @@ MODE_HELP = {
     "speed": "keep outputs of MatMul/Conv/Einsum, recompute cheap ops (least slowdown)",
     "collection": "keep what --checkpoints selects (or the 'checkpoints' collection)",
     "manual": "recompute the nodes marked with the _recompute_hint attribute",
+    "swap": "move long-lived activations to host memory and back (--swap-form, --budget)",
 }
 
 
@@ -70,7 +72,8 @@ def parse_pipeline(text: str) -> list[tuple[str, dict]]:
 
 def optimize(model: Model, mode: str, input_shapes: dict | None = None,
              backward_scope: str | None = None, fetches: list[str] | None = None,
-             checkpoints: str | None = None) -> OptimizeResult:
+             checkpoints: str | None = None, swap_options: dict | None = None
+             ) -> OptimizeResult:
     """Run the pipeline of `mode` on a copy of the model's graph and check the result."""
     if mode not in MODES:
         raise GraphRewriteError(f"unknown mode '{mode}' (modes: {', '.join(MODES)})")
@@ -85,6 +88,8 @@ def optimize(model: Model, mode: str, input_shapes: dict | None = None,
         options_type, run = PASSES[name]
         if name == "recompute" and checkpoints:
             raw = {**raw, "checkpoints": checkpoints}
+        if name == "swap" and swap_options:
+            raw = {**raw, **{k: v for k, v in swap_options.items() if v is not None}}
         options = _options(options_type, name, raw)
         result = run(graph, found, options, model)
         ran.append(name)

@@ -29,8 +29,12 @@ def optimize_report(source, output, fmt, result: OptimizeResult) -> dict:
         "fanout_pads": stats.get("fanout_pads", 0),
         "extra_flops": stats.get("extra_flops", 0),
         "skipped": {reason: {"count": len(nodes), "examples": nodes[:EXAMPLES]}
-                    for reason, nodes in kept_because.items()},
-        "note": stats.get("recompute", ""),
+                    for reason, nodes in {**kept_because,
+                                          **stats.get("swap_skipped", {})}.items()},
+        "swapped": stats.get("swapped", []),
+        "bytes_moved": stats.get("bytes_moved", 0),
+        "transfer_seconds": stats.get("transfer_seconds", 0.0),
+        "note": stats.get("recompute", "") or stats.get("swap", ""),
         "seconds": round(result.seconds, 3),
     }
 

@@ -126,7 +126,13 @@ def find_seeds(graph: Graph, dag: nx.DiGraph, constant: set[str]) -> list[str]:
     found = anchors(graph)
     if not found:
         return []
-    forward_values = reachable(dag, _forward_value_inputs(graph), upstream=True)
+    # By data edges only: a rewritten graph's trigger makes a recomputed or swapped-in forward
+    # value wait on the gradient flow, which does not make the seed a forward value.
+    data = nx.DiGraph()
+    data.add_nodes_from(dag)
+    data.add_edges_from((u, v) for u, v, slot in graph.nx.edges(data="slot")
+                        if slot is not None and dag.has_edge(u, v))
+    forward_values = reachable(data, _forward_value_inputs(graph), upstream=True)
     reaches_anchor = reachable(dag, found, upstream=True)
     candidates = {n for n in graph.nodes() if n in reaches_anchor and n not in forward_values
                   and n in constant and _is_ones(graph, n)}

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..graph import Graph
-from . import recompute
+from . import recompute, swap
 
 
 @dataclass
@@ -21,4 +21,5 @@ class PassResult:
 
 PASSES = {
     "recompute": (recompute.RecomputeOptions, recompute.run),
+    "swap": (swap.SwapOptions, swap.run),
 }

@@ -7,6 +7,10 @@ tensor left with fewer readers than its original had gets an IdentityN "pad" rea
 missing number of times, marked `_grappler_do_not_remove`: Grappler keeps it (and so sees the
 original counts) through all its iterations, and the session then prunes it with everything else
 no fetch needs, so it never runs.
+
+Control edges matter too: Grappler's grouping rewrites (AddOpsRewrite, MinimizeBroadcasts) do not
+absorb a node that drives a control dependency, so a trigger hung on an Add or a Mul would change
+how the backward arithmetic is grouped. `can_gate` says which nodes may drive a trigger.
 """
 
 from __future__ import annotations
@@ -19,6 +23,15 @@ from ..graph import Graph
 from ..names import PAD_PREFIX
 from ..split import reachable
 from ..tensor_ref import TensorRef
+
+# Element-wise ops Grappler regroups across chains; a new control output on one stops that.
+GROUPED_OPS = frozenset({"Add", "AddV2", "AddN", "Mul", "Sub", "RealDiv", "Div", "Neg"})
+
+
+def can_gate(original: Graph, name: str) -> bool:
+    """Whether a control edge out of `name` leaves what Grappler and a reader of the graph see
+    unchanged: not a grouped op, and not a sink of the original (an output stays an output)."""
+    return original.op(name) not in GROUPED_OPS and original.nx.out_degree(name) > 0
 
 
 def pad_readers(graph: Graph, original: Graph, analysis, original_of: dict[str, str]) -> int:
