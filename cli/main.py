@@ -144,14 +144,20 @@ mode_option = click.option("--mode", default="memory", show_default=True, metava
 @click.option("--checkpoints", metavar="SELECTORS",
               help="Tensors to keep (mode collection): names, regex:PAT, scope:PREFIX, op:TYPE, "
                    "comma-separated.")
+@click.option("--swap", "swap_tensors", metavar="SELECTORS",
+              help="Tensors to swap to host memory (modes swap and manual), selected like "
+                   "--checkpoints; their backward readers get them back.")
+@click.option("--swap-checkpoints", is_flag=True,
+              help="Modes memory, speed, collection: also swap the kept checkpoints to host "
+                   "memory instead of holding them on the device.")
 @click.option("--swap-form", type=click.Choice(["portable", "grappler"]), default=None,
-              help="Mode swap: Identity copies pinned to the CPU (portable, the default) or "
+              help="Identity copies pinned to the CPU (portable, the default; runs anywhere) or "
                    "Grappler's _CopyFromGpuToHost/_CopyFromHostToGpu pair (GPU kernels only).")
 @click.option("--budget", metavar="BYTES|PCT",
-              help="Mode swap: stop once the modelled device peak is at most this (6GiB, "
+              help="Swapping: stop once the modelled device peak is at most this (6GiB, "
                    "60%%); default: as low as it goes.")
 @click.option("--bandwidth", type=float, metavar="BYTES_PER_S",
-              help="Mode swap: host transfer bandwidth for timing swap-ins [default: 16e9].")
+              help="Swapping: host transfer bandwidth for timing swap-ins [default: 16e9].")
 @click.option("--report", "report_path", type=click.Path(),
               help="Also write the report as JSON to this file.")
 @click.option("--explain", metavar="NODE", multiple=True,
@@ -159,8 +165,9 @@ mode_option = click.option("--mode", default="memory", show_default=True, metava
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @analysis_options
 @tag_option
-def optimize(model_path, output, mode, checkpoints, swap_form, budget, bandwidth, report_path,
-             explain, as_json, input_shapes, outputs, backward_scope, tag):
+def optimize(model_path, output, mode, checkpoints, swap_tensors, swap_checkpoints, swap_form,
+             budget, bandwidth, report_path, explain, as_json, input_shapes, outputs,
+             backward_scope, tag):
     """Rewrite model IN with MODE and write it to OUT in the same format.
 
     IN is a GraphDef (.pb, .pbtxt), a MetaGraphDef (.meta, .meta.txt) or a SavedModel directory;
@@ -173,9 +180,9 @@ def optimize(model_path, output, mode, checkpoints, swap_form, budget, bandwidth
     model = io.load(model_path, tag=tag)
     result = pipeline.optimize(model, mode, input_shapes=input_shapes,
                                backward_scope=backward_scope, fetches=outputs,
-                               checkpoints=checkpoints,
+                               checkpoints=checkpoints, swap_checkpoints=swap_checkpoints,
                                swap_options={"form": swap_form, "budget": budget,
-                                             "bandwidth": bandwidth})
+                                             "bandwidth": bandwidth, "tensors": swap_tensors})
     for name in explain:
         if name.split(":")[0] not in model.graph:
             raise click.BadParameter(f"'{name}' is not a node of {model_path}",
@@ -472,7 +479,10 @@ def format_summary(facts: dict) -> str:
             ("peak memory", f"{format_bytes(facts['peak_bytes'])} (modelled; persistent "
                             f"{format_bytes(facts['persistent_bytes'])}, peak at "
                             f"{facts['peak_node']})"),
-            ("host peak", format_bytes(facts["host_peak_bytes"])),
+            ("host peak", format_bytes(facts["host_peak_bytes"])
+             + (f"; {format_bytes(facts['bytes_moved'])} moved between host and device per "
+                f"step ({facts['transfer_seconds'] * 1000:.1f} ms at 16 GB/s)"
+                if facts["bytes_moved"] else "")),
             ("forward", f"{facts['forward_nodes']} nodes; backward {facts['backward_nodes']} "
                         f"nodes; gradient seed {', '.join(facts['gradient_seeds']) or 'none'}"),
             ("FLOPs", f"{facts['flops'] / 1e9:.3f} GFLOP per step"),

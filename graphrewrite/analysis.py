@@ -29,6 +29,13 @@ class Analysis:
     flops: int
 
 
+def sinks(graph: Graph) -> list[str]:
+    """Nodes nothing reads (not even by a control edge): the graph's natural outputs. Fan-out
+    pads are hints for Grappler, not outputs."""
+    return [n for n in graph.nodes()
+            if graph.nx.out_degree(n) == 0 and not n.startswith(PAD_PREFIX)]
+
+
 def default_fetches(model: Model, graph: Graph | None = None,
                     shapes: shapes_mod.Shapes | None = None) -> list[str]:
     """What one training step fetches: a MetaGraphDef's `train_op` (and `losses`) collections,
@@ -44,11 +51,10 @@ def default_fetches(model: Model, graph: Graph | None = None,
         if all(n in graph for n in found):
             return list(dict.fromkeys(found))
     in_loop = split_mod.loop_frame_nodes(graph)
-    sinks = [n for n in graph.nodes() if graph.nx.out_degree(n) == 0 and n not in in_loop
-             and not n.startswith(PAD_PREFIX)]  # pads are hints for Grappler, not outputs
+    found = [n for n in sinks(graph) if n not in in_loop]
     if shapes is None:
-        return sinks
-    return [n for n in sinks if not shapes.outputs(n)
+        return found
+    return [n for n in found if not shapes.outputs(n)
             or (shapes[shapes.outputs(n)[0]].dtype % 100) not in UNFETCHABLE_TYPES]
 
 

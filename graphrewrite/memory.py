@@ -55,6 +55,7 @@ PERSISTENT_OPS = frozenset({"Const", "HostConst", "VariableV2", "Variable", "Var
 FEED_OPS = frozenset({"Placeholder", "PlaceholderV2"})
 ACCELERATOR_MARKERS = ("GPU", "TPU", "gpu", "tpu", "XLA_")
 HOST_OUTPUT_OPS = frozenset({"_CopyFromGpuToHost"})
+HOST_BANDWIDTH = 16e9  # bytes/s each way between host and device (Grappler's PCIe assumption)
 
 
 @dataclass(eq=False)
@@ -81,6 +82,7 @@ class MemoryReport:
     persistent_bytes: dict[str, int]
     buffers: list[Buffer]
     buffer_of: dict[TensorRef, Buffer]              # tensor -> the buffer holding it
+    transfer_bytes: int                             # copied between host and device per step
     unknown: list[TensorRef] = field(default_factory=list)
 
     def peak(self, place: str = DEVICE) -> int:
@@ -149,6 +151,7 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None) -> 
     peak: dict[str, tuple[int, int]] = {}  # place -> (bytes, step)
     unknown: list[TensorRef] = []
 
+    transfers: set[tuple[TensorRef, str]] = set()  # (tensor, place it was copied to)
     reads = {name: graph.data_inputs(name) for name in order}
     uses = Counter(ref for name in order for ref in reads[name])
 
@@ -188,6 +191,7 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None) -> 
         op = graph.op(name)
         place = placement(graph, name, host_split)
         inputs = [r for r in reads[name] if r in buffer_of]
+        transfers.update((r, place) for r in inputs if buffer_of[r].place != place)
         if op not in PERSISTENT_OPS | FEED_OPS:
             for ref in shapes.outputs(name):
                 buffer = _output_buffer(op, ref, inputs, buffer_of, shapes)
@@ -216,7 +220,8 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None) -> 
         for where, (_, at) in peak.items()}
     return MemoryReport(order, {w: v for w, (v, _) in peak.items()},
                         {w: order[at] for w, (_, at) in peak.items()}, live_at_peak, persistent,
-                        buffers, buffer_of, sorted(set(unknown)))
+                        buffers, buffer_of, sum(shapes.nbytes(r) or 0 for r, _ in transfers),
+                        sorted(set(unknown)))
 
 
 def variable_bytes(node) -> int | None:

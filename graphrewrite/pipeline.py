@@ -27,7 +27,7 @@ MODES: dict[str, str] = {
     "memory": "recompute(policy=memory)",
     "speed": "recompute(policy=speed)",
     "collection": "recompute(policy=collection)",
-    "manual": "recompute(policy=manual)",
+    "manual": "recompute(policy=manual) swap(policy=manual)",
     "swap": "swap",
 }
 MODE_HELP = {
@@ -35,7 +35,7 @@ MODE_HELP = {
     "memory": "keep ~sqrt(N) bottleneck activations, recompute the rest (most memory saved)",
     "speed": "keep outputs of MatMul/Conv/Einsum, recompute cheap ops (least slowdown)",
     "collection": "keep what --checkpoints selects (or the 'checkpoints' collection)",
-    "manual": "recompute the nodes marked with the _recompute_hint attribute",
+    "manual": "recompute what _recompute_hint marks, swap what _swap_to_host marks (or --swap)",
     "swap": "move long-lived activations to host memory and back (--swap-form, --budget)",
 }
 
@@ -72,13 +72,24 @@ def parse_pipeline(text: str) -> list[tuple[str, dict]]:
 
 def optimize(model: Model, mode: str, input_shapes: dict | None = None,
              backward_scope: str | None = None, fetches: list[str] | None = None,
-             checkpoints: str | None = None, swap_options: dict | None = None
-             ) -> OptimizeResult:
-    """Run the pipeline of `mode` on a copy of the model's graph and check the result."""
+             checkpoints: str | None = None, swap_options: dict | None = None,
+             swap_checkpoints: bool = False) -> OptimizeResult:
+    """Run the pipeline of `mode` on a copy of the model's graph and check the result.
+
+    `swap_checkpoints` adds a swap pass after recomputation, which then moves the checkpoints
+    (what the recomputed copies and the gradients read) to host memory."""
     if mode not in MODES:
         raise GraphRewriteError(f"unknown mode '{mode}' (modes: {', '.join(MODES)})")
     start = time.perf_counter()
     pipeline = MODES[mode]
+    if swap_checkpoints:
+        if not pipeline.startswith("recompute") or "swap" in pipeline:
+            raise GraphRewriteError(f"--swap-checkpoints needs a recompute mode "
+                                    f"(memory, speed, collection), not '{mode}'")
+        pipeline += " swap"
+    if (swap_options or {}).get("tensors") and "swap" not in pipeline:
+        raise GraphRewriteError(f"--swap needs mode swap or manual (or --swap-checkpoints), "
+                                f"not '{mode}'")
     graph = model.graph.copy()
     found = analysis_mod.analyse(model, graph, input_shapes, backward_scope, fetches)
     peak_before = found.memory.peak()
@@ -97,7 +108,9 @@ def optimize(model: Model, mode: str, input_shapes: dict | None = None,
         if problems:
             raise GraphError(f"pass '{name}' (after: {', '.join(ran[:-1]) or 'nothing'}) "
                              f"produced an invalid graph: {problems[0]}")
-        stats.update(result.stats)
+        for key, value in result.stats.items():  # counts add up over the passes
+            both_counts = type(value) is int and type(stats.get(key)) is int
+            stats[key] = stats[key] + value if both_counts else value
         if result.modified:
             graph = result.graph
             found = analysis_mod.analyse(model, graph, input_shapes, backward_scope,

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from .analysis import Analysis
+from .analysis import Analysis, sinks
 from .graph import Graph, op_histogram
-from .memory import DEVICE, HOST
+from .memory import DEVICE, HOST, HOST_BANDWIDTH
 from .io import Model
 from .text import dtype_name, format_shape
 
@@ -30,7 +30,7 @@ def summarize(model: Model) -> dict:
         "ops": dict(sorted(histogram.items())),
         "inputs": [_placeholder(graph, n) for n in sorted(graph.nodes())
                    if graph.op(n) in PLACEHOLDER_OPS],
-        "outputs": sinks(graph),
+        "outputs": sorted(sinks(graph)),
         "train_op": _collection_nodes(meta, "train_op"),
         "signatures": _signatures(meta),
         "functions": len(graph.shell.library.function),
@@ -50,6 +50,8 @@ def memory_facts(analysis: Analysis, top: int = 10) -> dict:
     return {
         "peak_bytes": report.peak(DEVICE),
         "host_peak_bytes": report.peak(HOST),
+        "bytes_moved": report.transfer_bytes,
+        "transfer_seconds": report.transfer_bytes / HOST_BANDWIDTH,
         "persistent_bytes": report.persistent_bytes.get(DEVICE, 0),
         "peak_node": report.peak_node.get(DEVICE, ""),
         "live_at_peak": [{"tensor": str(ref), "bytes": size}
@@ -61,11 +63,6 @@ def memory_facts(analysis: Analysis, top: int = 10) -> dict:
         "fetches": analysis.fetches,
         "unknown_shapes": {"count": len(unknown), "examples": [str(r) for r in unknown[:5]]},
     }
-
-
-def sinks(graph: Graph) -> list[str]:
-    """Nodes nothing reads (not even by a control edge): the graph's natural outputs."""
-    return sorted(n for n in graph.nodes() if graph.nx.out_degree(n) == 0)
 
 
 def _placeholder(graph: Graph, name: str) -> dict:

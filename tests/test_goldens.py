@@ -35,17 +35,24 @@ def test_dump_matches_golden(name, update_goldens):
     compare_with_golden(dump(model.graph, model.meta_graph), f"{name}.dump", update_goldens)
 
 
-REWRITE_MODES = ["memory", "speed"]  # manual and collection need hints or selectors
+# golden label -> (mode, swap options); manual and collection need hints or selectors
+REWRITES = {
+    "memory": ("memory", None),
+    "speed": ("speed", None),
+    "swap": ("swap", None),
+    "swap-grappler": ("swap", {"form": "grappler"}),
+}
 
 
-@pytest.mark.parametrize("mode", REWRITE_MODES)
+@pytest.mark.parametrize("label", REWRITES)
 @pytest.mark.parametrize("name", FIXTURE_NAMES)
-def test_rewrite_matches_golden(name, mode, update_goldens):
+def test_rewrite_matches_golden(name, label, update_goldens):
     from graphrewrite import pipeline
 
+    mode, swap_options = REWRITES[label]
     model = io.load(fixture_path(name))
-    result = pipeline.optimize(model, mode)
-    compare_with_golden(dump(result.graph, model.meta_graph), f"{name}.{mode}.dump",
+    result = pipeline.optimize(model, mode, swap_options=swap_options)
+    compare_with_golden(dump(result.graph, model.meta_graph), f"{name}.{label}.dump",
                         update_goldens)
 
 
@@ -54,3 +61,6 @@ def test_goldens_show_rewrites():
     changed = [p.name for p in GOLDENS.glob("*.memory.dump")
                if p.read_text() != (GOLDENS / p.name.replace(".memory", "")).read_text()]
     assert {"mlp.memory.dump", "resnet_cnn.memory.dump"} <= set(changed)
+    swapped = [p.name for p in GOLDENS.glob("*.swap.dump")
+               if p.read_text() != (GOLDENS / p.name.replace(".swap", "")).read_text()]
+    assert {"mlp.swap.dump", "transformer_dropout.swap.dump"} <= set(swapped)

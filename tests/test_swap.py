@@ -10,6 +10,7 @@ from graphrewrite.errors import GraphRewriteError
 from graphrewrite.names import SWAP_IN_SUFFIX, SWAP_OUT_SUFFIX
 from graphrewrite.passes.swap import parse_budget
 from graphrewrite.split import split
+from graphrewrite.tensor_ref import TensorRef
 
 from conftest import fixture_path, run_cli
 
@@ -101,4 +102,127 @@ def test_swapped_graph_runs_bitwise_equal_on_the_cpu(name, tmp_path):
     path = tmp_path / fixture_path(name).name
     io.save(model, result.graph, path)
     outcome = verify.verify(io.load(fixture_path(name)), io.load(path), runs=1, isolated=False)
+    assert outcome.match and outcome.max_abs_diff == 0.0
+
+
+def test_triggers_are_never_ops_grappler_regroups_nor_outputs():
+    from graphrewrite.analysis import sinks
+    from graphrewrite.passes.pads import GROUPED_OPS
+
+    model, result = swapped("transformer_dropout")
+    outputs = set(sinks(model.graph))
+    swap_ins = [n for n in result.graph.nodes() if n.endswith(SWAP_IN_SUFFIX)]
+    triggers = [w for n in swap_ins for w in result.graph.control_inputs(n)]
+    assert triggers
+    assert not [t for t in triggers if model.graph.op(t) in GROUPED_OPS or t in outputs]
+    assert set(sinks(result.graph)) == outputs  # the rewritten graph has the same outputs
+
+
+def test_the_rewritten_graph_still_splits_into_forward_and_backward():
+    model, result = swapped()
+    before, after = split(model.graph), split(result.graph)
+    assert after.seeds == before.seeds
+    assert before.forward <= after.forward
+
+
+def with_attr(model, node, **attrs):
+    from tensorflow.core.framework import attr_value_pb2
+
+    graph = model.graph.copy()
+    for key, value in attrs.items():
+        attr = (attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(i=value))
+                if isinstance(value, list) else attr_value_pb2.AttrValue(i=value))
+        graph.set_attr(node, key, attr)
+    return model.with_graph(graph)
+
+
+def test_swap_to_host_attribute_swaps_that_input_for_that_reader_only(tmp_path):
+    model = io.load(fixture_path("mlp"))
+    reader = "gradients/dense_2/Relu_grad/ReluGrad"   # inputs: the gradient, dense_2/Relu
+    path = tmp_path / "hinted.pbtxt"
+    io.write_atomic(path, str(with_attr(model, reader, _swap_to_host=[1])).encode())
+    result = pipeline.optimize(io.load(path), "manual")
+    assert result.stats["swapped"] == ["dense_2/Relu"]
+    graph = result.graph
+    assert graph.data_inputs(reader)[1].node == "dense_2/Relu" + SWAP_IN_SUFFIX
+    other = [v for v, _ in graph.consumers(TensorRef("dense_2/Relu"))
+             if v.startswith("gradients/")]
+    assert other  # the weight gradient still reads the original
+    assert graph.check() == []
+
+
+def test_swap_to_host_index_out_of_range_is_an_error(tmp_path):
+    model = io.load(fixture_path("mlp"))
+    path = tmp_path / "hinted.pbtxt"
+    io.write_atomic(path, str(with_attr(model, "dense_1/Relu", _swap_to_host=7)).encode())
+    shown = run_cli("optimize", path, "-o", tmp_path / "out.pbtxt", "--mode", "manual")
+    assert shown.exit_code == 2 and "_swap_to_host names input 7" in shown.stderr
+    assert not (tmp_path / "out.pbtxt").exists()
+
+
+def test_swap_selectors_swap_exactly_what_they_name():
+    _, result = swapped("mlp", tensors="dense_1/Relu, scope:dense_3")
+    assert result.stats["swapped"] == ["dense_1/Relu", "dense_3/Relu"]  # others: no readers
+
+
+def test_swap_selectors_need_a_mode_with_a_swap_pass():
+    model = io.load(fixture_path("mlp"))
+    with pytest.raises(GraphRewriteError, match="--swap needs mode swap or manual"):
+        pipeline.optimize(model, "memory", swap_options={"tensors": "dense_1/Relu"})
+
+
+def deep_chain(tmp_path, layers=24):
+    """A chain of tanh(x @ w) layers with weight gradients: many checkpoints to keep."""
+    import numpy as np
+
+    from tfgraphs import build
+
+    def chain():
+        x = tf.compat.v1.placeholder(tf.float32, (512, 256), name="x")
+        weights, h = [], x
+        for i in range(layers):
+            w = tf.constant(np.eye(256, dtype=np.float32) * 0.9, name=f"w{i}")
+            weights.append(w)
+            h = tf.tanh(tf.matmul(h, w), name=f"layer{i}")
+        for i, g in enumerate(tf.gradients(tf.reduce_sum(h), weights)):
+            tf.identity(g, name=f"grad{i}")
+
+    path = tmp_path / "chain.pb"
+    io.write_atomic(path, build(chain).to_graph_def().SerializeToString())
+    return io.load(path)
+
+
+def test_swap_checkpoints_moves_the_kept_checkpoints_to_host(tmp_path):
+    model = deep_chain(tmp_path)
+    plain = pipeline.optimize(model, "memory")
+    both = pipeline.optimize(model, "memory", swap_checkpoints=True)
+    assert both.pipeline.endswith("swap")
+    swapped_nodes = {s.split(":")[0] for s in both.stats["swapped"]}
+    assert swapped_nodes and swapped_nodes <= set(both.stats["checkpoints"])
+    assert both.peak_after < plain.peak_after < plain.peak_before
+    assert both.graph.check() == []
+    with pytest.raises(GraphRewriteError, match="needs a recompute mode"):
+        pipeline.optimize(model, "swap", swap_checkpoints=True)
+
+
+def test_inspect_counts_the_bytes_moved(tmp_path):
+    out = tmp_path / "swap.pbtxt"
+    assert run_cli("optimize", fixture_path("mlp"), "-o", out, "--mode", "swap").exit_code == 0
+    before = json.loads(run_cli("inspect", "--json", fixture_path("mlp")).stdout)
+    after = json.loads(run_cli("inspect", "--json", out).stdout)
+    assert before["bytes_moved"] == 0
+    assert after["bytes_moved"] > 0
+    assert after["transfer_seconds"] == pytest.approx(after["bytes_moved"] / 16e9)
+    assert after["outputs"] == before["outputs"]
+
+
+@pytest.mark.tf
+def test_swapped_checkpoints_run_bitwise_equal(tmp_path):
+    from graphrewrite import verify
+
+    model = deep_chain(tmp_path)
+    result = pipeline.optimize(model, "memory", swap_checkpoints=True)
+    path = tmp_path / "rewritten.pb"
+    io.save(model, result.graph, path)
+    outcome = verify.verify(model, io.load(path), runs=1, isolated=False)
     assert outcome.match and outcome.max_abs_diff == 0.0

@@ -14,7 +14,7 @@ readers, are given fan-out pads (see `pads.py`), so Grappler rewrites them as it
 originals and every output stays bitwise equal.
 
 Copies are named `graphrewrite/recompute/<original>`, triggers
-`graphrewrite/recompute_trigger/<first root>`, pads `graphrewrite/recompute_pad/<node>`. Original
+`graphrewrite/recompute_trigger/<first root>`, pads `graphrewrite/pad/<node>`. Original
 nodes are never removed or renamed.
 """
 

@@ -1,12 +1,16 @@
 """Swap pass: move activations to host memory between their forward and backward uses.
 
-Candidates are forward tensors the gradient flow reads whose buffers are live at the modelled
-peak; the largest go first, until the modelled device peak meets the budget or nothing is left.
-For each, a swap-out copy (reading the tensor as soon as it exists, so its device buffer is freed
-after the last forward reader) and a swap-in copy (on the tensor's device) are added, and only the
-gradient-flow readers are rewired to the swap-in. The swap-in waits on a trigger: the latest
-gradient-flow node that, by the modelled schedule, starts early enough for the transfer
-(bytes / bandwidth) to finish before the first backward use.
+For each swapped tensor a swap-out copy reads it as soon as it exists (so its device buffer is
+freed after the last forward reader) and a swap-in copy brings it back; only the backward readers
+are rewired to the swap-in. The swap-in waits on a trigger: the latest gradient-flow node that, by
+the modelled schedule and device speed, starts early enough for the transfer (bytes / bandwidth)
+to finish before the first backward use.
+
+What is swapped:
+- policy `auto` (mode swap): forward tensors the gradient flow reads whose transfer a trigger can
+  hide, largest first, as few as reach the lowest modelled device peak (or `budget`);
+- policy `manual` (mode manual), or `tensors` (`--swap SELECTORS`) in any mode: Grappler's
+  `_swap_to_host` attribute on a reading node, and what the selectors name.
 
 Forms:
 - `portable`: Identity nodes, the swap-out pinned to `/device:CPU:0`, the swap-in on the
@@ -15,7 +19,7 @@ Forms:
   as Grappler's swapping pass emits it. Those ops have GPU kernels only.
 
 Never swapped (the report says why): constants, inputs, variable reads, tensors inside loop
-frames, resource/variant/string/ref tensors, tensors under 1 KiB.
+frames, resource/variant/string/ref tensors; in `auto` also tensors under 1 KiB.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from tensorflow.core.framework import attr_value_pb2
 
 from .. import checkpoints as policies
 from .. import flops, memory
+from .. import selectors as selectors_mod
 from ..analysis import Analysis
 from ..errors import GraphRewriteError
 from ..graph import Graph
@@ -52,12 +57,27 @@ SWAPPABLE_TYPES = frozenset({1, 2, 3, 4, 5, 6, 9, 10, 14, 17, 19, 22, 23})  # nu
 class SwapOptions:
     form: str = "portable"           # portable | grappler
     budget: str | None = None        # bytes ("6GiB") or a share of the peak ("60%")
-    bandwidth: float = 16e9          # bytes per second each way (Grappler's PCIe assumption)
+    bandwidth: float = memory.HOST_BANDWIDTH  # bytes per second each way
+    policy: str = "auto"             # auto: search by the modelled peak; manual: what is asked
+    tensors: str | None = None       # selectors of tensors to swap (`--swap`): always swapped
 
     def __post_init__(self):
         if self.form not in ("portable", "grappler"):
             raise GraphRewriteError(f"swap: unknown form '{self.form}' (portable, grappler)")
+        if self.policy not in ("auto", "manual"):
+            raise GraphRewriteError(f"swap: unknown policy '{self.policy}' (auto, manual)")
         object.__setattr__(self, "bandwidth", float(self.bandwidth))
+        if self.bandwidth <= 0:
+            raise GraphRewriteError("swap: the bandwidth must be positive")
+
+
+@dataclass(frozen=True)
+class Swap:
+    """One tensor to move out and back: who reads the swapped-in copy, and what it waits on."""
+
+    ref: TensorRef
+    readers: tuple[str, ...]
+    trigger: str | None
 
 
 def parse_budget(text: str | None, peak: int) -> int:
@@ -80,74 +100,121 @@ def parse_budget(text: str | None, peak: int) -> int:
 
 
 def run(graph: Graph, analysis: Analysis, options: SwapOptions, model=None):
-    """Swap the largest long-lived activations at the modelled peak out to host memory."""
+    """Swap what is asked (`_swap_to_host`, `--swap`), or search: the largest activations whose
+    transfer a backward node can hide, as few as reach the lowest modelled peak (or the budget)."""
     from . import PassResult
 
-    if not analysis.split.seeds:
-        return PassResult(graph, False, {"swap": "no backward pass found: nothing to do"})
     ctx = policies.Context.build(graph, analysis)
-    target = parse_budget(options.budget, analysis.memory.peak())
-    candidates, skipped = _candidates(ctx)
-    if not candidates:
-        return PassResult(graph, False, {"swap": "no tensor at the modelled peak can be "
-                                                 "swapped", "swap_skipped": skipped})
-
-    def attempt(count: int):
-        swapped = _apply(ctx, candidates[:count], options)
-        return (*swapped, memory.simulate(swapped[0], swapped[1], analysis.fetches).peak())
-
-    best, count = attempt(len(candidates)), len(candidates)
-    if target and best[-1] <= target:  # the fewest largest tensors that meet the budget
-        low, high = 1, len(candidates)
-        while low < high:
-            middle = (low + high) // 2
-            trial = attempt(middle)
-            if trial[-1] <= target:
-                best, count, high = trial, middle, middle
-            else:
-                low = middle + 1
-    if best[-1] >= analysis.memory.peak():
-        return PassResult(graph, False, {"swap": "swapping does not lower the modelled peak",
-                                         "swap_skipped": skipped})
-    new_graph, shapes, moved, pads, _ = best
-    chosen = candidates[:count]
+    timing = _Timing.build(ctx, options.bandwidth)
+    if options.policy == "manual" or options.tensors:
+        chosen, skipped = _requested(ctx, timing, options.tensors)
+    elif not analysis.split.seeds:
+        return PassResult(graph, False, {"swap": "no backward pass found: nothing to do"})
+    else:
+        candidates, skipped = _candidates(ctx, timing)
+        chosen = _search(ctx, candidates, options)
+    if not chosen:
+        return PassResult(graph, False, {"swap": "nothing to swap", "swap_skipped": skipped})
+    new_graph, shapes, pads = _apply(ctx, chosen, options.form)
     if options.form == "grappler":
         log.warning("swap form 'grappler': _CopyFromGpuToHost/_CopyFromHostToGpu have GPU "
                     "kernels only; the rewritten graph runs on a GPU build with a GPU")
+    moved = 2 * sum(ctx.analysis.shapes.nbytes(s.ref) or 0 for s in chosen)
     return PassResult(new_graph, True, {
-        "swapped": [str(r) for r in chosen],
-        "bytes_moved": 2 * moved,
-        "transfer_seconds": 2 * moved / options.bandwidth,
-        "swap_form": options.form,
+        "swapped": [str(s.ref) for s in chosen],
+        "bytes_moved": moved,
+        "transfer_seconds": moved / options.bandwidth,
         "fanout_pads": pads,
         "swap_skipped": skipped,
     }, shapes)
 
 
-def _candidates(ctx: policies.Context) -> tuple[list[TensorRef], dict]:
-    """Forward tensors the gradient flow reads, live at the peak, largest first; and the rest."""
+def _search(ctx: policies.Context, candidates: list[Swap], options: SwapOptions) -> list[Swap]:
+    """The shortest prefix of `candidates` whose modelled peak meets the budget, or (no budget)
+    is as low as swapping all of them gets; nothing if swapping does not lower the peak."""
+    analysis = ctx.analysis
+
+    def peak(count: int) -> int:
+        graph, shapes, _ = _apply(ctx, candidates[:count], options.form)
+        return memory.simulate(graph, shapes, analysis.fetches).peak()
+
+    if not candidates:
+        return []
+    lowest = peak(len(candidates))
+    if lowest >= analysis.memory.peak():
+        return []
+    target = max(parse_budget(options.budget, analysis.memory.peak()), lowest)
+    low, high = 1, len(candidates)
+    while low < high:  # assumes the peak falls as more is swapped, as it nearly does
+        middle = (low + high) // 2
+        if peak(middle) <= target:
+            high = middle
+        else:
+            low = middle + 1
+    return candidates[:high]
+
+
+def _candidates(ctx: policies.Context, timing: "_Timing") -> tuple[list[Swap], dict]:
+    """Forward tensors the gradient flow reads, largest first, whose swap-in a backward node can
+    start early enough to finish before the first backward use; and the rest, by reason."""
     graph, analysis = ctx.graph, ctx.analysis
     shapes, split = analysis.shapes, analysis.split
-    live = {ref for ref, _ in analysis.memory.live_at_peak.get(memory.DEVICE, [])}
-    buffer_of = analysis.memory.buffer_of
     found, skipped = [], {}
     for name in graph.nodes():
         if name not in split.forward:
             continue
         for ref in shapes.outputs(name):
-            readers = [v for v, _ in graph.consumers(ref) if v in split.gradient_flow]
-            if not readers or ref not in buffer_of or buffer_of[ref].owner not in live:
+            readers = tuple(sorted({v for v, _ in graph.consumers(ref)
+                                    if v in split.gradient_flow}))
+            if not readers:
                 continue
             reason = _blocker(ctx, ref)
+            trigger, hidden = timing.trigger(readers, shapes.nbytes(ref) or 0)
+            if not reason and not hidden:
+                reason = "no backward node runs early enough to hide the transfer"
             if reason:
                 skipped.setdefault(reason, []).append(str(ref))
             else:
-                found.append(ref)
-    found.sort(key=lambda r: (-(shapes.nbytes(r) or 0), str(r)))
+                found.append(Swap(ref, readers, trigger))
+    found.sort(key=lambda s: (-(shapes.nbytes(s.ref) or 0), str(s.ref)))
     return found, {k: sorted(v) for k, v in sorted(skipped.items())}
 
 
-def _blocker(ctx: policies.Context, ref: TensorRef) -> str | None:
+def _requested(ctx: policies.Context, timing: "_Timing", selectors: str | None
+               ) -> tuple[list[Swap], dict]:
+    """Grappler's `_swap_to_host` (an input index or a list of them, on the reading node: only
+    that reader gets the swapped-in copy), and what `selectors` names (read back by the whole
+    gradient flow). Unswappable tensors are skipped; the rest is swapped even if small."""
+    graph, analysis = ctx.graph, ctx.analysis
+    readers: dict[TensorRef, set[str]] = {}
+    for name in graph.nodes():
+        attr = graph.node_def(name).attr.get("_swap_to_host")
+        if attr is None:
+            continue
+        inputs = graph.data_inputs(name)
+        indices = list(attr.list.i) if attr.HasField("list") else [attr.i]
+        for index in indices:
+            if not 0 <= index < len(inputs):
+                raise GraphRewriteError(f"node '{name}': _swap_to_host names input {index}, "
+                                        f"but it has {len(inputs)} data inputs")
+            readers.setdefault(inputs[index], set()).add(name)
+    for name in selectors_mod.select(graph, selectors) if selectors else []:
+        for ref in analysis.shapes.outputs(name):
+            flow = {v for v, _ in graph.consumers(ref) if v in analysis.split.gradient_flow}
+            if flow:
+                readers.setdefault(ref, set()).update(flow)
+    chosen, skipped = [], {}
+    for ref in sorted(readers):
+        reason = _blocker(ctx, ref, any_size=True)
+        if reason:
+            skipped.setdefault(reason, []).append(str(ref))
+            continue
+        trigger, _ = timing.trigger(readers[ref], analysis.shapes.nbytes(ref) or 0)
+        chosen.append(Swap(ref, tuple(sorted(readers[ref])), trigger))
+    return chosen, skipped
+
+
+def _blocker(ctx: policies.Context, ref: TensorRef, any_size: bool = False) -> str | None:
     graph, info = ctx.graph, ctx.analysis.shapes[ref]
     op = graph.op(ref.node)
     if ref.node in ctx.constant:
@@ -160,76 +227,81 @@ def _blocker(ctx: policies.Context, ref: TensorRef) -> str | None:
         return "inside a while-loop frame"
     if info is None or info.dtype % 100 not in SWAPPABLE_TYPES or info.dtype > 100:
         return "resource, variant, string or reference tensor"
-    if (info.nbytes or 0) < MIN_BYTES:
+    if not any_size and (info.nbytes or 0) < MIN_BYTES:
         return "smaller than 1 KiB"
     return None
 
 
-def _apply(ctx: policies.Context, refs: list[TensorRef], options: SwapOptions):
-    """The graph with `refs` swapped, its shapes, the bytes moved each way, and the pads."""
+def _apply(ctx: policies.Context, swaps: list[Swap], form: str):
+    """The graph with `swaps` made, its shapes, and the fan-out pads added."""
     graph = ctx.graph.copy()
-    analysis = ctx.analysis
-    shapes = Shapes(dict(analysis.shapes.tensors))
-    order = analysis.memory.order
-    position = {n: i for i, n in enumerate(order)}
-    seconds = _node_seconds(ctx, order)
-    moved = 0
-    for ref in refs:
-        info = analysis.shapes[ref]
+    shapes = Shapes(dict(ctx.analysis.shapes.tensors))
+    for swap in swaps:
+        ref, info = swap.ref, ctx.analysis.shapes[swap.ref]
         device = graph.node_def(ref.node).device
-        readers = sorted({v for v, _ in graph.consumers(ref)
-                          if v in analysis.split.gradient_flow})
-        suffix = ref.node if ref.port == 0 else f"{ref.node}_{ref.port}"
-        out_name = graph.unique_name(suffix + SWAP_OUT_SUFFIX)
-        in_name = graph.unique_name(suffix + SWAP_IN_SUFFIX)
-        if options.form == "grappler":
+        stem = ref.node if ref.port == 0 else f"{ref.node}_{ref.port}"
+        out_name = graph.unique_name(stem + SWAP_OUT_SUFFIX)
+        in_name = graph.unique_name(stem + SWAP_IN_SUFFIX)
+        dtype = {"T": attr_value_pb2.AttrValue(type=info.dtype)}
+        if form == "grappler":
             colocate = {"_class": attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(
                 s=[f"loc:@{ref.node}".encode()]))}
-            dtype = {"T": attr_value_pb2.AttrValue(type=info.dtype)}
             graph.add_node(out_name, "_CopyFromGpuToHost", [ref], {**dtype, **colocate}, device)
             graph.add_node(in_name, "_CopyFromHostToGpu", [TensorRef(out_name)],
                            {**dtype, **colocate}, device)
         else:
             # Kept through Grappler, which would otherwise fold the pair away on a CPU-only
             # machine and regroup the backward arithmetic around it.
-            attrs = {"T": attr_value_pb2.AttrValue(type=info.dtype),
-                     "_grappler_do_not_remove": attr_value_pb2.AttrValue(b=True)}
-            graph.add_node(out_name, "Identity", [ref], attrs, HOST_DEVICE)
-            graph.add_node(in_name, "Identity", [TensorRef(out_name)], attrs, device)
-        graph.replace_uses(ref, TensorRef(in_name), readers)
-        trigger = _trigger(ctx.graph, analysis, order, position, seconds, readers,
-                           (info.nbytes or 0) / options.bandwidth)
-        if trigger:
-            graph.add_control(trigger, in_name)
+            keep = {"_grappler_do_not_remove": attr_value_pb2.AttrValue(b=True)}
+            graph.add_node(out_name, "Identity", [ref], {**dtype, **keep}, HOST_DEVICE)
+            graph.add_node(in_name, "Identity", [TensorRef(out_name)], {**dtype, **keep}, device)
+        graph.replace_uses(ref, TensorRef(in_name), list(swap.readers))
+        if swap.trigger:
+            graph.add_control(swap.trigger, in_name)
         for name in (out_name, in_name):
             shapes.tensors[TensorRef(name)] = TensorInfo(info.dtype, info.shape)
-        moved += info.nbytes or 0
-    pads = pad_readers(graph, ctx.graph, analysis, {})
-    return graph, shapes, moved, pads
+    pads = pad_readers(graph, ctx.graph, ctx.analysis, {})
+    return graph, shapes, pads
 
 
-def _node_seconds(ctx: policies.Context, order: list[str]) -> dict[str, float]:
-    """Modelled device time of each node (see DEVICE_FLOPS)."""
-    graph, shapes = ctx.graph, ctx.analysis.shapes
-    seconds = {}
-    for name in order:
-        traffic = sum(shapes.nbytes(r) or 0
-                      for r in graph.data_inputs(name) + shapes.outputs(name))
-        seconds[name] = NODE_OVERHEAD + max(flops.node_flops(graph, shapes, name) / DEVICE_FLOPS,
-                                            traffic / DEVICE_BANDWIDTH)
-    return seconds
+@dataclass
+class _Timing:
+    """The modelled schedule with a device time per node (a roofline on an assumed device: see
+    DEVICE_FLOPS), to pick swap-in triggers."""
 
+    original: Graph
+    flow: frozenset
+    order: list[str]
+    position: dict[str, int]
+    seconds: dict[str, float]
+    bandwidth: float
 
-def _trigger(original: Graph, analysis: Analysis, order, position, seconds, readers,
-             transfer: float):
-    """The latest gradient-flow node scheduled early enough for the copy to finish in time, and
-    one whose new control output Grappler ignores."""
-    first_use = min(position[r] for r in readers if r in position)
-    elapsed = 0.0
-    for index in range(first_use - 1, -1, -1):
-        name = order[index]
-        elapsed += seconds[name]
-        if (name in analysis.split.gradient_flow and elapsed >= transfer
-                and can_gate(original, name)):
-            return name
-    return None
+    @classmethod
+    def build(cls, ctx: policies.Context, bandwidth: float) -> "_Timing":
+        graph, shapes = ctx.graph, ctx.analysis.shapes
+        order = ctx.analysis.memory.order
+        seconds = {}
+        for name in order:
+            traffic = sum(shapes.nbytes(r) or 0
+                          for r in graph.data_inputs(name) + shapes.outputs(name))
+            seconds[name] = NODE_OVERHEAD + max(
+                flops.node_flops(graph, shapes, name) / DEVICE_FLOPS, traffic / DEVICE_BANDWIDTH)
+        return cls(graph, ctx.analysis.split.gradient_flow, order,
+                   {n: i for i, n in enumerate(order)}, seconds, bandwidth)
+
+    def trigger(self, readers, nbytes: int) -> tuple[str | None, bool]:
+        """The latest gradient-flow node that starts early enough for the copy to finish before
+        the first of `readers` runs, and True; else the earliest one there is, and False. Only
+        nodes whose new control output Grappler ignores qualify (see `pads.can_gate`)."""
+        scheduled = [self.position[r] for r in readers if r in self.position]
+        if not scheduled:
+            return None, False
+        transfer, elapsed, earliest = nbytes / self.bandwidth, 0.0, None
+        for index in range(min(scheduled) - 1, -1, -1):
+            name = self.order[index]
+            elapsed += self.seconds[name]
+            if name in self.flow and can_gate(self.original, name):
+                if elapsed >= transfer:
+                    return name, True
+                earliest = name
+        return earliest, False
