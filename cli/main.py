@@ -158,6 +158,10 @@ mode_option = click.option("--mode", default="memory", show_default=True, metava
                    "60%%); default: as low as it goes.")
 @click.option("--bandwidth", type=float, metavar="BYTES_PER_S",
               help="Swapping: host transfer bandwidth for timing swap-ins [default: 16e9].")
+@click.option("--passes", metavar="PIPELINE",
+              help="Run these passes instead of MODE's, in order, with options: e.g. "
+                   "'recompute(policy=memory) accumulate relax_assign'. Passes: recompute, swap, "
+                   "accumulate, relax_assign.")
 @click.option("--report", "report_path", type=click.Path(),
               help="Also write the report as JSON to this file.")
 @click.option("--explain", metavar="NODE", multiple=True,
@@ -166,7 +170,7 @@ mode_option = click.option("--mode", default="memory", show_default=True, metava
 @analysis_options
 @tag_option
 def optimize(model_path, output, mode, checkpoints, swap_tensors, swap_checkpoints, swap_form,
-             budget, bandwidth, report_path, explain, as_json, input_shapes, outputs,
+             budget, bandwidth, passes, report_path, explain, as_json, input_shapes, outputs,
              backward_scope, tag):
     """Rewrite model IN with MODE and write it to OUT in the same format.
 
@@ -181,6 +185,7 @@ def optimize(model_path, output, mode, checkpoints, swap_tensors, swap_checkpoin
     result = pipeline.optimize(model, mode, input_shapes=input_shapes,
                                backward_scope=backward_scope, fetches=outputs,
                                checkpoints=checkpoints, swap_checkpoints=swap_checkpoints,
+                               passes=passes,
                                swap_options={"form": swap_form, "budget": budget,
                                              "bandwidth": bandwidth, "tensors": swap_tensors})
     for name in explain:
@@ -444,6 +449,12 @@ def format_optimize(facts: dict) -> str:
                                 f"({_shorten(facts['swapped'], 3)}); "
                                 f"{format_bytes(facts['bytes_moved'])} moved per step, "
                                 f"{facts['transfer_seconds'] * 1000:.1f} ms at the bandwidth"))
+    if facts["accumulated"]:
+        rows.append(("accumulated", f"{len(facts['accumulated'])} AddN sums now add as their "
+                                    f"terms arrive ({_shorten(facts['accumulated'], 3)})"))
+    if facts["relaxed_assigns"]:
+        rows.append(("relaxed", f"{len(facts['relaxed_assigns'])} Assigns may ignore allocator "
+                                "constraints"))
     if facts["ungated_segments"]:
         rows.append(("ungated", f"{facts['ungated_segments']} segments had no safe trigger "
                                 "(their copies may run early)"))

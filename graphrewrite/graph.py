@@ -190,13 +190,27 @@ class Graph:
         for key, value in (attrs or {}).items():
             payload.attr[key].CopyFrom(value)
         self._insert(payload)
+        self._add_inputs(name, inputs)
+        return name
+
+    def redefine(self, name: str, op: str, inputs: Iterable[TensorRef], attrs: dict) -> None:
+        """Give node `name` a new op, inputs and attributes in place (its name, device and
+        place in the file stay): its readers now read the new computation."""
+        payload = node_def_pb2.NodeDef(name=name, op=op, device=self.node_def(name).device)
+        for key, value in attrs.items():
+            payload.attr[key].CopyFrom(value)
+        self.nx.remove_edges_from(list(self.nx.in_edges(name, keys=True)))
+        self.nx.nodes[name]["node_def"] = payload
+        self._inputs_cache.pop(name, None)
+        self._add_inputs(name, inputs)
+
+    def _add_inputs(self, name: str, inputs: Iterable[TensorRef]) -> None:
         refs = list(inputs)
         ordered = [r for r in refs if not r.is_control] + [r for r in refs if r.is_control]
         for pos, ref in enumerate(ordered):
             self._require(ref.node)
             self.nx.add_edge(ref.node, name, key=pos, port=ref.port,
                              slot=None if ref.is_control else pos, text=None)
-        return name
 
     def copy_node(self, name: str, new_name: str) -> str:
         """Copy a node (attrs, device, inputs) under a new name; consumers are not touched."""

@@ -8,3 +8,5 @@ PAD_PREFIX = "graphrewrite/pad/"                    # an IdentityN keeping Grapp
 # orders the inputs of commutative ops by name, sums in the same order as before.
 SWAP_OUT_SUFFIX = "-graphrewrite_swap_out"           # a copy of an activation in host memory
 SWAP_IN_SUFFIX = "-graphrewrite_swap_in"             # the copy back, just before backward reads it
+ACCUMULATE_SUFFIX = "-graphrewrite_accumulate"      # a link of a running sum replacing an AddN
+ACCUMULATE_GUARD_SUFFIX = "-graphrewrite_accumulate_guard"  # keeps Grappler from refolding it

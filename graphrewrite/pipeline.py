@@ -73,15 +73,16 @@ def parse_pipeline(text: str) -> list[tuple[str, dict]]:
 def optimize(model: Model, mode: str, input_shapes: dict | None = None,
              backward_scope: str | None = None, fetches: list[str] | None = None,
              checkpoints: str | None = None, swap_options: dict | None = None,
-             swap_checkpoints: bool = False) -> OptimizeResult:
+             swap_checkpoints: bool = False, passes: str | None = None) -> OptimizeResult:
     """Run the pipeline of `mode` on a copy of the model's graph and check the result.
 
     `swap_checkpoints` adds a swap pass after recomputation, which then moves the checkpoints
-    (what the recomputed copies and the gradients read) to host memory."""
+    (what the recomputed copies and the gradients read) to host memory. `passes` replaces the
+    mode's pipeline (`'recompute(policy=memory) accumulate'`)."""
     if mode not in MODES:
         raise GraphRewriteError(f"unknown mode '{mode}' (modes: {', '.join(MODES)})")
     start = time.perf_counter()
-    pipeline = MODES[mode]
+    pipeline = passes or MODES[mode]
     if swap_checkpoints:
         if not pipeline.startswith("recompute") or "swap" in pipeline:
             raise GraphRewriteError(f"--swap-checkpoints needs a recompute mode "

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from .graph import Graph
-from .names import COPY_PREFIX, PAD_PREFIX, TRIGGER_PREFIX
+from .names import COPY_PREFIX, PAD_PREFIX, SWAP_IN_SUFFIX, SWAP_OUT_SUFFIX, TRIGGER_PREFIX
+from .tensor_ref import TensorRef
 from .pipeline import OptimizeResult
 
 EXAMPLES = 3
+NOTES = ("recompute", "swap", "accumulate", "relax_assign")  # what each pass says it did not do
 
 
 def optimize_report(source, output, fmt, result: OptimizeResult) -> dict:
@@ -34,7 +36,9 @@ def optimize_report(source, output, fmt, result: OptimizeResult) -> dict:
         "swapped": stats.get("swapped", []),
         "bytes_moved": stats.get("bytes_moved", 0),
         "transfer_seconds": stats.get("transfer_seconds", 0.0),
-        "note": stats.get("recompute", "") or stats.get("swap", ""),
+        "accumulated": stats.get("accumulated", []),
+        "relaxed_assigns": stats.get("relaxed_assigns", []),
+        "note": " ".join(filter(None, (stats.get(key, "") for key in NOTES))),
         "seconds": round(result.seconds, 3),
     }
 
@@ -54,14 +58,26 @@ def explain(result: OptimizeResult, original: Graph, name: str) -> str:
         return (f"{name}: recomputed as {copy}{when}; backward readers: "
                 f"{', '.join(readers[:EXAMPLES]) or 'none'}"
                 + (" ..." if len(readers) > EXAMPLES else ""))
+    if name in stats.get("swapped", []):
+        back = next((v for v, _ in graph.consumers(TensorRef(name))
+                     for w, _ in graph.consumers(TensorRef(v))
+                     if v.endswith(SWAP_OUT_SUFFIX) and w.endswith(SWAP_IN_SUFFIX)), None)
+        swap_in = next(w for w, _ in graph.consumers(TensorRef(back))) if back else None
+        gate = graph.control_inputs(swap_in) if swap_in else []
+        return (f"{name}: swapped to host memory as {back}, back as {swap_in}"
+                + (f" after trigger {gate[0]}" if gate else ""))
     if name in stats.get("checkpoints", []):
         return f"{name}: kept (a checkpoint chosen by mode {result.mode})"
     for reason, nodes in stats.get("kept_because", {}).items():
         if name in nodes:
             return f"{name}: kept, it cannot be recomputed ({reason})"
+    for reason, tensors in stats.get("swap_skipped", {}).items():
+        if name in tensors or f"{name}:0" in tensors:
+            return f"{name}: not swapped ({reason})"
     if name not in original:
         return f"{name}: not a node of the input graph"
-    if any(n.startswith(COPY_PREFIX) for n in graph.nodes()):
+    if stats.get("recomputed") or stats.get("swapped"):
         return (f"{name}: left alone (the backward pass does not read it, or it is backward "
                 "itself)")
-    return f"{name}: left alone ({stats.get('recompute') or 'mode ' + result.mode + ' rewrote nothing'})"
+    note = " ".join(filter(None, (stats.get(key, "") for key in NOTES)))
+    return f"{name}: left alone ({note or 'mode ' + result.mode + ' rewrote nothing'})"

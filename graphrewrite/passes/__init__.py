@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..graph import Graph
-from . import recompute, swap
+from . import accumulate, recompute, relax_assign, swap
 
 
 @dataclass
@@ -22,4 +22,6 @@ class PassResult:
 PASSES = {
     "recompute": (recompute.RecomputeOptions, recompute.run),
     "swap": (swap.SwapOptions, swap.run),
+    "accumulate": (accumulate.AccumulateOptions, accumulate.run),
+    "relax_assign": (relax_assign.RelaxAssignOptions, relax_assign.run),
 }
