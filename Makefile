@@ -42,6 +42,9 @@ $(ZOO)/manifest.json:
 	$(MAKE) zoo
 
 bench: install $(ZOO)/manifest.json
+	$(BIN)/python fixtures/bench.py --zoo $(ZOO) --mode swap --runs 3 \
+		--only resnet50,deep_mlp,transformer_encoder,mobilenetv2,densenet121,mlp,resnet_cnn,transformer_dropout \
+		--swap-table out/bench/swap.md
 	$(BIN)/python fixtures/bench.py --zoo $(ZOO) --markdown BENCHMARKS.md
 
 clean:

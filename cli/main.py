@@ -155,7 +155,7 @@ mode_option = click.option("--mode", default="memory", show_default=True, metava
                    "Grappler's _CopyFromGpuToHost/_CopyFromHostToGpu pair (GPU kernels only).")
 @click.option("--budget", metavar="BYTES|PCT",
               help="Swapping: stop once the modelled device peak is at most this (6GiB, "
-                   "60%%); default: as low as it goes.")
+                   "60%); default: as low as it goes.")
 @click.option("--bandwidth", type=float, metavar="BYTES_PER_S",
               help="Swapping: host transfer bandwidth for timing swap-ins [default: 16e9].")
 @click.option("--passes", metavar="PIPELINE",
@@ -165,7 +165,7 @@ mode_option = click.option("--mode", default="memory", show_default=True, metava
 @click.option("--report", "report_path", type=click.Path(),
               help="Also write the report as JSON to this file.")
 @click.option("--explain", metavar="NODE", multiple=True,
-              help="Say why this node's output was kept or recomputed (repeatable).")
+              help="Say why this node's output was kept, recomputed or swapped (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @analysis_options
 @tag_option

@@ -88,6 +88,7 @@ def verify(original: Model, rewritten: Model, fetches: list[str] | None = None,
                   **given}
     except ValueError as err:
         raise GraphRewriteError(str(err)) from None
+    _require_kernels(rewritten)
     log.info("verify: %d inputs, %d outputs, %d timed runs each", len(inputs), len(fetches), runs)
     run = measure.run_step_isolated if isolated else measure.run_step
     first = run(original.runnable(), inputs, fetches, runs)
@@ -95,6 +96,18 @@ def verify(original: Model, rewritten: Model, fetches: list[str] | None = None,
     comparisons = [_compare(name, first.outputs[name], second.outputs[name], rtol, atol)
                    for name in first.outputs]
     return VerifyResult(all(c.equal for c in comparisons), comparisons, first, second, fetches)
+
+
+GPU_ONLY_OPS = ("_CopyFromGpuToHost", "_CopyFromHostToGpu")
+
+
+def _require_kernels(model: Model) -> None:
+    """Grappler's swap copies have GPU kernels only: say so rather than fail inside TensorFlow."""
+    found = sorted({model.graph.op(n) for n in model.graph.nodes()} & set(GPU_ONLY_OPS))
+    if found and "GPU" not in measure.compute_device():
+        raise GraphRewriteError(f"the rewritten graph uses {', '.join(found)} (swap form "
+                                "grappler), which have GPU kernels only, and there is no GPU "
+                                "here; verify the portable form on this machine")
 
 
 def _compare(name: str, a: np.ndarray, b: np.ndarray, rtol: float, atol: float) -> Comparison:

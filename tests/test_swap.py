@@ -226,3 +226,18 @@ def test_swapped_checkpoints_run_bitwise_equal(tmp_path):
     io.save(model, result.graph, path)
     outcome = verify.verify(model, io.load(path), runs=1, isolated=False)
     assert outcome.match and outcome.max_abs_diff == 0.0
+
+
+@pytest.mark.tf
+def test_verify_explains_that_the_grappler_form_needs_a_gpu(tmp_path):
+    import tensorflow as tf
+
+    if tf.config.list_physical_devices("GPU"):
+        pytest.skip("a GPU is present: the copy pairs can run")
+    out = tmp_path / "grappler.pb"
+    made = run_cli("optimize", fixture_path("resnet_cnn"), "-o", out, "--mode", "swap",
+                   "--swap-form", "grappler")
+    assert made.exit_code == 0 and "GPU kernels only" in made.stderr
+    shown = run_cli("verify", fixture_path("resnet_cnn"), out)
+    assert shown.exit_code == 2 and "GPU kernels only" in shown.stderr
+    assert len(shown.stderr.strip().splitlines()) == 1
