@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from .graph import Graph
-from .names import COPY_PREFIX, PAD_PREFIX, SWAP_IN_SUFFIX, SWAP_OUT_SUFFIX, TRIGGER_PREFIX
-from .tensor_ref import TensorRef
+from .names import COPY_PREFIX, PAD_PREFIX, SWAP_OUT_SUFFIX, TRIGGER_PREFIX
 from .pipeline import OptimizeResult
+from .tensor_ref import TensorRef
 
 EXAMPLES = 3
 NOTES = ("recompute", "swap", "accumulate", "relax_assign")  # what each pass says it did not do
@@ -38,7 +38,7 @@ def optimize_report(source, output, fmt, result: OptimizeResult) -> dict:
         "transfer_seconds": stats.get("transfer_seconds", 0.0),
         "accumulated": stats.get("accumulated", []),
         "relaxed_assigns": stats.get("relaxed_assigns", []),
-        "note": " ".join(filter(None, (stats.get(key, "") for key in NOTES))),
+        "note": _note(stats),
         "seconds": round(result.seconds, 3),
     }
 
@@ -59,12 +59,10 @@ def explain(result: OptimizeResult, original: Graph, name: str) -> str:
                 f"{', '.join(readers[:EXAMPLES]) or 'none'}"
                 + (" ..." if len(readers) > EXAMPLES else ""))
     if name in stats.get("swapped", []):
-        back = next((v for v, _ in graph.consumers(TensorRef(name))
-                     for w, _ in graph.consumers(TensorRef(v))
-                     if v.endswith(SWAP_OUT_SUFFIX) and w.endswith(SWAP_IN_SUFFIX)), None)
-        swap_in = next(w for w, _ in graph.consumers(TensorRef(back))) if back else None
-        gate = graph.control_inputs(swap_in) if swap_in else []
-        return (f"{name}: swapped to host memory as {back}, back as {swap_in}"
+        out = next(v for v, _ in graph.consumers(TensorRef(name)) if v.endswith(SWAP_OUT_SUFFIX))
+        back = next(w for w, _ in graph.consumers(TensorRef(out)))
+        gate = graph.control_inputs(back)
+        return (f"{name}: swapped to host memory as {out}, back as {back}"
                 + (f" after trigger {gate[0]}" if gate else ""))
     if name in stats.get("checkpoints", []):
         return f"{name}: kept (a checkpoint chosen by mode {result.mode})"
@@ -72,12 +70,15 @@ def explain(result: OptimizeResult, original: Graph, name: str) -> str:
         if name in nodes:
             return f"{name}: kept, it cannot be recomputed ({reason})"
     for reason, tensors in stats.get("swap_skipped", {}).items():
-        if name in tensors or f"{name}:0" in tensors:
+        if name in tensors:
             return f"{name}: not swapped ({reason})"
     if name not in original:
         return f"{name}: not a node of the input graph"
     if stats.get("recomputed") or stats.get("swapped"):
         return (f"{name}: left alone (the backward pass does not read it, or it is backward "
                 "itself)")
-    note = " ".join(filter(None, (stats.get(key, "") for key in NOTES)))
-    return f"{name}: left alone ({note or 'mode ' + result.mode + ' rewrote nothing'})"
+    return f"{name}: left alone ({_note(stats) or 'mode ' + result.mode + ' rewrote nothing'})"
+
+
+def _note(stats: dict) -> str:
+    return " ".join(filter(None, (stats.get(key, "") for key in NOTES)))

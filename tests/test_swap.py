@@ -63,6 +63,15 @@ def test_parse_budget_refuses_nonsense():
         parse_budget("lots", 1000)
 
 
+def test_a_bad_budget_is_a_usage_error_and_a_met_budget_swaps_nothing(tmp_path):
+    out = tmp_path / "o.pb"
+    shown = run_cli("optimize", fixture_path("resnet_cnn"), "-o", out, "--mode", "swap",
+                    "--budget", "lots")
+    assert shown.exit_code == 2 and "budget 'lots'" in shown.stderr and not out.exists()
+    _, result = swapped(budget="100%")
+    assert "swapped" not in result.stats
+
+
 def test_grappler_form_emits_copy_pairs_that_import():
     _, result = swapped(form="grappler")
     ops = [result.graph.op(n) for n in result.graph.nodes()]
@@ -241,3 +250,13 @@ def test_verify_explains_that_the_grappler_form_needs_a_gpu(tmp_path):
     shown = run_cli("verify", fixture_path("resnet_cnn"), out)
     assert shown.exit_code == 2 and "GPU kernels only" in shown.stderr
     assert len(shown.stderr.strip().splitlines()) == 1
+
+
+def test_explain_names_the_swap_pair_and_its_trigger(tmp_path):
+    shown = run_cli("optimize", fixture_path("mlp"), "-o", tmp_path / "o.pbtxt", "--mode", "swap",
+                    "--explain", "dense_1/Relu", "--explain", "x")
+    swapped_line, input_line = shown.stdout.splitlines()[-2:]
+    assert swapped_line.startswith("dense_1/Relu: swapped to host memory as dense_1/Relu"
+                                   + SWAP_OUT_SUFFIX)
+    assert "after trigger gradients/" in swapped_line
+    assert input_line == "x: not swapped (graph input)"

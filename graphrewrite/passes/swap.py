@@ -69,6 +69,7 @@ class SwapOptions:
         object.__setattr__(self, "bandwidth", float(self.bandwidth))
         if self.bandwidth <= 0:
             raise GraphRewriteError("swap: the bandwidth must be positive")
+        parse_budget(self.budget, 0)  # a malformed budget fails now, not when it is first used
 
 
 @dataclass(frozen=True)
@@ -140,10 +141,13 @@ def _search(ctx: policies.Context, candidates: list[Swap], options: SwapOptions)
 
     if not candidates:
         return []
+    budget = parse_budget(options.budget, analysis.memory.peak())
+    if budget >= analysis.memory.peak():
+        return []  # already within the budget
     lowest = peak(len(candidates))
     if lowest >= analysis.memory.peak():
         return []
-    target = max(parse_budget(options.budget, analysis.memory.peak()), lowest)
+    target = max(budget, lowest)
     low, high = 1, len(candidates)
     while low < high:  # assumes the peak falls as more is swapped, as it nearly does
         middle = (low + high) // 2
