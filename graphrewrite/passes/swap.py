@@ -168,14 +168,14 @@ def _candidates(ctx: policies.Context, timing: "_Timing") -> tuple[list[Swap], d
         if name not in split.forward:
             continue
         for ref in shapes.outputs(name):
-            readers = tuple(sorted({v for v, _ in graph.consumers(ref)
-                                    if v in split.gradient_flow}))
+            readers = _backward_readers(ctx, ref)
             if not readers:
                 continue
-            reason = _blocker(ctx, ref)
-            trigger, hidden = timing.trigger(readers, shapes.nbytes(ref) or 0)
-            if not reason and not hidden:
-                reason = "no backward node runs early enough to hide the transfer"
+            reason, trigger = _blocker(ctx, ref), None
+            if not reason:
+                trigger, hidden = timing.trigger(readers, shapes.nbytes(ref) or 0)
+                if not hidden:
+                    reason = "no backward node runs early enough to hide the transfer"
             if reason:
                 skipped.setdefault(reason, []).append(str(ref))
             else:
@@ -204,7 +204,7 @@ def _requested(ctx: policies.Context, timing: "_Timing", selectors: str | None
             readers.setdefault(inputs[index], set()).add(name)
     for name in selectors_mod.select(graph, selectors) if selectors else []:
         for ref in analysis.shapes.outputs(name):
-            flow = {v for v, _ in graph.consumers(ref) if v in analysis.split.gradient_flow}
+            flow = _backward_readers(ctx, ref)
             if flow:
                 readers.setdefault(ref, set()).update(flow)
     chosen, skipped = [], {}
@@ -216,6 +216,12 @@ def _requested(ctx: policies.Context, timing: "_Timing", selectors: str | None
         trigger, _ = timing.trigger(readers[ref], analysis.shapes.nbytes(ref) or 0)
         chosen.append(Swap(ref, tuple(sorted(readers[ref])), trigger))
     return chosen, skipped
+
+
+def _backward_readers(ctx: policies.Context, ref: TensorRef) -> tuple[str, ...]:
+    """The gradient-flow nodes reading `ref`, sorted: who gets the swapped-in copy."""
+    flow = ctx.analysis.split.gradient_flow
+    return tuple(sorted({v for v, _ in ctx.graph.consumers(ref) if v in flow}))
 
 
 def _blocker(ctx: policies.Context, ref: TensorRef, any_size: bool = False) -> str | None:
