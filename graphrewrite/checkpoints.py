@@ -6,9 +6,11 @@ Policies are small named functions, as JAX's remat policies are:
   runs through them), balanced by the bytes the backward pass reads between them. Bottlenecks
   are dominators, found in near-linear time (Cooper, Harvey and Kennedy, via networkx), not by
   the seed's quadratic search; small side inputs (labels, token ids reused as targets, masks)
-  cannot hide them (see `bottlenecks`). The policy offers log-spaced counts (sqrt(N) among them),
-  spread by bytes and by position; the recompute pass keeps the one whose rewritten graph models
-  the lowest peak, then tries dropping the checkpoints live at that peak.
+  cannot hide them (see `bottlenecks`). The policy offers sets spread evenly by bytes or by
+  position, tapered towards the loss, or by a greedy walk under a byte budget that counts what
+  is held (checkpoints below, gradients above), at log-spaced counts and budgets; the recompute
+  pass keeps the one whose rewritten graph models the lowest peak, fine-tunes its count or
+  budget, then tries dropping the checkpoints live at that peak.
 - `speed`: outputs of the expensive ops (MatMul, BatchMatMul, Conv*, Einsum), by op type.
 - `collection`: what `--checkpoints` selects, else a MetaGraphDef collection named `checkpoints`.
 - `manual`: Grappler's `_recompute_hint` attribute marks the nodes to recompute; the rest is kept.
@@ -21,6 +23,7 @@ answer), nodes inside v1 while-loop frames, function calls (While, If, Partition
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import networkx as nx
@@ -29,7 +32,7 @@ from . import ops
 from .analysis import Analysis
 from .errors import GraphRewriteError
 from .graph import Graph
-from .memory import needed_nodes
+from .memory import ALIAS_OPS, needed_nodes
 from .selectors import select
 from .split import loop_frame_nodes, reachable
 from .tensor_ref import TensorRef
@@ -124,23 +127,49 @@ def manual_policy(ctx: Context) -> list[set[str]]:
     return [set(ctx.analysis.split.forward) - hinted]
 
 
-def memory_policy(ctx: Context) -> list[set[str]]:
-    """Candidate checkpoint sets: bottlenecks, about sqrt(N) of them, at a few counts."""
+def memory_policy(ctx: Context, near: set[str] | None = None) -> list[set[str]]:
+    """Candidate checkpoint sets drawn from the bottlenecks in four ways: `count` of them
+    splitting the bytes the backward pass reads evenly, or tapered, or their positions evenly
+    (counts log-spaced, sqrt(N) among them), and the greedy walk under a byte `budget`.
+    With `near`, one of those sets: its spread again at the parameters between its neighbours,
+    to fine-tune it."""
     chain = bottlenecks(ctx)
     if not chain:
         return []
-    weights = _bytes_needed_before(ctx, chain)
+    needed = _bytes_needed_before(ctx, chain)
+    sizes = [ctx.analysis.shapes.nbytes(TensorRef(n)) or 0 for n in chain]
+    fetched = _fetched_gradients_after(ctx, chain)
     counts, k = [], 1.0
-    while round(k) <= len(chain):  # log-spaced: sqrt(N) is a guide, the model picks
+    while round(k) <= len(chain):
         if round(k) not in counts:
             counts.append(round(k))
         k *= 1.4
-    uniform = list(range(1, len(chain) + 1))  # balance by position instead of by bytes
+    budgets = [needed[-1] * j / 24 for j in range(1, 13)]
+    spreads = [(functools.partial(_even, chain, needed), counts),
+               (functools.partial(_even, chain, list(range(1, len(chain) + 1))), counts),
+               (functools.partial(_even, chain, needed, tapered=True), counts),
+               (functools.partial(_budgeted, chain, needed, sizes, fetched), budgets)]
+    found = [spread(p) for spread, params in spreads for p in params]
+    if near is not None:
+        found = []
+        for spread, params in spreads:
+            i = next((i for i, p in enumerate(params) if set(spread(p)) == near), None)
+            if i is not None:
+                low, high = params[max(i - 1, 0)], params[min(i + 1, len(params) - 1)]
+                found = [spread(p) for p in _between(low, high)]
+                break
     unique = []
-    for chosen in (frozenset(_balanced(chain, w, k)) for w in (weights, uniform) for k in counts):
-        if chosen not in unique:
+    for chosen in map(set, found):
+        if chosen and chosen not in unique and chosen != near:
             unique.append(chosen)
-    return [set(c) for c in unique]
+    return unique
+
+
+def _between(low, high) -> list:
+    """Parameters strictly between two neighbours: every count, or seven budgets."""
+    if isinstance(low, int):
+        return list(range(low + 1, high))
+    return [low + (high - low) * j / 8 for j in range(1, 8)]
 
 
 POLICIES = {"memory": memory_policy, "speed": speed_policy, "collection": collection_policy,
@@ -196,7 +225,19 @@ def bottlenecks(ctx: Context) -> list[str]:
             chain.append(node)
         node = dominators[node]
     position = {n: i for i, n in enumerate(nodes)}
-    return sorted(chain, key=position.get)
+    chain.sort(key=position.get)
+    return [n for n, after in zip(chain, chain[1:] + [None]) if not _feeds_only(ctx, n, after)]
+
+
+def _feeds_only(ctx: Context, name: str, after: str | None) -> bool:
+    """Whether `name` is read by nothing but the next bottleneck `after`, which is no larger
+    (a residual sum read only by its ReLU): keeping `after` instead costs no more memory and
+    saves recomputing it, and keeping both wastes a buffer."""
+    if after is None:
+        return False
+    readers = {v for v, slot in ctx.graph.consumers(name) if slot >= 0}
+    size = ctx.analysis.shapes.nbytes
+    return readers == {after} and (size(TensorRef(after)) or 0) <= (size(TensorRef(name)) or 0)
 
 
 def _is_floating(info) -> bool:
@@ -223,14 +264,52 @@ def _bytes_needed_before(ctx: Context, chain: list[str]) -> list[int]:
     return weights
 
 
-def _balanced(chain: list[str], weights: list[int], count: int) -> list[str]:
-    """`count` bottlenecks splitting the cumulative bytes into equal parts."""
+def _fetched_gradients_after(ctx: Context, chain: list[str]) -> list[int]:
+    """For each bottleneck: bytes of fetched outputs of the backward pass (weight gradients of
+    a frozen graph) computed from forward values after it, so still held when back-propagation
+    is below it. A fetch counts at the last forward value its producer reads (through
+    aliases: `outputs/grad_0` is an Identity of a MatMul reading an activation)."""
+    graph, split, shapes = ctx.graph, ctx.analysis.split, ctx.analysis.shapes
+    position = {n: i for i, n in enumerate(graph.topological_order())}
+    held = []
+    for fetch in ctx.analysis.fetches:
+        name = fetch.split(":")[0]
+        if name not in split.backward or name not in graph:
+            continue
+        producer = name
+        while graph.op(producer) in ALIAS_OPS and len(graph.data_inputs(producer)) == 1:
+            producer = graph.data_inputs(producer)[0].node
+        read = [position[r.node] for r in graph.data_inputs(producer) if r.node in split.forward]
+        if read:
+            held.append((max(read), sum(shapes.nbytes(r) or 0 for r in shapes.outputs(name))))
+    return [sum(size for at, size in held if at > position[name]) for name in chain]
+
+
+def _even(chain: list[str], weights: list[int], count: int, tapered: bool = False) -> list[str]:
+    """`count` bottlenecks splitting the cumulative weights into equal parts, or, `tapered`,
+    into parts shrinking by one share each towards the loss (the triangle of sqrt(2N) segments
+    that `_budgeted` approximates when checkpoints are alike)."""
     total = weights[-1] or 1
+    shares = [count + 1 - i if tapered else 1 for i in range(count + 1)]
     chosen = []
     for part in range(1, count + 1):
-        target = total * part / (count + 1)
+        target = total * sum(shares[:part]) / sum(shares)
         best = min(range(len(chain)), key=lambda i: (abs(weights[i] - target), i))
         if chain[best] not in chosen:
             chosen.append(chain[best])
     return chosen
 
+
+def _budgeted(chain: list[str], needed: list[int], sizes: list[int], fetched: list[int],
+              budget: float) -> list[str]:
+    """Walk from the input; keep a bottleneck when what the segment since the last one holds
+    during its backward pass would exceed `budget`: the bytes it recomputes, the checkpoints
+    below it and the fetched gradients computed above it (Chen et al.'s greedy, with what is
+    held counted: segments shrink towards the loss, and towards the input when gradients of
+    the weights above pile up)."""
+    chosen, held, start, grads = [], 0, 0, fetched[0]
+    for name, reads, size, above in zip(chain, needed, sizes, fetched):
+        if held + reads - start + grads > budget:
+            chosen.append(name)
+            held, start, grads = held + size, reads, above
+    return chosen

@@ -107,6 +107,9 @@ class Graph:
         other.nx = self.nx.copy()
         other._load_problems = list(self._load_problems)
         other._next_order = self._next_order
+        # Edge data is never edited in place (edges are replaced, and the reader's entry
+        # dropped), so the cached input lists stay true for the copy.
+        other._inputs_cache = dict(self._inputs_cache)
         return other
 
     def set_attr(self, name: str, key: str, value) -> None:

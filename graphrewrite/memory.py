@@ -153,6 +153,7 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None) -> 
 
     transfers: set[tuple[TensorRef, str]] = set()  # (tensor, place it was copied to)
     reads = {name: graph.data_inputs(name) for name in order}
+    outputs = {name: shapes.outputs(name) for name in order}
     uses = Counter(ref for name in order for ref in reads[name])
 
     def add_output(ref: TensorRef, buffer: Buffer) -> None:
@@ -180,7 +181,7 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None) -> 
     for name in order:
         if graph.op(name) in PERSISTENT_OPS | FEED_OPS:
             place = placement(graph, name, host_split)
-            for ref in shapes.outputs(name):
+            for ref in outputs[name]:
                 add_output(ref, allocate(ref, place, 0, pinned=True))
     persistent = {}
     for buffer in buffers:
@@ -193,7 +194,7 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None) -> 
         inputs = [r for r in reads[name] if r in buffer_of]
         transfers.update((r, place) for r in inputs if buffer_of[r].place != place)
         if op not in PERSISTENT_OPS | FEED_OPS:
-            for ref in shapes.outputs(name):
+            for ref in outputs[name]:
                 buffer = _output_buffer(op, ref, inputs, buffer_of, shapes)
                 if buffer is not None and buffer.place != place:
                     buffer = None  # another device: TensorFlow copies, nothing is shared
@@ -209,7 +210,7 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None) -> 
             buffer.uses_left -= 1
             if buffer.uses_left <= 0:
                 release(buffer, step)
-        for ref in shapes.outputs(name):
+        for ref in outputs[name]:
             if ref in buffer_of and buffer_of[ref].uses_left <= 0:
                 release(buffer_of[ref], step)
 

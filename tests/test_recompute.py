@@ -163,6 +163,30 @@ def test_bottlenecks_of_a_residual_block_are_its_outputs():
     assert not {"inner_0", "inner_1"} & set(chain)  # skipped by the residual path
 
 
+def test_a_residual_sum_read_only_by_its_relu_is_no_bottleneck():
+    """Keeping the sum as well as its ReLU would hold two buffers for one block output."""
+    from graphrewrite import analysis, checkpoints
+
+    model = io.load(fixture_path("resnet_cnn"))
+    chain = checkpoints.bottlenecks(checkpoints.Context.build(model.graph,
+                                                              analysis.analyse(model)))
+    assert {"block_1/Relu", "block_2/Relu"} <= set(chain)
+    assert not any(model.graph.op(n) in ("Add", "AddV2") for n in chain)
+
+
+def test_budgeted_segments_shrink_towards_the_loss_and_grow_with_held_gradients():
+    from graphrewrite.checkpoints import _budgeted
+
+    chain = [f"layer{i}" for i in range(30)]
+    needed = [8 * (i + 1) for i in range(30)]   # 8 bytes read per layer
+    sizes = [8] * 30
+    positions = [chain.index(n) for n in _budgeted(chain, needed, sizes, [0] * 30, 64)]
+    gaps = [b - a for a, b in zip(positions, positions[1:])]
+    assert gaps == sorted(gaps, reverse=True) and gaps[0] > gaps[-1]
+    heavy = [chain.index(n) for n in _budgeted(chain, needed, sizes, [24] * 30, 64)]
+    assert heavy[0] < positions[0]  # gradients held above the first segment shorten it
+
+
 @pytest.mark.parametrize("text, expected", [
     ("block_1/Relu", {"block_1/Relu"}),
     ("block_1/Relu:0", {"block_1/Relu"}),

@@ -64,9 +64,9 @@ class Rewrite:
     recomputed: dict[str, str]       # original -> copy
     triggers: dict[str, list[str]]   # trigger -> its control inputs
     ungated: int                     # segments no safe trigger was found for
-    pads: int                        # IdentityN readers restoring data-reader counts
     blocked: dict[str, set[str]]     # reason -> nodes kept because they cannot be recomputed
     shapes: Shapes
+    pads: int = 0                    # IdentityN readers restoring data-reader counts (see run)
     peak: int = 0
     extra_flops: int = 0
     live_at_peak: set = field(default_factory=set)
@@ -94,12 +94,16 @@ def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None)
     attempts = [_evaluate(ctx, checkpoints) for checkpoints in candidates]
     best = _choose(attempts)
     if options.policy == "memory":
-        best = _refine(ctx, best, attempts)
+        attempts += [_evaluate(ctx, c) for c in policies.memory_policy(ctx, near=best.checkpoints)]
+        best = _refine(ctx, _choose(attempts), attempts)
     automatic = options.policy in ("memory", "speed")  # hints and selectors are obeyed as given
     if automatic and best.peak > analysis.memory.peak() * (1 - MIN_GAIN):
         return PassResult(graph, False, {"recompute": (
             f"no checkpoint choice lowers the modelled peak by {MIN_GAIN:.0%} or more: graph "
             "left unchanged")})
+    # Pads never run, so the model did not need them; only the chosen rewrite gets them.
+    best.pads = pad_readers(best.graph, ctx.graph, analysis,
+                            {c: o for o, c in best.recomputed.items()})
     return PassResult(best.graph, True, _stats(best), best.shapes)
 
 
@@ -186,12 +190,11 @@ def apply(ctx: policies.Context, checkpoints: set[str]) -> Rewrite:
             if readers:
                 graph.replace_uses(ref, TensorRef(copies[name], ref.port), readers)
     triggers, ungated = _add_triggers(graph, ctx, copies, flow, order)
-    pads = pad_readers(graph, ctx.graph, ctx.analysis, {c: o for o, c in copies.items()})
     shapes = Shapes(dict(ctx.analysis.shapes.tensors))
     for name, copy_name in copies.items():
         for ref in ctx.analysis.shapes.outputs(name):
             shapes.tensors[TensorRef(copy_name, ref.port)] = shapes.tensors[ref]
-    return Rewrite(graph, set(checkpoints), copies, triggers, ungated, pads, blocked, shapes)
+    return Rewrite(graph, set(checkpoints), copies, triggers, ungated, blocked, shapes)
 
 
 def _add_triggers(graph: Graph, ctx, copies: dict[str, str], flow, order) -> tuple[dict, int]:
