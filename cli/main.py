@@ -443,6 +443,10 @@ def format_optimize(facts: dict) -> str:
     if facts["recomputed"]:
         rows.append(("checkpoints", f"{len(facts['checkpoints'])} kept"
                      + (f" ({_shorten(facts['checkpoints'], 4)})" if facts["checkpoints"] else "")))
+        if facts["recomputed_ahead"]:
+            rows.append(("ahead", f"{len(facts['recomputed_ahead'])} of them computed again when "
+                                  "back-propagation nears them, not held "
+                                  f"({_shorten(facts['recomputed_ahead'], 3)})"))
         rows.append(("extra compute", f"{facts['extra_flops'] / 1e9:.3f} GFLOP per step"))
     if facts["swapped"]:
         rows.append(("swapped", f"{len(facts['swapped'])} tensors to host "

@@ -2,6 +2,7 @@
 
 COPY_PREFIX = "graphrewrite/recompute/"             # a recomputed copy of a forward node
 TRIGGER_PREFIX = "graphrewrite/recompute_trigger/"  # a NoOp gating a recomputed segment
+AHEAD_PREFIX = "graphrewrite/recompute_ahead/"      # a copy computing a checkpoint again
 PAD_PREFIX = "graphrewrite/pad/"                    # an IdentityN keeping Grappler's reader counts
 # Swap copies are named after their tensor plus a suffix starting with "-", the lowest character
 # a node name may hold: readers sort them where they sorted the original, and Grappler, which

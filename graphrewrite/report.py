@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .graph import Graph
-from .names import COPY_PREFIX, PAD_PREFIX, SWAP_OUT_SUFFIX, TRIGGER_PREFIX
+from .names import AHEAD_PREFIX, COPY_PREFIX, PAD_PREFIX, SWAP_OUT_SUFFIX, TRIGGER_PREFIX
 from .pipeline import OptimizeResult
 from .tensor_ref import TensorRef
 
@@ -26,6 +26,7 @@ def optimize_report(source, output, fmt, result: OptimizeResult) -> dict:
         "peak_bytes": {"before": result.peak_before, "after": result.peak_after},
         "checkpoints": stats.get("checkpoints", []),
         "recomputed": stats.get("recomputed", []),
+        "recomputed_ahead": stats.get("recomputed_ahead", []),
         "triggers": stats.get("triggers", 0),
         "ungated_segments": stats.get("ungated_segments", 0),
         "fanout_pads": stats.get("fanout_pads", 0),
@@ -64,6 +65,10 @@ def explain(result: OptimizeResult, original: Graph, name: str) -> str:
         gate = graph.control_inputs(back)
         return (f"{name}: swapped to host memory as {out}, back as {back}"
                 + (f" after trigger {gate[0]}" if gate else ""))
+    if name in stats.get("recomputed_ahead", []):
+        return (f"{name}: a checkpoint, computed again ({AHEAD_PREFIX}{name}) when "
+                "back-propagation reaches the first segment that reads it, instead of held "
+                "from the forward pass")
     if name in stats.get("checkpoints", []):
         return f"{name}: kept (a checkpoint chosen by mode {result.mode})"
     for reason, nodes in stats.get("kept_because", {}).items():

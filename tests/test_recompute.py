@@ -215,3 +215,48 @@ def test_selectors_refuse(text, message):
     graph = io.load(fixture_path("resnet_cnn")).graph
     with pytest.raises(GraphRewriteError, match=message):
         selectors.select(graph, text)
+
+
+def ahead_rewrite(name="resnet_cnn", first=2):
+    """The memory policy's checkpoints with the first `first` of them recomputed ahead."""
+    from graphrewrite import analysis, checkpoints
+    from graphrewrite.passes import recompute
+
+    model = io.load(fixture_path(name))
+    found = analysis.analyse(model)
+    ctx = checkpoints.Context.build(model.graph, found)
+    kept = [n for n in checkpoints.bottlenecks(ctx)][1::2]
+    rewrite = recompute.apply(ctx, set(kept), frozenset(kept[:first]))
+    rewrite.pads = recompute.pad_readers(rewrite.graph, model.graph, found,
+                                         {c: o for o, c in rewrite.recomputed.items()})
+    return model, found, kept[:first], rewrite
+
+
+def test_checkpoints_recomputed_ahead_are_read_by_the_forward_pass_only():
+    from graphrewrite.names import AHEAD_PREFIX
+
+    model, found, ahead, rewrite = ahead_rewrite()
+    graph, flow = rewrite.graph, found.split.gradient_flow
+    assert set(rewrite.ahead) >= set(ahead) and graph.check() == []
+    for name in ahead:
+        readers = {v for v, _ in graph.consumers(name)}
+        assert not readers & flow and not readers & set(rewrite.recomputed.values())
+        copy = rewrite.ahead[name]
+        assert copy.startswith(AHEAD_PREFIX) and graph.successors(copy)
+    roots = [c for c in rewrite.ahead.values()
+             if not any(r.node in rewrite.ahead.values() for r in graph.data_inputs(c))]
+    assert roots and all(any(t.startswith(TRIGGER_PREFIX) for t in graph.control_inputs(r))
+                         for r in roots)  # gated, so they run during the backward pass
+    assert len(graph.topological_order()) == len(graph)  # no cycle
+
+
+@pytest.mark.tf
+def test_checkpoints_recomputed_ahead_run_bitwise_equal(tmp_path):
+    from graphrewrite import verify
+
+    model, _, _, rewrite = ahead_rewrite()
+    path = tmp_path / "ahead.pb"
+    io.save(model, rewrite.graph, path)
+    outcome = verify.verify(io.load(fixture_path("resnet_cnn")), io.load(path), runs=1,
+                            isolated=False)
+    assert outcome.match and outcome.max_abs_diff == 0.0

@@ -9,11 +9,16 @@ inputs are the gradient-flow nodes feeding the segment's consumers, so the recom
 when back-propagation reaches the segment. A trigger input is only taken if it does not itself
 depend on the segment's copies (checked on the graph as it grows), so no cycle can form.
 
+In memory mode the first few checkpoints may be recomputed ahead (`_recompute_ahead`): copied
+too, and computed when back-propagation reaches the first segment reading them, rather than held
+from the forward pass.
+
 Originals that lost backward readers, and copies that got only some of their original's
 readers, are given fan-out pads (see `pads.py`), so Grappler rewrites them as it would the
 originals and every output stays bitwise equal.
 
-Copies are named `graphrewrite/recompute/<original>`, triggers
+Copies are named `graphrewrite/recompute/<original>` (`graphrewrite/recompute_ahead/<original>`
+when computed ahead), triggers
 `graphrewrite/recompute_trigger/<first root>`, pads `graphrewrite/pad/<node>`. Original
 nodes are never removed or renamed.
 """
@@ -29,7 +34,7 @@ from .. import checkpoints as policies
 from .. import flops, memory
 from ..analysis import Analysis
 from ..graph import Graph
-from ..names import COPY_PREFIX, TRIGGER_PREFIX
+from ..names import AHEAD_PREFIX, COPY_PREFIX, TRIGGER_PREFIX
 from ..shapes import Shapes
 from ..split import reachable
 from ..tensor_ref import CONTROL, TensorRef
@@ -40,6 +45,7 @@ log = logging.getLogger(__name__)
 MIN_GAIN = 0.01    # a rewrite that models less than 1% lower peak is not worth its compute
 PEAK_SLACK = 0.02  # peaks this close count as equal; then less recomputation wins
 REFINE_ROUNDS, REFINE_TRIES = 3, 4  # bounded local search after the candidate sweep
+AHEAD_GAIN = 0.03  # recomputing checkpoints ahead costs a forward pass more: only for 3% less peak
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,7 @@ class Rewrite:
     blocked: dict[str, set[str]]     # reason -> nodes kept because they cannot be recomputed
     shapes: Shapes
     pads: int = 0                    # IdentityN readers restoring data-reader counts (see run)
+    ahead: dict[str, str] = field(default_factory=dict)  # checkpoint (and its segment) -> copy
     peak: int = 0
     extra_flops: int = 0
     live_at_peak: set = field(default_factory=set)
@@ -96,6 +103,8 @@ def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None)
     if options.policy == "memory":
         attempts += [_evaluate(ctx, c) for c in policies.memory_policy(ctx, near=best.checkpoints)]
         best = _refine(ctx, _choose(attempts), attempts)
+        better = [t for t in _ahead_trials(ctx, best) if t.peak <= best.peak * (1 - AHEAD_GAIN)]
+        best = _choose(better) if better else best
     automatic = options.policy in ("memory", "speed")  # hints and selectors are obeyed as given
     if automatic and best.peak > analysis.memory.peak() * (1 - MIN_GAIN):
         return PassResult(graph, False, {"recompute": (
@@ -107,14 +116,16 @@ def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None)
     return PassResult(best.graph, True, _stats(best), best.shapes)
 
 
-def _evaluate(ctx: policies.Context, checkpoints: set[str]) -> Rewrite:
+def _evaluate(ctx: policies.Context, checkpoints: set[str],
+              ahead: frozenset = frozenset()) -> Rewrite:
     """Apply a checkpoint choice and model the rewritten step's peak and extra FLOPs."""
     analysis = ctx.analysis
-    attempt = apply(ctx, checkpoints)
+    attempt = apply(ctx, checkpoints, ahead)
     report = memory.simulate(attempt.graph, attempt.shapes, analysis.fetches)
     attempt.peak = report.peak()
     attempt.live_at_peak = {ref.node for ref, _ in report.live_at_peak.get(memory.DEVICE, [])}
-    attempt.extra_flops = flops.total_flops(ctx.graph, analysis.shapes, list(attempt.recomputed))
+    attempt.extra_flops = flops.total_flops(ctx.graph, analysis.shapes,
+                                            [*attempt.recomputed, *attempt.ahead])
     log.info("recompute: %d checkpoints -> modelled peak %d bytes, %d extra FLOPs",
              len(checkpoints), attempt.peak, attempt.extra_flops)
     return attempt
@@ -144,6 +155,15 @@ def _refine(ctx: policies.Context, best: Rewrite, attempts: list[Rewrite]) -> Re
     return _choose([a for a in attempts if a.peak <= best.peak * (1 + PEAK_SLACK)] or [best])
 
 
+def _ahead_trials(ctx: policies.Context, best: Rewrite) -> list[Rewrite]:
+    """The chosen checkpoints with the first j of them (from the input) recomputed ahead
+    instead of held (two-level recomputation of the early layers), j = 1, 2, 3, 4, 6, 8, ..."""
+    position = {n: i for i, n in enumerate(ctx.graph.topological_order())}
+    kept = sorted(best.checkpoints, key=position.get)
+    counts = sorted({round(1.4 ** e) for e in range(20) if round(1.4 ** e) < len(kept)})
+    return [_evaluate(ctx, best.checkpoints, frozenset(kept[:j])) for j in counts]
+
+
 def _owner_live(ctx: policies.Context, name: str, live_nodes: set[str]) -> bool:
     """Whether the checkpoint's buffer (possibly owned by the node it was written in place of)
     is among those live at the peak."""
@@ -152,8 +172,10 @@ def _owner_live(ctx: policies.Context, name: str, live_nodes: set[str]) -> bool:
     return any(r.node in live_nodes for r in ctx.graph.data_inputs(name))
 
 
-def apply(ctx: policies.Context, checkpoints: set[str]) -> Rewrite:
-    """Copy what the gradient flow reads between `checkpoints`, rewire it, add the triggers."""
+def apply(ctx: policies.Context, checkpoints: set[str], ahead: frozenset = frozenset()) -> Rewrite:
+    """Copy what the gradient flow reads between `checkpoints`, rewire it, add the triggers.
+    The checkpoints in `ahead` are not kept from the forward pass but recomputed too (see
+    `_recompute_ahead`)."""
     graph = ctx.graph.copy()
     split = ctx.analysis.split
     flow, forward = split.gradient_flow, split.forward
@@ -171,34 +193,82 @@ def apply(ctx: policies.Context, checkpoints: set[str]) -> Rewrite:
     boundary = [n for n in order if n in forward
                 and any(v in flow for v, slot in graph.consumers(n) if slot >= 0)
                 and recomputable(n)]
-    segment_nodes, stack = set(), list(boundary)
-    while stack:
-        name = stack.pop()
-        if name not in segment_nodes:
-            segment_nodes.add(name)
-            stack.extend(r.node for r in graph.data_inputs(name)
-                         if r.node not in segment_nodes and recomputable(r.node))
-    copies = {}
-    for name in (n for n in order if n in segment_nodes):
-        copies[name] = graph.copy_node(name, graph.unique_name(COPY_PREFIX + name))
-        for ref in graph.data_inputs(copies[name]):
-            if ref.node in copies:
-                graph.replace_uses(ref, TensorRef(copies[ref.node], ref.port), [copies[name]])
+    copies = _copy(graph, _with_ancestors(ctx.graph, boundary, recomputable), order, COPY_PREFIX)
     for name in boundary:
         for ref in ctx.analysis.shapes.outputs(name):
             readers = [v for v, _ in graph.consumers(ref) if v in flow]
             if readers:
                 graph.replace_uses(ref, TensorRef(copies[name], ref.port), readers)
-    triggers, ungated = _add_triggers(graph, ctx, copies, flow, order)
+    triggers, gate_of, ungated = _add_triggers(graph, ctx, copies, flow, order)
+    early = _recompute_ahead(graph, ctx, ahead, copies, gate_of, recomputable, order)
     shapes = Shapes(dict(ctx.analysis.shapes.tensors))
-    for name, copy_name in copies.items():
+    for name, copy_name in [*copies.items(), *early.items()]:
         for ref in ctx.analysis.shapes.outputs(name):
             shapes.tensors[TensorRef(copy_name, ref.port)] = shapes.tensors[ref]
-    return Rewrite(graph, set(checkpoints), copies, triggers, ungated, blocked, shapes)
+    return Rewrite(graph, set(checkpoints), copies, triggers, ungated, blocked, shapes,
+                   ahead=early)
 
 
-def _add_triggers(graph: Graph, ctx, copies: dict[str, str], flow, order) -> tuple[dict, int]:
-    """One trigger per connected segment of copies, deepest segment first."""
+def _with_ancestors(graph: Graph, starts, include) -> set[str]:
+    """`starts` and their data ancestors for which `include` holds, through those only."""
+    found, stack = set(), list(starts)
+    while stack:
+        name = stack.pop()
+        if name not in found:
+            found.add(name)
+            stack.extend(r.node for r in graph.data_inputs(name)
+                         if r.node not in found and include(r.node))
+    return found
+
+
+def _copy(graph: Graph, names: set[str], order: list[str], prefix: str) -> dict[str, str]:
+    """Copy `names` under `prefix`, in `order`, each copy reading the copies of its inputs."""
+    copies = {}
+    for name in (n for n in order if n in names):
+        copies[name] = graph.copy_node(name, graph.unique_name(prefix + name))
+        for ref in graph.data_inputs(copies[name]):
+            if ref.node in copies:
+                graph.replace_uses(ref, TensorRef(copies[ref.node], ref.port), [copies[name]])
+    return copies
+
+
+def _recompute_ahead(graph: Graph, ctx, ahead, copies, gate_of, recomputable, order) -> dict:
+    """Checkpoints recomputed ahead of their segments: instead of holding them from the forward
+    pass, copy them (with what lies between them and the kept checkpoint below) and run the
+    copies when back-propagation reaches the first segment reading any of them; the copies and
+    the gradient flow read the recomputed values, the forward pass the originals, which die
+    early. Two-level recomputation: at the price of one more forward pass over that part, the
+    early layers' checkpoints are not held while the backward pass works through the later
+    ones. Returns original -> copy."""
+    if not ahead:
+        return {}
+    flow = ctx.analysis.split.gradient_flow
+    members = _with_ancestors(ctx.graph, ahead, lambda n: n in ahead or recomputable(n))
+    early = _copy(graph, members, order, AHEAD_PREFIX)
+    copy_names = set(copies.values())
+    for name in ahead:
+        for ref in ctx.analysis.shapes.outputs(name):
+            readers = [v for v, _ in graph.consumers(ref) if v in flow or v in copy_names]
+            graph.replace_uses(ref, TensorRef(early[name], ref.port), readers)
+    chains = nx.Graph()
+    chains.add_nodes_from(early.values())
+    chains.add_edges_from((r.node, c) for c in early.values() for r in graph.data_inputs(c)
+                          if r.node in chains)
+    position = {n: i for i, n in enumerate(graph.topological_order())}
+    for chain in nx.connected_components(chains):
+        downstream = reachable(graph.nx, chain)
+        gates = {gate_of[v] for c in chain for v in graph.successors(c) if v in gate_of}
+        gates = sorted((g for g in gates if g not in downstream), key=position.get)
+        if gates:  # the segment back-propagation reaches first; it cannot depend on the chain
+            for root in chain:
+                if not any(r.node in chain for r in graph.data_inputs(root)):
+                    graph.add_control(gates[0], root)
+    return early
+
+
+def _add_triggers(graph: Graph, ctx, copies: dict[str, str], flow, order):
+    """One trigger per connected segment of copies, deepest segment first. Returns the
+    triggers with their waits, each gated copy's trigger, and how many segments got none."""
     segments = nx.Graph()
     segments.add_nodes_from(copies)
     for name in copies:
@@ -208,7 +278,7 @@ def _add_triggers(graph: Graph, ctx, copies: dict[str, str], flow, order) -> tup
     components = sorted((sorted(c, key=position.get) for c in nx.connected_components(segments)),
                         key=lambda c: position[c[0]], reverse=True)
     all_copies = set(copies.values())
-    triggers, ungated = {}, 0
+    triggers, gate_of, ungated = {}, {}, 0
     for component in components:
         members = {copies[n] for n in component}
         targets = {v for c in members for v in graph.successors(c) if v not in all_copies}
@@ -226,17 +296,19 @@ def _add_triggers(graph: Graph, ctx, copies: dict[str, str], flow, order) -> tup
         for root in roots:
             graph.add_control(trigger, root)
         triggers[trigger] = waits
-    return triggers, ungated
+        gate_of.update(dict.fromkeys(members, trigger))
+    return triggers, gate_of, ungated
 
 
 def _stats(best: Rewrite) -> dict:
     return {
         "checkpoints": sorted(best.checkpoints),
         "recomputed": sorted(best.recomputed),
+        "recomputed_ahead": sorted(n for n in best.ahead if n in best.checkpoints),
         "triggers": len(best.triggers),
         "ungated_segments": best.ungated,
         "fanout_pads": best.pads,
-        "nodes_added": len(best.recomputed) + len(best.triggers) + best.pads,
+        "nodes_added": len(best.recomputed) + len(best.ahead) + len(best.triggers) + best.pads,
         "extra_flops": best.extra_flops,
         "kept_because": {reason: sorted(nodes) for reason, nodes in sorted(best.blocked.items())},
     }
