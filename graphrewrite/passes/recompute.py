@@ -112,7 +112,7 @@ def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None)
             "left unchanged")})
     # Pads never run, so the model did not need them; only the chosen rewrite gets them.
     best.pads = pad_readers(best.graph, ctx.graph, analysis,
-                            {c: o for o, c in best.recomputed.items()})
+                            {c: o for o, c in [*best.recomputed.items(), *best.ahead.items()]})
     return PassResult(best.graph, True, _stats(best), best.shapes)
 
 
