@@ -61,6 +61,7 @@ class Context:
     in_loop_frame: set[str]
     functions: frozenset = frozenset()
     _blockers: dict = field(default_factory=dict)
+    _spreads: list | None = None  # the memory policy's, built once (see `_spreads`)
 
     @classmethod
     def build(cls, graph: Graph, analysis: Analysis) -> "Context":
@@ -133,6 +134,28 @@ def memory_policy(ctx: Context, near: set[str] | None = None) -> list[set[str]]:
     (counts log-spaced, sqrt(N) among them), and the greedy walk under a byte `budget`.
     With `near`, one of those sets: its spread again at the parameters between its neighbours,
     to fine-tune it."""
+    if ctx._spreads is None:
+        ctx._spreads = _spreads(ctx)
+    if near is None:
+        found = [spread(p) for spread, params in ctx._spreads for p in params]
+    else:
+        found = []
+        for spread, params in ctx._spreads:
+            i = next((i for i, p in enumerate(params) if set(spread(p)) == near), None)
+            if i is not None:
+                low, high = params[max(i - 1, 0)], params[min(i + 1, len(params) - 1)]
+                found = [spread(p) for p in _between(low, high)]
+                break
+    unique = []
+    for chosen in map(set, found):
+        if chosen and chosen not in unique and chosen != near:
+            unique.append(chosen)
+    return unique
+
+
+def _spreads(ctx: Context) -> list[tuple]:
+    """(spread, its coarse parameters) for the memory policy; each spread maps a count or a
+    budget to bottlenecks."""
     chain = bottlenecks(ctx)
     if not chain:
         return []
@@ -145,24 +168,10 @@ def memory_policy(ctx: Context, near: set[str] | None = None) -> list[set[str]]:
             counts.append(round(k))
         k *= 1.4
     budgets = [needed[-1] * j / 24 for j in range(1, 13)]
-    spreads = [(functools.partial(_even, chain, needed), counts),
-               (functools.partial(_even, chain, list(range(1, len(chain) + 1))), counts),
-               (functools.partial(_even, chain, needed, tapered=True), counts),
-               (functools.partial(_budgeted, chain, needed, sizes, fetched), budgets)]
-    found = [spread(p) for spread, params in spreads for p in params]
-    if near is not None:
-        found = []
-        for spread, params in spreads:
-            i = next((i for i, p in enumerate(params) if set(spread(p)) == near), None)
-            if i is not None:
-                low, high = params[max(i - 1, 0)], params[min(i + 1, len(params) - 1)]
-                found = [spread(p) for p in _between(low, high)]
-                break
-    unique = []
-    for chosen in map(set, found):
-        if chosen and chosen not in unique and chosen != near:
-            unique.append(chosen)
-    return unique
+    return [(functools.partial(_even, chain, needed), counts),
+            (functools.partial(_even, chain, list(range(1, len(chain) + 1))), counts),
+            (functools.partial(_even, chain, needed, tapered=True), counts),
+            (functools.partial(_budgeted, chain, needed, sizes, fetched), budgets)]
 
 
 def _between(low, high) -> list:
