@@ -10,7 +10,8 @@ Policies are small named functions, as JAX's remat policies are:
   position, tapered towards the loss, or by a greedy walk under a byte budget that counts what
   is held (checkpoints below, gradients above), at log-spaced counts and budgets; the recompute
   pass keeps the one whose rewritten graph models the lowest peak, fine-tunes its count or
-  budget, then tries dropping the checkpoints live at that peak.
+  budget, then tries dropping the checkpoints live at that peak. `two_level` gives the
+  candidates whose early checkpoints are recomputed ahead rather than held.
 - `speed`: outputs of the expensive ops (MatMul, BatchMatMul, Conv*, Einsum), by op type.
 - `collection`: what `--checkpoints` selects, else a MetaGraphDef collection named `checkpoints`.
 - `manual`: Grappler's `_recompute_hint` attribute marks the nodes to recompute; the rest is kept.
@@ -62,6 +63,14 @@ class Context:
     functions: frozenset = frozenset()
     _blockers: dict = field(default_factory=dict)
     _spreads: list | None = None  # the memory policy's, built once (see `_spreads`)
+    _chain: tuple | None = None   # the bottlenecks and their byte counts (see `_chain`)
+    _order: list | None = None
+
+    def order(self) -> list[str]:
+        """The graph's topological order, computed once (the graph is not changed in place)."""
+        if self._order is None:
+            self._order = self.graph.topological_order()
+        return self._order
 
     @classmethod
     def build(cls, graph: Graph, analysis: Analysis) -> "Context":
@@ -156,12 +165,9 @@ def memory_policy(ctx: Context, near: set[str] | None = None) -> list[set[str]]:
 def _spreads(ctx: Context) -> list[tuple]:
     """(spread, its coarse parameters) for the memory policy; each spread maps a count or a
     budget to bottlenecks."""
-    chain = bottlenecks(ctx)
+    chain, needed, sizes, fetched = _chain(ctx)
     if not chain:
         return []
-    needed = _bytes_needed_before(ctx, chain)
-    sizes = [ctx.analysis.shapes.nbytes(TensorRef(n)) or 0 for n in chain]
-    fetched = _fetched_gradients_after(ctx, chain)
     counts, k = [], 1.0
     while round(k) <= len(chain):
         if round(k) not in counts:
@@ -172,6 +178,39 @@ def _spreads(ctx: Context) -> list[tuple]:
             (functools.partial(_even, chain, list(range(1, len(chain) + 1))), counts),
             (functools.partial(_even, chain, needed, tapered=True), counts),
             (functools.partial(_budgeted, chain, needed, sizes, fetched), budgets)]
+
+
+def _chain(ctx: Context) -> tuple[list[str], list[int], list[int], list[int]]:
+    """The bottlenecks with, for each, the bytes needed before it, its size and the fetched
+    gradients after it; computed once per context."""
+    if ctx._chain is None:
+        chain = bottlenecks(ctx)
+        ctx._chain = (chain, _bytes_needed_before(ctx, chain),
+                      [ctx.analysis.shapes.nbytes(TensorRef(n)) or 0 for n in chain],
+                      _fetched_gradients_after(ctx, chain))
+    return ctx._chain
+
+
+# Two-level candidates: (split, budget) as fractions of the bytes the backward pass reads.
+TWO_LEVEL_GRID = [(split, j / 48) for split in (0.25, 0.45) for j in range(7, 16)]
+TWO_LEVEL_STEP = (0.05, 1 / 96)  # the finer steps around the best of the grid
+
+
+def two_level(ctx: Context, split: float, budget: float) -> tuple[set[str], frozenset[str]]:
+    """Checkpoints for two-level recomputation: the bottleneck chain cut where `split` of the
+    bytes the backward pass reads lie below; below the cut the checkpoints are recomputed ahead
+    (not held while back-propagation works through the layers above), above it they are held;
+    each part spread by `_budgeted` under one `budget`, counting from the cut, which is held.
+    Returns (checkpoints, those recomputed ahead)."""
+    chain, needed, sizes, fetched = _chain(ctx)
+    if not chain:
+        return set(), frozenset()
+    total = needed[-1]
+    cut = min(range(len(chain)), key=lambda i: (abs(needed[i] - total * split), i))
+    below = _budgeted(chain[:cut], needed[:cut], sizes[:cut], fetched[:cut], total * budget)
+    above = _budgeted(chain[cut:], [n - needed[cut] for n in needed[cut:]], sizes[cut:],
+                      fetched[cut:], total * budget)
+    return {*below, chain[cut], *above}, frozenset(below)
 
 
 def _between(low, high) -> list:
@@ -203,7 +242,7 @@ def bottlenecks(ctx: Context) -> list[str]:
     losses = [n for n in split.losses if n in needed] + [
         n for n in ctx.analysis.fetches if n in split.forward]
     towards_loss = reachable(graph.nx, losses, upstream=True) if losses else None
-    nodes = [n for n in graph.topological_order() if n in split.forward and n not in ctx.constant
+    nodes = [n for n in ctx.order() if n in split.forward and n not in ctx.constant
              and (towards_loss is None or n in towards_loss)]
     sizes = {n: max((shapes.nbytes(r) or 0 for r in shapes.outputs(n)), default=0)
              for n in nodes}
@@ -256,8 +295,7 @@ def _is_floating(info) -> bool:
 def _bytes_needed_before(ctx: Context, chain: list[str]) -> list[int]:
     """For each bottleneck: bytes of forward tensors the backward reads, produced up to it."""
     graph, shapes, flow = ctx.graph, ctx.analysis.shapes, ctx.analysis.split.gradient_flow
-    order = graph.topological_order()
-    position = {n: i for i, n in enumerate(order)}
+    position = {n: i for i, n in enumerate(ctx.order())}
     needed = []
     for name in ctx.analysis.split.forward:
         for ref in shapes.outputs(name):
@@ -279,7 +317,7 @@ def _fetched_gradients_after(ctx: Context, chain: list[str]) -> list[int]:
     is below it. A fetch counts at the last forward value its producer reads (through
     aliases: `outputs/grad_0` is an Identity of a MatMul reading an activation)."""
     graph, split, shapes = ctx.graph, ctx.analysis.split, ctx.analysis.shapes
-    position = {n: i for i, n in enumerate(graph.topological_order())}
+    position = {n: i for i, n in enumerate(ctx.order())}
     held = []
     for fetch in ctx.analysis.fetches:
         name = fetch.split(":")[0]
@@ -316,7 +354,7 @@ def _budgeted(chain: list[str], needed: list[int], sizes: list[int], fetched: li
     below it and the fetched gradients computed above it (Chen et al.'s greedy, with what is
     held counted: segments shrink towards the loss, and towards the input when gradients of
     the weights above pile up)."""
-    chosen, held, start, grads = [], 0, 0, fetched[0]
+    chosen, held, start, grads = [], 0, 0, (fetched or [0])[0]
     for name, reads, size, above in zip(chain, needed, sizes, fetched):
         if held + reads - start + grads > budget:
             chosen.append(name)

@@ -2,10 +2,11 @@
 
 Peak memory is the allocator's own count: the largest `allocator_bytes_in_use` that a fully traced
 step's `RunMetadata` reports on the compute device, minus what was in use before the session
-existed. On a GPU the allocator is the BFC allocator, which always keeps these statistics; on a CPU
-it only does when `TF_CPU_ALLOCATOR_USE_BFC=true` was set before TensorFlow started (the CLI and
-the benchmark set it; `measurement_environment()` says whether it is in force). Without it, the
-peak falls back to the sum of the step's own allocation records, which misses constants.
+existed; the median over TRACED_STEPS steps. On a GPU the allocator is the BFC allocator, which
+always keeps these statistics; on a CPU it only does when `TF_CPU_ALLOCATOR_USE_BFC=true` was set
+before TensorFlow started (the CLI and the benchmark set it; `measurement_environment()` says
+whether it is in force). Without it, the peak falls back to the sum of the step's own allocation
+records, which misses constants.
 
 The session uses TensorFlow's default `ConfigProto` (Grappler on), which is what users run.
 """
@@ -23,6 +24,10 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 BFC_FLAG = "TF_CPU_ALLOCATOR_USE_BFC"
+# Traced steps whose peaks give the median: two inter-op threads interleave a rewritten graph's
+# recomputation with back-propagation differently from step to step, and the allocator hands out
+# whole free chunks up to twice the size asked for, so one step's peak varies by several %.
+TRACED_STEPS = 3
 
 
 def measurement_environment() -> None:
@@ -87,8 +92,9 @@ def compute_device() -> str:
 def run_step(message, feeds: dict[str, np.ndarray], fetches: list[str],
              runs: int = 3, config=None) -> StepMeasurement:
     """Import a GraphDef or MetaGraphDef (whose variables are then initialised), run the fetches
-    once as a warm-up, once traced, and `runs` times timed. Fetches are node names (output 0) or
-    `node:port`; nodes without outputs run as targets. Returns the traced step's outputs."""
+    once as a warm-up, TRACED_STEPS times traced (the median of their peaks is the peak), and
+    `runs` times timed. Fetches are node names (output 0) or `node:port`; nodes without outputs
+    run as targets. Returns the first traced step's outputs."""
     import tensorflow as tf
 
     device = compute_device()
@@ -107,19 +113,24 @@ def run_step(message, feeds: dict[str, np.ndarray], fetches: list[str],
         if init_ops:
             session.run(init_ops)
         session.run(fetch_tensors + targets, feed_dict)
-        metadata = tf.compat.v1.RunMetadata()
         options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
-        values = session.run(fetch_tensors + targets, feed_dict, options=options,
-                             run_metadata=metadata)
+        peaks = []
+        for _ in range(TRACED_STEPS):
+            metadata = tf.compat.v1.RunMetadata()
+            traced = session.run(fetch_tensors + targets, feed_dict, options=options,
+                                 run_metadata=metadata)
+            if not peaks:  # owned copies: fetched arrays may share the allocator's buffers,
+                values = [np.array(v, copy=True) for v in traced[:len(fetch_tensors)]]
+            del traced       # which would then count in the next steps' peaks
+            in_use, records = _peaks(metadata, device)
+            peaks.append(records if in_use is None else in_use - (base or 0))
         seconds = []
         for _ in range(runs):
             start = time.perf_counter()
             session.run(fetch_tensors + targets, feed_dict)
             seconds.append(time.perf_counter() - start)
-    in_use, records = _peaks(metadata, device)
     outputs = {t.name: np.asarray(v) for t, v in zip(fetch_tensors, values)}
-    peak = records if in_use is None else in_use - (base or 0)
-    return StepMeasurement(outputs, peak, seconds, device)
+    return StepMeasurement(outputs, int(statistics.median(peaks)), seconds, device)
 
 
 def random_feeds(graph, shapes, seed: int = 0, int_high: int = 10,

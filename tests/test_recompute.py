@@ -187,6 +187,20 @@ def test_budgeted_segments_shrink_towards_the_loss_and_grow_with_held_gradients(
     assert heavy[0] < positions[0]  # gradients held above the first segment shorten it
 
 
+def test_two_level_recomputes_ahead_below_the_cut_and_holds_the_rest():
+    from graphrewrite import analysis, checkpoints
+
+    model = io.load(fixture_path("resnet_cnn"))
+    ctx = checkpoints.Context.build(model.graph, analysis.analyse(model))
+    position = {n: i for i, n in enumerate(checkpoints.bottlenecks(ctx))}
+    kept, ahead = checkpoints.two_level(ctx, 0.5, 0.1)
+    held = kept - ahead
+    assert ahead and held and ahead < kept and kept <= set(position)
+    assert max(map(position.get, ahead)) < min(map(position.get, held))
+    assert not checkpoints.two_level(ctx, 0.0, 0.1)[1]  # no cut below the first: single-level
+    assert len(checkpoints.two_level(ctx, 0.5, 0.2)[0]) < len(kept)  # a larger budget, fewer
+
+
 @pytest.mark.parametrize("text, expected", [
     ("block_1/Relu", {"block_1/Relu"}),
     ("block_1/Relu:0", {"block_1/Relu"}),

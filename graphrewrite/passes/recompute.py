@@ -11,7 +11,8 @@ depend on the segment's copies (checked on the graph as it grows), so no cycle c
 
 In memory mode the first few checkpoints may be recomputed ahead (`_recompute_ahead`): copied
 too, and computed when back-propagation reaches the first segment reading them, rather than held
-from the forward pass.
+from the forward pass; tried for the first of the chosen checkpoints and for the two-level
+spreads of `checkpoints.two_level`.
 
 Originals that lost backward readers, and copies that got only some of their original's
 readers, are given fan-out pads (see `pads.py`), so Grappler rewrites them as it would the
@@ -103,7 +104,8 @@ def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None)
     if options.policy == "memory":
         attempts += [_evaluate(ctx, c) for c in policies.memory_policy(ctx, near=best.checkpoints)]
         best = _refine(ctx, _choose(attempts), attempts)
-        better = [t for t in _ahead_trials(ctx, best) if t.peak <= best.peak * (1 - AHEAD_GAIN)]
+        trials = [*_ahead_trials(ctx, best), *_two_level_trials(ctx)]
+        better = [t for t in trials if t.peak <= best.peak * (1 - AHEAD_GAIN)]
         best = _choose(better) if better else best
     automatic = options.policy in ("memory", "speed")  # hints and selectors are obeyed as given
     if automatic and best.peak > analysis.memory.peak() * (1 - MIN_GAIN):
@@ -158,10 +160,32 @@ def _refine(ctx: policies.Context, best: Rewrite, attempts: list[Rewrite]) -> Re
 def _ahead_trials(ctx: policies.Context, best: Rewrite) -> list[Rewrite]:
     """The chosen checkpoints with the first j of them (from the input) recomputed ahead
     instead of held (two-level recomputation of the early layers), j = 1, 2, 3, 4, 6, 8, ..."""
-    position = {n: i for i, n in enumerate(ctx.graph.topological_order())}
+    position = {n: i for i, n in enumerate(ctx.order())}
     kept = sorted(best.checkpoints, key=position.get)
     counts = sorted({round(1.4 ** e) for e in range(20) if round(1.4 ** e) < len(kept)})
     return [_evaluate(ctx, best.checkpoints, frozenset(kept[:j])) for j in counts]
+
+
+def _two_level_trials(ctx: policies.Context) -> list[Rewrite]:
+    """Two-level checkpoints (`checkpoints.two_level`) on the coarse grid of cuts and budgets,
+    then on the finer grid around the best of them."""
+    tried: dict[tuple, Rewrite] = {}
+
+    def trial(params) -> Rewrite | None:
+        checkpoints, ahead = policies.two_level(ctx, *params)
+        key = (frozenset(checkpoints), ahead)
+        if checkpoints and key not in tried:
+            tried[key] = _evaluate(ctx, checkpoints, ahead)
+        return tried.get(key)
+
+    coarse = {p: r for p in policies.TWO_LEVEL_GRID if (r := trial(p))}
+    if coarse:
+        split, budget = min(coarse, key=lambda p: (coarse[p].peak, coarse[p].extra_flops))
+        step_split, step_budget = policies.TWO_LEVEL_STEP
+        for i in (-1, 0, 1):
+            for j in (-1, 0, 1):
+                trial((split + i * step_split, budget + j * step_budget))
+    return list(tried.values())
 
 
 def _owner_live(ctx: policies.Context, name: str, live_nodes: set[str]) -> bool:
@@ -189,7 +213,7 @@ def apply(ctx: policies.Context, checkpoints: set[str], ahead: frozenset = froze
             blocked.setdefault(reason, set()).add(name)
         return reason is None
 
-    order = graph.topological_order()
+    order = ctx.order()  # the copy's, as nothing was added yet
     boundary = [n for n in order if n in forward
                 and any(v in flow for v, slot in graph.consumers(n) if slot >= 0)
                 and recomputable(n)]
