@@ -46,7 +46,9 @@ log = logging.getLogger(__name__)
 MIN_GAIN = 0.01    # a rewrite that models less than 1% lower peak is not worth its compute
 PEAK_SLACK = 0.02  # peaks this close count as equal; then less recomputation wins
 REFINE_ROUNDS, REFINE_TRIES = 3, 4  # bounded local search after the candidate sweep
-AHEAD_GAIN = 0.05  # recomputing checkpoints ahead costs a forward pass more: only for 5% less peak
+# Recomputing checkpoints ahead costs a forward pass over the early layers: only for 5% less
+# peak, and for at most a tenth of the step's FLOPs more than single-level recomputation.
+AHEAD_GAIN, AHEAD_FLOPS = 0.05, 0.10
 
 
 @dataclass(frozen=True)
@@ -105,7 +107,9 @@ def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None)
         attempts += [_evaluate(ctx, c) for c in policies.memory_policy(ctx, near=best.checkpoints)]
         best = _refine(ctx, _choose(attempts), attempts)
         trials = [*_ahead_trials(ctx, best), *_two_level_trials(ctx)]
-        better = [t for t in trials if t.peak <= best.peak * (1 - AHEAD_GAIN)]
+        affordable = best.extra_flops + AHEAD_FLOPS * analysis.flops
+        better = [t for t in trials if t.peak <= best.peak * (1 - AHEAD_GAIN)
+                  and t.extra_flops <= affordable]
         best = _choose(better) if better else best
     automatic = options.policy in ("memory", "speed")  # hints and selectors are obeyed as given
     if automatic and best.peak > analysis.memory.peak() * (1 - MIN_GAIN):
