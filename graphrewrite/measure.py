@@ -119,9 +119,11 @@ def run_step(message, feeds: dict[str, np.ndarray], fetches: list[str],
             metadata = tf.compat.v1.RunMetadata()
             traced = session.run(fetch_tensors + targets, feed_dict, options=options,
                                  run_metadata=metadata)
-            if not peaks:  # owned copies: fetched arrays may share the allocator's buffers,
+            # Fetched arrays may share the allocator's buffers, which would then count in the
+            # next steps' peaks: keep owned copies of the first step's, drop the rest.
+            if not peaks:
                 values = [np.array(v, copy=True) for v in traced[:len(fetch_tensors)]]
-            del traced       # which would then count in the next steps' peaks
+            del traced
             in_use, records = _peaks(metadata, device)
             peaks.append(records if in_use is None else in_use - (base or 0))
         seconds = []
