@@ -59,18 +59,36 @@ def run_step_isolated(message, feeds: dict[str, np.ndarray], fetches: list[str],
                       runs: int = 3, config=None) -> StepMeasurement:
     """`run_step` in a fresh Python process: the allocator starts empty, so two models measured
     one after the other are measured alike (in one process the second reads a few % higher)."""
+    return _in_fresh_process(_run_serialized, [_serialize(message, config)], feeds, fetches, runs)
+
+
+def time_interleaved(runnables: list, feeds: dict[str, np.ndarray], fetches: list[str],
+                     runs: int, isolated: bool = True) -> list[list[float]]:
+    """Step times of several `(message, config)` pairs, each in its own session of one process
+    (a fresh one when `isolated`), timed in turns: round r times one step of each, starting
+    with model r mod n. A shared machine's load drifts over seconds; timed one after the
+    other, two models can differ by 20% from that alone, timed in turns both see the same."""
+    if isolated:
+        return _in_fresh_process(_time_serialized, [_serialize(m, c) for m, c in runnables],
+                                 feeds, fetches, runs)
+    return _time_steps(runnables, feeds, fetches, runs)
+
+
+def _serialize(message, config) -> tuple:
+    return (message.DESCRIPTOR.full_name, message.SerializeToString(),
+            config.SerializeToString() if config is not None else None)
+
+
+def _in_fresh_process(function, payloads, feeds, fetches, runs):
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    payload = (message.DESCRIPTOR.full_name, message.SerializeToString(),
-               config.SerializeToString() if config is not None else None)
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
-        return pool.submit(_run_serialized, payload, feeds, fetches, runs).result()
+        return pool.submit(function, payloads, feeds, fetches, runs).result()
 
 
-def _run_serialized(payload, feeds, fetches, runs) -> StepMeasurement:
-    measurement_environment()
+def _deserialize(payload) -> tuple:
     from tensorflow.core.framework import graph_pb2
     from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
 
@@ -78,8 +96,65 @@ def _run_serialized(payload, feeds, fetches, runs) -> StepMeasurement:
     message = (meta_graph_pb2.MetaGraphDef() if kind.endswith("MetaGraphDef")
                else graph_pb2.GraphDef())
     message.ParseFromString(data)
-    config = config_pb2.ConfigProto.FromString(config_data) if config_data else None
+    return message, config_pb2.ConfigProto.FromString(config_data) if config_data else None
+
+
+def _run_serialized(payloads, feeds, fetches, runs) -> StepMeasurement:
+    measurement_environment()
+    message, config = _deserialize(payloads[0])
     return run_step(message, feeds, fetches, runs, config)
+
+
+def _time_serialized(payloads, feeds, fetches, runs) -> list[list[float]]:
+    measurement_environment()
+    return _time_steps([_deserialize(p) for p in payloads], feeds, fetches, runs)
+
+
+def _time_steps(runnables, feeds, fetches, runs) -> list[list[float]]:
+    opened = [_open_session(*_import(m), feeds, fetches, c) for m, c in runnables]
+    try:
+        for session, run_list, feed_dict in opened:
+            session.run(run_list, feed_dict)  # warm-up: Grappler, kernel creation, allocations
+        seconds = [[] for _ in opened]
+        for round_ in range(runs):
+            for k in range(len(opened)):
+                i = (round_ + k) % len(opened)
+                session, run_list, feed_dict = opened[i]
+                start = time.perf_counter()
+                session.run(run_list, feed_dict)
+                seconds[i].append(time.perf_counter() - start)
+        return seconds
+    finally:
+        for session, _, _ in opened:
+            session.close()
+
+
+def _import(message):
+    """A GraphDef or MetaGraphDef imported into a new graph; returns it and its initialisers."""
+    import tensorflow as tf
+
+    graph = tf.Graph()
+    init_ops = []
+    with graph.as_default():
+        if message.DESCRIPTOR.name == "MetaGraphDef":
+            tf.compat.v1.train.import_meta_graph(message, clear_devices=False)
+            init_ops = [tf.compat.v1.global_variables_initializer()]
+        else:
+            tf.graph_util.import_graph_def(message, name="")
+    return graph, init_ops
+
+
+def _open_session(graph, init_ops, feeds, fetches, config):
+    """A session on an imported graph, variables initialised. Returns it, what to run (fetched
+    tensors, then targets) and the feed dict."""
+    import tensorflow as tf
+
+    fetch_tensors, targets = _resolve(graph, fetches)
+    feed_dict = {graph.get_tensor_by_name(_tensor_name(k)): v for k, v in feeds.items()}
+    session = tf.compat.v1.Session(graph=graph, config=config)
+    if init_ops:
+        session.run(init_ops)
+    return session, fetch_tensors + targets, feed_dict
 
 
 def compute_device() -> str:
@@ -98,40 +173,31 @@ def run_step(message, feeds: dict[str, np.ndarray], fetches: list[str],
     import tensorflow as tf
 
     device = compute_device()
-    graph = tf.Graph()
-    init_ops = []
-    with graph.as_default():
-        if message.DESCRIPTOR.name == "MetaGraphDef":
-            tf.compat.v1.train.import_meta_graph(message, clear_devices=False)
-            init_ops = [tf.compat.v1.global_variables_initializer()]
-        else:
-            tf.graph_util.import_graph_def(message, name="")
-    fetch_tensors, targets = _resolve(graph, fetches)
-    feed_dict = {graph.get_tensor_by_name(_tensor_name(k)): v for k, v in feeds.items()}
+    graph, init_ops = _import(message)
+    # Importing may allocate (shape inference evaluates small constants); not the step's memory.
     base = _allocator_in_use(device)
-    with tf.compat.v1.Session(graph=graph, config=config) as session:
-        if init_ops:
-            session.run(init_ops)
-        session.run(fetch_tensors + targets, feed_dict)
+    session, run_list, feed_dict = _open_session(graph, init_ops, feeds, fetches, config)
+    fetched = [t for t in run_list if isinstance(t, tf.Tensor)]
+    with session:
+        session.run(run_list, feed_dict)
         options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
         peaks = []
         for _ in range(TRACED_STEPS):
             metadata = tf.compat.v1.RunMetadata()
-            traced = session.run(fetch_tensors + targets, feed_dict, options=options,
-                                 run_metadata=metadata)
+            traced = session.run(run_list, feed_dict, options=options, run_metadata=metadata)
             # Fetched arrays may share the allocator's buffers, which would then count in the
             # next steps' peaks: keep owned copies of the first step's, drop the rest.
             if not peaks:
-                values = [np.array(v, copy=True) for v in traced[:len(fetch_tensors)]]
+                values = [np.array(v, copy=True) for v in traced[:len(fetched)]]
             del traced
             in_use, records = _peaks(metadata, device)
             peaks.append(records if in_use is None else in_use - (base or 0))
         seconds = []
         for _ in range(runs):
             start = time.perf_counter()
-            session.run(fetch_tensors + targets, feed_dict)
+            session.run(run_list, feed_dict)
             seconds.append(time.perf_counter() - start)
-    outputs = {t.name: np.asarray(v) for t, v in zip(fetch_tensors, values)}
+    outputs = {t.name: np.asarray(v) for t, v in zip(fetched, values)}
     return StepMeasurement(outputs, int(statistics.median(peaks)), seconds, device)
 
 

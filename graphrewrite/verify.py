@@ -2,9 +2,9 @@
 
 Both are imported into separate sessions with TensorFlow's default configuration, fed the same
 seeded inputs (MetaGraphDefs: variables initialised the same way, the `train_op` run), and every
-output is compared: bitwise by default, within `rtol`/`atol` when asked. Peak memory and the
-median step time of both are measured on the same machine in the same process (see
-`measure.py`).
+output is compared: bitwise by default, within `rtol`/`atol` when asked. Each model's peak
+memory is measured in a fresh process of its own; their step times in one more process that
+holds both and times their steps in turns (see `measure.py`).
 """
 
 from __future__ import annotations
@@ -72,7 +72,8 @@ def verify(original: Model, rewritten: Model, fetches: list[str] | None = None,
            int_high: int = 10, isolated: bool = True) -> VerifyResult:
     """Run both models on equal inputs; compare every fetched output and measure both.
 
-    `isolated` runs each model in a fresh process, so both are measured from an empty allocator.
+    `isolated` runs each model in a fresh process, so both are measured from an empty allocator,
+    and times them in a third; otherwise all of it runs in this process (faster, for tests).
     """
     shapes = shapes_mod.infer(original.graph, input_shapes)
     fetches = fetches or analysis.default_fetches(original, shapes=shapes)
@@ -91,8 +92,12 @@ def verify(original: Model, rewritten: Model, fetches: list[str] | None = None,
     _require_kernels(rewritten)
     log.info("verify: %d inputs, %d outputs, %d timed runs each", len(inputs), len(fetches), runs)
     run = measure.run_step_isolated if isolated else measure.run_step
-    first = run(original.runnable(), inputs, fetches, runs)
-    second = run(rewritten.runnable(), inputs, fetches, runs)
+    first = run(original.runnable(), inputs, fetches, 0)
+    second = run(rewritten.runnable(), inputs, fetches, 0)
+    if runs:
+        first.step_seconds, second.step_seconds = measure.time_interleaved(
+            [(original.runnable(), None), (rewritten.runnable(), None)], inputs, fetches, runs,
+            isolated)
     comparisons = [_compare(name, first.outputs[name], second.outputs[name], rtol, atol)
                    for name in first.outputs]
     return VerifyResult(all(c.equal for c in comparisons), comparisons, first, second, fetches)

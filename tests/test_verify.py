@@ -86,3 +86,24 @@ def test_verify_feed_override(tmp_path):
     bad = run_cli("verify", fixture_path("mlp"), fixture_path("mlp"), "--feed",
                   f"labels={tmp_path / 'missing.npy'}")
     assert bad.exit_code == 2 and "cannot read" in bad.stderr
+
+
+def test_interleaved_timing_keeps_each_models_times_apart():
+    import tensorflow as tf
+
+    from graphrewrite import measure
+
+    def graph(matmuls):
+        g = tf.Graph()
+        with g.as_default():
+            y = tf.compat.v1.placeholder(tf.float32, [256, 256], name="x")
+            for _ in range(matmuls):
+                y = tf.matmul(y, y) * 1e-3
+            tf.identity(y, name="y")
+        return g.as_graph_def()
+
+    feeds = {"x": np.ones((256, 256), np.float32)}
+    light, heavy = measure.time_interleaved([(graph(0), None), (graph(60), None)], feeds, ["y"],
+                                            runs=3, isolated=False)
+    assert len(light) == len(heavy) == 3
+    assert np.median(heavy) > 3 * np.median(light)  # 60 MatMuls against one Identity
