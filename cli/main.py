@@ -154,8 +154,11 @@ mode_option = click.option("--mode", default="memory", show_default=True, metava
               help="Identity copies pinned to the CPU (portable, the default; runs anywhere) or "
                    "Grappler's _CopyFromGpuToHost/_CopyFromHostToGpu pair (GPU kernels only).")
 @click.option("--budget", metavar="BYTES|PCT",
-              help="Swapping: stop once the modelled device peak is at most this (6GiB, "
-                   "60%); default: as low as it goes.")
+              help="Modes memory and swap: the modelled device peak to reach, in bytes (6GiB) "
+                   "or as a share of the original's (60%). Memory: the least recomputation "
+                   "within it, however slow (default: the lowest peak for at most a little "
+                   "more compute). Swap: the fewest tensors moved (default: as low as it "
+                   "goes).")
 @click.option("--bandwidth", type=float, metavar="BYTES_PER_S",
               help="Swapping: host transfer bandwidth for timing swap-ins [default: 16e9].")
 @click.option("--passes", metavar="PIPELINE",
@@ -185,9 +188,9 @@ def optimize(model_path, output, mode, checkpoints, swap_tensors, swap_checkpoin
     result = pipeline.optimize(model, mode, input_shapes=input_shapes,
                                backward_scope=backward_scope, fetches=outputs,
                                checkpoints=checkpoints, swap_checkpoints=swap_checkpoints,
-                               passes=passes,
-                               swap_options={"form": swap_form, "budget": budget,
-                                             "bandwidth": bandwidth, "tensors": swap_tensors})
+                               passes=passes, budget=budget,
+                               swap_options={"form": swap_form, "bandwidth": bandwidth,
+                                             "tensors": swap_tensors})
     for name in explain:
         if name.split(":")[0] not in model.graph:
             raise click.BadParameter(f"'{name}' is not a node of {model_path}",
@@ -286,11 +289,15 @@ def format_verify(facts: dict) -> str:
 @click.option("--verify", "with_verify", is_flag=True,
               help="Also run each original and rewritten model and compare outputs.")
 @click.option("--force", is_flag=True, help="Redo models whose output is already up to date.")
+@click.option("--budget", metavar="BYTES|PCT",
+              help="Modes memory and swap: the modelled peak each model should reach, as in "
+                   "optimize (a share like 50% is of each model's own peak).")
 @click.option("--executor", type=click.Choice(["local", "dask"]), default="local",
               show_default=True, help="Run jobs in a local process pool or on a Dask cluster.")
 @click.option("--scheduler", metavar="ADDRESS",
               help="Dask scheduler address (tcp://host:8786), with --executor dask.")
-def batch(paths, out_dir, mode, jobs, report_path, with_verify, force, executor, scheduler):
+def batch(paths, out_dir, mode, jobs, report_path, with_verify, force, budget, executor,
+          scheduler):
     """Rewrite every model found under PATH... into --out-dir, one report line each.
 
     Models are .pb, .pbtxt, .meta files and SavedModel directories. A failing or corrupt model
@@ -303,7 +310,14 @@ def batch(paths, out_dir, mode, jobs, report_path, with_verify, force, executor,
     if executor == "dask" and not scheduler:
         raise click.BadParameter("--executor dask needs --scheduler ADDRESS",
                                  param_hint="--scheduler")
-    planned = batch_mod.plan(paths, out_dir, mode, with_verify, force)
+    if budget:  # a usage error now, not one failed line per model
+        from graphrewrite.budget import parse_budget
+
+        parse_budget(budget, 0)
+        if mode not in ("memory", "swap"):
+            raise click.BadParameter(f"needs mode memory or swap, not '{mode}'",
+                                     param_hint="--budget")
+    planned = batch_mod.plan(paths, out_dir, mode, with_verify, force, budget)
     if not planned:
         raise click.BadParameter("no models (.pb, .pbtxt, .meta, SavedModel) under the paths",
                                  param_hint="PATH")

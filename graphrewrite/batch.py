@@ -30,6 +30,7 @@ class Job:
     mode: str = "memory"
     verify: bool = False
     force: bool = False
+    budget: str | None = None  # `--budget` of modes memory and swap, e.g. 50% of each model's peak
 
 
 def discover(paths: Iterable[str | os.PathLike]) -> list[tuple[Path, Path]]:
@@ -59,13 +60,13 @@ def discover(paths: Iterable[str | os.PathLike]) -> list[tuple[Path, Path]]:
 
 
 def plan(paths, out_dir, mode: str = "memory", verify: bool = False,
-         force: bool = False) -> list[Job]:
+         force: bool = False, budget: str | None = None) -> list[Job]:
     """One job per model, writing to `out_dir` under the model's path relative to its root."""
     out_dir = Path(out_dir)
     jobs = []
     for root, model in discover(paths):
         relative = model.relative_to(root) if model != root else Path(model.name)
-        jobs.append(Job(str(model), str(out_dir / relative), mode, verify, force))
+        jobs.append(Job(str(model), str(out_dir / relative), mode, verify, force, budget))
     return jobs
 
 
@@ -88,7 +89,7 @@ def run_job(job: Job) -> dict:
             line["error"] = "output is newer than the input (--force to redo)"
             return line
         model = io.load(job.source)
-        result = pipeline.optimize(model, job.mode)
+        result = pipeline.optimize(model, job.mode, budget=job.budget)
         io.save(model, result.graph, job.output)
         line.update(peak_before=result.peak_before, peak_after=result.peak_after,
                     nodes_added=result.nodes_after - result.nodes_before)

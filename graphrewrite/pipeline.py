@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 from . import analysis as analysis_mod
+from .budget import parse_budget
 from .errors import GraphError, GraphRewriteError
 from .graph import Graph
 from .io import Model
@@ -38,6 +39,9 @@ MODE_HELP = {
     "manual": "recompute what _recompute_hint marks, swap what _swap_to_host marks (or --swap)",
     "swap": "move long-lived activations to host memory and back (--swap-form, --budget)",
 }
+
+# (pass, policy option) of the passes that search for a rewrite and so can stop at a budget
+SEARCHING_PASSES = {("recompute", None), ("recompute", "memory"), ("swap", None), ("swap", "auto")}
 
 
 @dataclass
@@ -73,12 +77,15 @@ def parse_pipeline(text: str) -> list[tuple[str, dict]]:
 def optimize(model: Model, mode: str, input_shapes: dict | None = None,
              backward_scope: str | None = None, fetches: list[str] | None = None,
              checkpoints: str | None = None, swap_options: dict | None = None,
-             swap_checkpoints: bool = False, passes: str | None = None) -> OptimizeResult:
+             swap_checkpoints: bool = False, passes: str | None = None,
+             budget: str | None = None) -> OptimizeResult:
     """Run the pipeline of `mode` on a copy of the model's graph and check the result.
 
     `swap_checkpoints` adds a swap pass after recomputation, which then moves the checkpoints
     (what the recomputed copies and the gradients read) to host memory. `passes` replaces the
-    mode's pipeline (`'recompute(policy=memory) accumulate'`)."""
+    mode's pipeline (`'recompute(policy=memory) accumulate'`). `budget` (bytes, or a share of
+    the original's modelled peak) goes to the passes that search: recompute with policy memory
+    and swap."""
     if mode not in MODES:
         raise GraphRewriteError(f"unknown mode '{mode}' (modes: {', '.join(MODES)})")
     start = time.perf_counter()
@@ -91,12 +98,23 @@ def optimize(model: Model, mode: str, input_shapes: dict | None = None,
     if (swap_options or {}).get("tensors") and "swap" not in pipeline:
         raise GraphRewriteError(f"--swap needs mode swap or manual (or --swap-checkpoints), "
                                 f"not '{mode}'")
+    steps = parse_pipeline(pipeline)
+    searching = [i for i, (name, raw) in enumerate(steps) if (name, raw.get("policy")) in
+                 SEARCHING_PASSES]
+    if budget and not searching:
+        raise GraphRewriteError(f"--budget needs mode memory or swap (or --swap-checkpoints), "
+                                f"not '{mode}'")
+    parse_budget(budget, 0)  # a malformed budget fails before the analysis
     graph = model.graph.copy()
     found = analysis_mod.analyse(model, graph, input_shapes, backward_scope, fetches)
     peak_before = found.memory.peak()
+    if budget:  # a share means a share of the original's peak, for every pass alike
+        in_bytes = str(parse_budget(budget, peak_before))
+        for i in searching:
+            steps[i] = (steps[i][0], {**steps[i][1], "budget": in_bytes})
     stats: dict = {}
     ran = []
-    for name, raw in parse_pipeline(pipeline):
+    for name, raw in steps:
         options_type, run = PASSES[name]
         if name == "recompute" and checkpoints:
             raw = {**raw, "checkpoints": checkpoints}

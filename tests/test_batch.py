@@ -64,6 +64,17 @@ def test_batch_refuses_an_empty_search(tmp_path):
     assert result.exit_code == 2 and "no models" in result.stderr
 
 
+def test_batch_budget_is_each_models_share_and_checked_up_front(zoo, tmp_path):
+    source = zoo / "resnet_cnn.pb"
+    default, budgeted = (batch.run_job(job) for job in [
+        *batch.plan([source], tmp_path / "a"), *batch.plan([source], tmp_path / "b", budget="90%")])
+    assert default["peak_after"] < budgeted["peak_after"] <= 0.9 * budgeted["peak_before"]
+    bad = run_cli("batch", zoo, "--out-dir", tmp_path / "c", "--budget", "lots")
+    assert bad.exit_code == 2 and "budget 'lots'" in bad.stderr and not (tmp_path / "c").exists()
+    speed = run_cli("batch", zoo, "--out-dir", tmp_path / "c", "--mode", "speed", "--budget", "9%")
+    assert speed.exit_code == 2 and "needs mode memory or swap" in speed.stderr
+
+
 @pytest.mark.tf
 def test_batch_in_a_process_pool_with_verify(zoo, tmp_path):
     jobs = batch.plan([zoo / "mlp.pbtxt", zoo / "resnet_cnn.pb"], tmp_path / "out", verify=True)

@@ -274,3 +274,28 @@ def test_checkpoints_recomputed_ahead_run_bitwise_equal(tmp_path):
     outcome = verify.verify(io.load(fixture_path("resnet_cnn")), io.load(path), runs=1,
                             isolated=False)
     assert outcome.match and outcome.max_abs_diff == 0.0
+
+
+def test_a_budget_takes_the_least_recomputation_within_it():
+    _, lowest = rewrite("resnet_cnn", "memory")
+    budget = (lowest.peak_before + lowest.peak_after) // 2  # halfway: cheaper choices fit
+    _, within = rewrite("resnet_cnn", "memory", budget=str(budget))
+    assert lowest.peak_after < within.peak_after <= budget
+    assert 0 < within.stats["extra_flops"] < lowest.stats["extra_flops"]
+    assert "recompute" not in within.stats  # met: no note
+
+
+def test_an_unreachable_budget_gives_the_lowest_peak_and_says_so():
+    _, lowest = rewrite("resnet_cnn", "memory")
+    _, result = rewrite("resnet_cnn", "memory", budget="1%")
+    assert result.peak_after <= lowest.peak_after
+    assert "not reached" in result.stats["recompute"]
+    _, met = rewrite("resnet_cnn", "memory", budget="100%")
+    assert not met.stats.get("recomputed") and "already within" in met.stats["recompute"]
+
+
+def test_a_budget_needs_a_mode_that_searches():
+    with pytest.raises(GraphRewriteError, match="--budget needs mode memory or swap"):
+        rewrite("resnet_cnn", "speed", budget="50%")
+    with pytest.raises(GraphRewriteError, match="budget 'half'"):
+        rewrite("resnet_cnn", "memory", budget="half")

@@ -8,16 +8,16 @@ import tensorflow as tf
 from graphrewrite import analysis, io, pipeline
 from graphrewrite.errors import GraphRewriteError
 from graphrewrite.names import SWAP_IN_SUFFIX, SWAP_OUT_SUFFIX
-from graphrewrite.passes.swap import parse_budget
+from graphrewrite.budget import parse_budget
 from graphrewrite.split import split
 from graphrewrite.tensor_ref import TensorRef
 
 from conftest import fixture_path, run_cli
 
 
-def swapped(name="resnet_cnn", **options):
+def swapped(name="resnet_cnn", budget=None, **options):
     model = io.load(fixture_path(name))
-    return model, pipeline.optimize(model, "swap", swap_options=options)
+    return model, pipeline.optimize(model, "swap", swap_options=options, budget=budget)
 
 
 def test_swap_moves_the_peak_to_host_memory():

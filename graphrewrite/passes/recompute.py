@@ -34,6 +34,8 @@ import networkx as nx
 from .. import checkpoints as policies
 from .. import flops, memory
 from ..analysis import Analysis
+from ..budget import parse_budget
+from ..errors import GraphRewriteError
 from ..graph import Graph
 from ..names import AHEAD_PREFIX, COPY_PREFIX, TRIGGER_PREFIX
 from ..shapes import Shapes
@@ -55,13 +57,16 @@ AHEAD_GAIN, AHEAD_FLOPS = 0.05, 0.10
 class RecomputeOptions:
     policy: str = "memory"          # memory | speed | collection | manual
     checkpoints: str | None = None  # selectors, for policy=collection
+    budget: str | None = None       # policy memory: the least recomputation under this peak
 
     def __post_init__(self):
         if self.policy not in policies.POLICIES:
-            from ..errors import GraphRewriteError
-
             raise GraphRewriteError(f"recompute: unknown policy '{self.policy}' (policies: "
                                     f"{', '.join(policies.POLICIES)})")
+        if self.budget and self.policy != "memory":
+            raise GraphRewriteError(f"recompute: a budget needs policy memory, not "
+                                    f"'{self.policy}'")
+        parse_budget(self.budget, 0)  # a malformed budget fails now, not when it is first used
 
 
 @dataclass
@@ -87,7 +92,9 @@ def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None)
 
     Every candidate checkpoint set is applied and its rewritten step modelled; the lowest peak
     wins (the cheapest recomputation among near-equal peaks). Automatic policies leave the graph
-    alone unless the modelled peak drops by MIN_GAIN.
+    alone unless the modelled peak drops by MIN_GAIN. With a budget, policy memory takes the
+    least recomputation (extra FLOPs) among all it tried whose peak is within it, two-level
+    spreads included whatever their cost.
     """
     from . import PassResult
 
@@ -101,16 +108,24 @@ def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None)
         candidates = policies.POLICIES[options.policy](ctx)
     if not candidates:
         return PassResult(graph, False, {"recompute": "no checkpoint candidates found"})
+    budget = parse_budget(options.budget, analysis.memory.peak())
+    if budget >= analysis.memory.peak():
+        return PassResult(graph, False, {"recompute": (
+            "the modelled peak is already within the budget: graph left unchanged")})
     attempts = [_evaluate(ctx, checkpoints) for checkpoints in candidates]
     best = _choose(attempts)
+    note = ""
     if options.policy == "memory":
         attempts += [_evaluate(ctx, c) for c in policies.memory_policy(ctx, near=best.checkpoints)]
         best = _refine(ctx, _choose(attempts), attempts)
         trials = [*_ahead_trials(ctx, best), *_two_level_trials(ctx)]
-        affordable = best.extra_flops + AHEAD_FLOPS * analysis.flops
-        better = [t for t in trials if t.peak <= best.peak * (1 - AHEAD_GAIN)
-                  and t.extra_flops <= affordable]
-        best = _choose(better) if better else best
+        if budget:
+            best, note = _within_budget([*attempts, *trials], budget)
+        else:
+            affordable = best.extra_flops + AHEAD_FLOPS * analysis.flops
+            better = [t for t in trials if t.peak <= best.peak * (1 - AHEAD_GAIN)
+                      and t.extra_flops <= affordable]
+            best = _choose(better) if better else best
     automatic = options.policy in ("memory", "speed")  # hints and selectors are obeyed as given
     if automatic and best.peak > analysis.memory.peak() * (1 - MIN_GAIN):
         return PassResult(graph, False, {"recompute": (
@@ -119,7 +134,8 @@ def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None)
     # Pads never run, so the model did not need them; only the chosen rewrite gets them.
     best.pads = pad_readers(best.graph, ctx.graph, analysis,
                             {c: o for o, c in [*best.recomputed.items(), *best.ahead.items()]})
-    return PassResult(best.graph, True, _stats(best), best.shapes)
+    return PassResult(best.graph, True, {**_stats(best), **({"recompute": note} if note else {})},
+                      best.shapes)
 
 
 def _evaluate(ctx: policies.Context, checkpoints: set[str],
@@ -142,6 +158,17 @@ def _choose(attempts: list[Rewrite]) -> Rewrite:
     lowest = min(a.peak for a in attempts)
     return min((a for a in attempts if a.peak <= lowest * (1 + PEAK_SLACK)),
                key=lambda a: (a.extra_flops, a.peak))
+
+
+def _within_budget(attempts: list[Rewrite], budget: int) -> tuple[Rewrite, str]:
+    """The least recomputation whose modelled peak is within `budget`; if none is, the lowest
+    peak, and a note saying so."""
+    within = [a for a in attempts if a.peak <= budget]
+    if within:
+        return min(within, key=lambda a: (a.extra_flops, a.peak)), ""
+    lowest = min(attempts, key=lambda a: (a.peak, a.extra_flops))
+    return lowest, (f"budget of {budget / 2**20:.1f} MiB not reached: the lowest modelled peak "
+                    f"found is {lowest.peak / 2**20:.1f} MiB")
 
 
 def _refine(ctx: policies.Context, best: Rewrite, attempts: list[Rewrite]) -> Rewrite:

@@ -25,7 +25,6 @@ frames, resource/variant/string/ref tensors; in `auto` also tensors under 1 KiB.
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass
 
 from tensorflow.core.framework import attr_value_pb2
@@ -34,6 +33,7 @@ from .. import checkpoints as policies
 from .. import flops, memory
 from .. import selectors as selectors_mod
 from ..analysis import Analysis
+from ..budget import parse_budget
 from ..errors import GraphRewriteError
 from ..graph import Graph
 from ..names import SWAP_IN_SUFFIX, SWAP_OUT_SUFFIX
@@ -79,25 +79,6 @@ class Swap:
     ref: TensorRef
     readers: tuple[str, ...]
     trigger: str | None
-
-
-def parse_budget(text: str | None, peak: int) -> int:
-    """`6GiB`, `512MB`, `1048576` or `60%` (of `peak`) -> bytes; None -> 0 (as low as it goes).
-
-    >>> parse_budget("60%", 1000), parse_budget("2KiB", 0)
-    (600, 2048)
-    """
-    if not text:
-        return 0
-    match = re.fullmatch(r"\s*([0-9.]+)\s*(%|[KMGT]i?B|B)?\s*", text, re.IGNORECASE)
-    if not match:
-        raise GraphRewriteError(f"budget '{text}': expected bytes like 6GiB or a share like 60%")
-    value, unit = float(match.group(1)), (match.group(2) or "B").upper()
-    if unit == "%":
-        return int(peak * value / 100)
-    scale = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
-             "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}[unit]
-    return int(value * scale)
 
 
 def run(graph: Graph, analysis: Analysis, options: SwapOptions, model=None):
