@@ -67,11 +67,18 @@ def time_interleaved(runnables: list, feeds: dict[str, np.ndarray], fetches: lis
     """Step times of several `(message, config)` pairs, each in its own session of one process
     (a fresh one when `isolated`), timed in turns: round r times one step of each, starting
     with model r mod n. A shared machine's load drifts over seconds; timed one after the
-    other, two models can differ by 20% from that alone, timed in turns both see the same."""
+    other, two models can differ by 20% from that alone, timed in turns both see the same.
+    If they do not fit in the device's memory together, each is timed alone."""
     if isolated:
-        return _in_fresh_process(_time_serialized, [_serialize(m, c) for m, c in runnables],
-                                 feeds, fetches, runs)
-    return _time_steps(runnables, feeds, fetches, runs)
+        seconds = _in_fresh_process(_time_serialized, [_serialize(m, c) for m, c in runnables],
+                                    feeds, fetches, runs)
+    else:
+        seconds = _time_steps(runnables, feeds, fetches, runs)
+    if seconds is None:
+        log.warning("the models do not fit in memory together: each timed alone")
+        run = run_step_isolated if isolated else run_step
+        seconds = [run(m, feeds, fetches, runs, c).step_seconds for m, c in runnables]
+    return seconds
 
 
 def _serialize(message, config) -> tuple:
@@ -110,9 +117,12 @@ def _time_serialized(payloads, feeds, fetches, runs) -> list[list[float]]:
     return _time_steps([_deserialize(p) for p in payloads], feeds, fetches, runs)
 
 
-def _time_steps(runnables, feeds, fetches, runs) -> list[list[float]]:
-    opened = [_open_session(*_import(m), feeds, fetches, c) for m, c in runnables]
+def _time_steps(runnables, feeds, fetches, runs) -> list[list[float]] | None:
+    import tensorflow as tf
+
+    opened = []
     try:
+        opened.extend(_open_session(*_import(m), feeds, fetches, c) for m, c in runnables)
         for session, run_list, feed_dict in opened:
             session.run(run_list, feed_dict)  # warm-up: Grappler, kernel creation, allocations
         seconds = [[] for _ in opened]
@@ -124,6 +134,8 @@ def _time_steps(runnables, feeds, fetches, runs) -> list[list[float]]:
                 session.run(run_list, feed_dict)
                 seconds[i].append(time.perf_counter() - start)
         return seconds
+    except tf.errors.ResourceExhaustedError:
+        return None
     finally:
         for session, _, _ in opened:
             session.close()

@@ -88,22 +88,36 @@ def test_verify_feed_override(tmp_path):
     assert bad.exit_code == 2 and "cannot read" in bad.stderr
 
 
-def test_interleaved_timing_keeps_each_models_times_apart():
+def _matmul_chain(matmuls):
     import tensorflow as tf
 
+    g = tf.Graph()
+    with g.as_default():
+        y = tf.compat.v1.placeholder(tf.float32, [256, 256], name="x")
+        for _ in range(matmuls):
+            y = tf.matmul(y, y) * 1e-3
+        tf.identity(y, name="y")
+    return g.as_graph_def()
+
+
+def _time_light_and_heavy():
     from graphrewrite import measure
 
-    def graph(matmuls):
-        g = tf.Graph()
-        with g.as_default():
-            y = tf.compat.v1.placeholder(tf.float32, [256, 256], name="x")
-            for _ in range(matmuls):
-                y = tf.matmul(y, y) * 1e-3
-            tf.identity(y, name="y")
-        return g.as_graph_def()
+    return measure.time_interleaved([(_matmul_chain(0), None), (_matmul_chain(60), None)],
+                                    {"x": np.ones((256, 256), np.float32)}, ["y"], runs=3,
+                                    isolated=False)
 
-    feeds = {"x": np.ones((256, 256), np.float32)}
-    light, heavy = measure.time_interleaved([(graph(0), None), (graph(60), None)], feeds, ["y"],
-                                            runs=3, isolated=False)
+
+def test_interleaved_timing_keeps_each_models_times_apart():
+    light, heavy = _time_light_and_heavy()
     assert len(light) == len(heavy) == 3
     assert np.median(heavy) > 3 * np.median(light)  # 60 MatMuls against one Identity
+
+
+def test_models_that_do_not_fit_together_are_timed_alone(monkeypatch, caplog):
+    from graphrewrite import measure
+
+    monkeypatch.setattr(measure, "_time_steps", lambda *args: None)  # as on ResourceExhausted
+    light, heavy = _time_light_and_heavy()
+    assert len(light) == len(heavy) == 3 and np.median(heavy) > 3 * np.median(light)
+    assert "timed alone" in caplog.text

@@ -50,7 +50,7 @@ PEAK_SLACK = 0.02  # peaks this close count as equal; then less recomputation wi
 REFINE_ROUNDS, REFINE_TRIES = 3, 4  # bounded local search after the candidate sweep
 # Recomputing checkpoints ahead costs a forward pass over the early layers: only for 5% less
 # peak, and for at most 15% of the step's FLOPs more than single-level recomputation (measured
-# with steps timed in turns: deep MLP +15% FLOPs, step 1.34x; DenseNet-121 +13%, step 1.19x).
+# with steps timed in turns: deep MLP +13% FLOPs, step 1.35x; DenseNet-121 +13%, 1.19x-1.28x).
 AHEAD_GAIN, AHEAD_FLOPS = 0.05, 0.15
 
 
