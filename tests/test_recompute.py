@@ -299,3 +299,17 @@ def test_a_budget_needs_a_mode_that_searches():
         rewrite("resnet_cnn", "speed", budget="50%")
     with pytest.raises(GraphRewriteError, match="budget 'half'"):
         rewrite("resnet_cnn", "memory", budget="half")
+
+
+def test_batch_norm_statistics_are_held_not_recomputed():
+    _, result = rewrite("resnet_cnn", "memory")
+    graph = result.graph
+    grads = [n for n in graph.nodes() if graph.op(n) == "FusedBatchNormGradV3"]
+    inputs = [graph.data_inputs(n) for n in grads]
+    assert any(refs[1].node.startswith(COPY_PREFIX) for refs in inputs)  # x: recomputed
+    statistics = [r.node for refs in inputs for r in refs[3:5]]  # reserve spaces 1 and 2
+    assert statistics and not any(n.startswith(COPY_PREFIX) for n in statistics)
+    # a batch norm whose normalized output nothing recomputed reads is not copied at all
+    copied_bn = {n for n in graph.nodes() if n.startswith(COPY_PREFIX)
+                 and graph.op(n) == "FusedBatchNormV3"}
+    assert len(copied_bn) < len(grads)
