@@ -3,9 +3,9 @@
 For each forward node the gradient flow reads that is not a checkpoint, the pass copies it and
 everything between it and the checkpoints above it (each node once), and rewires only the
 gradient-flow consumers to the copies; forward consumers, and backward nodes that run during the
-forward pass (shape computations), keep the originals, which are then freed early. Tiny side
-outputs (a batch norm's batch statistics) are read from the originals, not recomputed. Copies are
-grouped into connected segments; each segment's root copies wait on a trigger NoOp whose control
+forward pass (shape computations), keep the originals, which are then freed early. A node the
+flow reads only tiny side outputs of (a batch norm's batch statistics) is not copied: those are
+read from the original. Copies are grouped into connected segments; each segment's root copies wait on a trigger NoOp whose control
 inputs are the gradient-flow nodes feeding the segment's consumers, so the recomputation runs
 when back-propagation reaches the segment. A trigger input is only taken if it does not itself
 depend on the segment's copies (checked on the graph as it grows), so no cycle can form.
@@ -248,13 +248,15 @@ def apply(ctx: policies.Context, checkpoints: set[str], ahead: frozenset = froze
         return reason is None
 
     order = ctx.order()  # the copy's, as nothing was added yet
-    reads = {n: _recomputed_reads(ctx, n) for n in order if n in forward}
-    boundary = [n for n, refs in reads.items() if refs and recomputable(n)]
+    reads = {n: [r for r in ctx.analysis.shapes.outputs(n)
+                 if any(v in flow for v, _ in graph.consumers(r))] for n in order if n in forward}
+    boundary = [n for n, refs in reads.items() if _worth_recomputing(ctx, n, refs)
+                and recomputable(n)]
     copies = _copy(graph, _with_ancestors(ctx.graph, boundary, recomputable), order, COPY_PREFIX)
-    for name in boundary:
+    for name, copy in copies.items():
         for ref in reads[name]:
             readers = [v for v, _ in graph.consumers(ref) if v in flow]
-            graph.replace_uses(ref, TensorRef(copies[name], ref.port), readers)
+            graph.replace_uses(ref, TensorRef(copy, ref.port), readers)
     triggers, gate_of, ungated = _add_triggers(graph, ctx, copies, flow, order)
     early = _recompute_ahead(graph, ctx, ahead, copies, gate_of, recomputable, order)
     shapes = Shapes(dict(ctx.analysis.shapes.tensors))
@@ -265,16 +267,15 @@ def apply(ctx: policies.Context, checkpoints: set[str], ahead: frozenset = froze
                    ahead=early)
 
 
-def _recomputed_reads(ctx: policies.Context, name: str) -> list[TensorRef]:
-    """The outputs of forward node `name` that the gradient flow reads and gets recomputed.
-    An output under 1/SIDE_OUTPUT_RATIO of the node's largest (a batch norm's batch statistics
-    beside its normalized output) is read from the forward pass instead: holding it costs next
-    to nothing, recomputing it costs the large output too, if only for a moment."""
-    shapes, flow = ctx.analysis.shapes, ctx.analysis.split.gradient_flow
-    outputs = shapes.outputs(name)
-    largest = max((shapes.nbytes(r) or 0 for r in outputs), default=0)
-    return [r for r in outputs if any(v in flow for v, _ in ctx.graph.consumers(r))
-            and (shapes.nbytes(r) or 0) * SIDE_OUTPUT_RATIO >= largest]
+def _worth_recomputing(ctx: policies.Context, name: str, reads: list[TensorRef]) -> bool:
+    """Whether the gradient flow reads an output of `name` that is worth recomputing. Outputs
+    under 1/SIDE_OUTPUT_RATIO of the node's largest (a batch norm's batch statistics beside its
+    normalized output) are not: holding them costs next to nothing, while recomputing them
+    costs the large output too, if only for a moment. A node copied anyway (its large output
+    feeds other copies) gives the flow all its outputs from the copy."""
+    shapes = ctx.analysis.shapes
+    largest = max((shapes.nbytes(r) or 0 for r in shapes.outputs(name)), default=0)
+    return any((shapes.nbytes(r) or 0) * SIDE_OUTPUT_RATIO >= largest for r in reads)
 
 
 def _with_ancestors(graph: Graph, starts, include) -> set[str]:
