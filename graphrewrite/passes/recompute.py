@@ -3,12 +3,13 @@
 For each forward node the gradient flow reads that is not a checkpoint, the pass copies it and
 everything between it and the checkpoints above it (each node once), and rewires only the
 gradient-flow consumers to the copies; forward consumers, and backward nodes that run during the
-forward pass (shape computations), keep the originals, which are then freed early. A node the
-flow reads only tiny side outputs of (a batch norm's batch statistics) is not copied: those are
-read from the original. Copies are grouped into connected segments; each segment's root copies wait on a trigger NoOp whose control
-inputs are the gradient-flow nodes feeding the segment's consumers, so the recomputation runs
-when back-propagation reaches the segment. A trigger input is only taken if it does not itself
-depend on the segment's copies (checked on the graph as it grows), so no cycle can form.
+forward pass (shape computations), keep the originals, which are then freed early. A node the flow
+reads only tiny side outputs of (a batch norm's batch statistics) is not copied: those are read
+from the original. Copies are grouped into connected segments; each segment's root copies wait on a
+trigger NoOp whose control inputs are the gradient-flow nodes feeding the segment's consumers, so
+the recomputation runs when back-propagation reaches the segment. A trigger input is only taken if
+it does not itself depend on the segment's copies (checked on the graph as it grows), so no cycle
+can form.
 
 In memory mode the first few checkpoints may be recomputed ahead (`_recompute_ahead`): copied
 too, and computed when back-propagation reaches the first segment reading them, rather than held
