@@ -311,12 +311,9 @@ def batch(paths, out_dir, mode, jobs, report_path, with_verify, force, budget, e
         raise click.BadParameter("--executor dask needs --scheduler ADDRESS",
                                  param_hint="--scheduler")
     if budget:  # a usage error now, not one failed line per model
-        from graphrewrite.budget import parse_budget
+        from graphrewrite import pipeline
 
-        parse_budget(budget, 0)
-        if mode not in ("memory", "swap"):
-            raise click.BadParameter(f"needs mode memory or swap, not '{mode}'",
-                                     param_hint="--budget")
+        pipeline.budgeted_steps(pipeline.MODES[mode], budget, mode)
     planned = batch_mod.plan(paths, out_dir, mode, with_verify, force, budget)
     if not planned:
         raise click.BadParameter("no models (.pb, .pbtxt, .meta, SavedModel) under the paths",

@@ -74,6 +74,19 @@ def parse_pipeline(text: str) -> list[tuple[str, dict]]:
     return steps
 
 
+def budgeted_steps(pipeline: str, budget: str | None, mode: str) -> tuple[list, list[int]]:
+    """The pipeline's steps and the indices of those a budget goes to. A malformed budget, or
+    one no step takes, is an error, before any work is done."""
+    steps = parse_pipeline(pipeline)
+    searching = [i for i, (name, raw) in enumerate(steps) if (name, raw.get("policy")) in
+                 SEARCHING_PASSES]
+    if budget and not searching:
+        raise GraphRewriteError(f"--budget needs mode memory or swap (or --swap-checkpoints), "
+                                f"not '{mode}'")
+    parse_budget(budget, 0)
+    return steps, searching
+
+
 def optimize(model: Model, mode: str, input_shapes: dict | None = None,
              backward_scope: str | None = None, fetches: list[str] | None = None,
              checkpoints: str | None = None, swap_options: dict | None = None,
@@ -98,13 +111,7 @@ def optimize(model: Model, mode: str, input_shapes: dict | None = None,
     if (swap_options or {}).get("tensors") and "swap" not in pipeline:
         raise GraphRewriteError(f"--swap needs mode swap or manual (or --swap-checkpoints), "
                                 f"not '{mode}'")
-    steps = parse_pipeline(pipeline)
-    searching = [i for i, (name, raw) in enumerate(steps) if (name, raw.get("policy")) in
-                 SEARCHING_PASSES]
-    if budget and not searching:
-        raise GraphRewriteError(f"--budget needs mode memory or swap (or --swap-checkpoints), "
-                                f"not '{mode}'")
-    parse_budget(budget, 0)  # a malformed budget fails before the analysis
+    steps, searching = budgeted_steps(pipeline, budget, mode)
     graph = model.graph.copy()
     found = analysis_mod.analyse(model, graph, input_shapes, backward_scope, fetches)
     peak_before = found.memory.peak()
