@@ -36,8 +36,8 @@ from .graph import Graph
 from .memory import ALIAS_OPS, needed_nodes
 from .selectors import select
 from .split import loop_frame_nodes, reachable
-from .tensor_ref import TensorRef
 from .summary import FUNCTIONAL_CONTROL_OPS, PLACEHOLDER_OPS, V1_LOOP_OPS
+from .tensor_ref import TensorRef
 
 EXPENSIVE_OPS = frozenset({
     "MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Conv2D", "Conv3D",
@@ -65,12 +65,23 @@ class Context:
     _spreads: list | None = None  # the memory policy's, built once (see `_spreads`)
     _chain: tuple | None = None   # the bottlenecks and their byte counts (see `_chain`)
     _order: list | None = None
+    _flow_reads: dict | None = None
 
     def order(self) -> list[str]:
         """The graph's topological order, computed once (the graph is not changed in place)."""
         if self._order is None:
             self._order = self.graph.topological_order()
         return self._order
+
+    def flow_reads(self) -> dict[str, list[TensorRef]]:
+        """Forward node -> its outputs the gradient flow reads, in order, computed once."""
+        if self._flow_reads is None:
+            split, shapes = self.analysis.split, self.analysis.shapes
+            self._flow_reads = {
+                n: [r for r in shapes.outputs(n)
+                    if any(v in split.gradient_flow for v, _ in self.graph.consumers(r))]
+                for n in self.order() if n in split.forward}
+        return self._flow_reads
 
     @classmethod
     def build(cls, graph: Graph, analysis: Analysis) -> "Context":

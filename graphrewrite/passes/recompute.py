@@ -249,8 +249,7 @@ def apply(ctx: policies.Context, checkpoints: set[str], ahead: frozenset = froze
         return reason is None
 
     order = ctx.order()  # the copy's, as nothing was added yet
-    reads = {n: [r for r in ctx.analysis.shapes.outputs(n)
-                 if any(v in flow for v, _ in graph.consumers(r))] for n in order if n in forward}
+    reads = ctx.flow_reads()  # likewise
     boundary = [n for n, refs in reads.items() if _worth_recomputing(ctx, n, refs)
                 and recomputable(n)]
     copies = _copy(graph, _with_ancestors(ctx.graph, boundary, recomputable), order, COPY_PREFIX)
