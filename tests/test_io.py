@@ -13,7 +13,7 @@ from graphrewrite.text import dump
 
 from conftest import FIXTURE_NAMES, fixture_path, graph_def
 
-EXPECTED_FORMAT = {"mlp": "graphdef-text", "adam_train": "metagraph",
+EXPECTED_FORMAT = {"mlp": "graphdef-text", "adam_train": "metagraph", "keras_train": "metagraph",
                    "tiny_savedmodel": "savedmodel"}
 
 
