@@ -8,6 +8,18 @@ before TensorFlow started (the CLI and the benchmark set it; `measurement_enviro
 whether it is in force). Without it, the peak falls back to the sum of the step's own allocation
 records, which misses constants.
 
+What the peak includes: everything the session holds at the step's high point that it did not
+hold before it existed: the step's transient tensors, the feeds, constants, and every variable
+(a MetaGraphDef's weights, optimizer slots and batch-norm statistics, created by its initialisers;
+the fresh variables bound to a TF2 step's resource placeholders, see `bind.py`). Both kinds of
+variable are made after the base is read, so they count alike, once (a bound variable is assigned
+from a fed value, which is freed after the assignment). Not included: what importing the graph
+allocated (shape inference evaluates small constants).
+
+Training steps change state: outputs are kept for the first STEPS_COMPARED steps (the warm-up and
+the first traced one) and every variable is read right after them, so two models run from equal
+initial variables can be compared step by step and on the state they leave.
+
 The session uses TensorFlow's default `ConfigProto` (Grappler on), which is what users run.
 """
 
@@ -28,6 +40,7 @@ BFC_FLAG = "TF_CPU_ALLOCATOR_USE_BFC"
 # recomputation with back-propagation differently from step to step, and the allocator hands out
 # whole free chunks up to twice the size asked for, so one step's peak varies by several %.
 TRACED_STEPS = 3
+STEPS_COMPARED = 2
 
 
 def measurement_environment() -> None:
@@ -45,10 +58,12 @@ def measurement_environment() -> None:
 
 @dataclass
 class StepMeasurement:
-    outputs: dict[str, np.ndarray]
+    outputs: dict[str, np.ndarray]    # the fetched outputs of the last compared step
     peak_bytes: int                   # allocator peak during the step, above the pre-session base
     step_seconds: list[float] = field(default_factory=list)
     device: str = ""
+    step_outputs: list[dict[str, np.ndarray]] = field(default_factory=list)  # steps 1, 2
+    variables: dict[str, np.ndarray] = field(default_factory=dict)  # after the compared steps
 
     @property
     def median_seconds(self) -> float:
@@ -122,14 +137,14 @@ def _time_steps(runnables, feeds, fetches, runs) -> list[list[float]] | None:
 
     opened = []
     try:
-        opened.extend(_open_session(*_import(m), feeds, fetches, c) for m, c in runnables)
-        for session, run_list, feed_dict in opened:
+        opened.extend(_open_session(_import(m, feeds), feeds, fetches, c) for m, c in runnables)
+        for session, run_list, feed_dict, _ in opened:
             session.run(run_list, feed_dict)  # warm-up: Grappler, kernel creation, allocations
         seconds = [[] for _ in opened]
         for round_ in range(runs):
             for k in range(len(opened)):
                 i = (round_ + k) % len(opened)
-                session, run_list, feed_dict = opened[i]
+                session, run_list, feed_dict, _ = opened[i]
                 start = time.perf_counter()
                 session.run(run_list, feed_dict)
                 seconds[i].append(time.perf_counter() - start)
@@ -137,36 +152,47 @@ def _time_steps(runnables, feeds, fetches, runs) -> list[list[float]] | None:
     except tf.errors.ResourceExhaustedError:
         return None
     finally:
-        for session, _, _ in opened:
+        for session, *_ in opened:
             session.close()
 
 
-def _import(message):
-    """A GraphDef or MetaGraphDef imported into a new graph; returns it and its initialisers."""
+def _import(message, feeds: dict[str, np.ndarray]):
+    """A GraphDef or MetaGraphDef imported into a new graph (`Bound.graph`), with what
+    initialises its variables and reads them: a MetaGraphDef's global variables; for a GraphDef,
+    a fresh variable bound to each resource placeholder that `feeds` gives a value for."""
     import tensorflow as tf
 
+    from . import bind  # not at the top: this module loads before TensorFlow may
+
     graph = tf.Graph()
-    init_ops = []
     with graph.as_default():
         if message.DESCRIPTOR.name == "MetaGraphDef":
             tf.compat.v1.train.import_meta_graph(message, clear_devices=False)
-            init_ops = [tf.compat.v1.global_variables_initializer()]
+            variables = tf.compat.v1.global_variables()
+            imported = bind.Bound({}, [tf.compat.v1.global_variables_initializer()], {},
+                                  {v.op.name: v.read_value() for v in variables})
         else:
-            tf.graph_util.import_graph_def(message, name="")
-    return graph, init_ops
+            resources = bind.resource_placeholder_names(message) & set(feeds)
+            imported = bind.bind(message, {k: feeds[k] for k in resources})
+            tf.graph_util.import_graph_def(message, input_map=imported.input_map, name="")
+    imported.graph = graph
+    return imported
 
 
-def _open_session(graph, init_ops, feeds, fetches, config):
+def _open_session(imported, feeds, fetches, config):
     """A session on an imported graph, variables initialised. Returns it, what to run (fetched
-    tensors, then targets) and the feed dict."""
+    tensors, then targets), the feed dict and the variables' reads."""
     import tensorflow as tf
 
+    graph = imported.graph
     fetch_tensors, targets = _resolve(graph, fetches)
-    feed_dict = {graph.get_tensor_by_name(_tensor_name(k)): v for k, v in feeds.items()}
+    bound = {k.split(":")[0] for k in imported.input_map}
+    feed_dict = {graph.get_tensor_by_name(_tensor_name(k)): v for k, v in feeds.items()
+                 if k not in bound}
     session = tf.compat.v1.Session(graph=graph, config=config)
-    if init_ops:
-        session.run(init_ops)
-    return session, fetch_tensors + targets, feed_dict
+    if imported.init_ops:
+        session.run(imported.init_ops, imported.init_feeds)
+    return session, fetch_tensors + targets, feed_dict, imported.reads
 
 
 def compute_device() -> str:
@@ -178,29 +204,39 @@ def compute_device() -> str:
 
 def run_step(message, feeds: dict[str, np.ndarray], fetches: list[str],
              runs: int = 3, config=None) -> StepMeasurement:
-    """Import a GraphDef or MetaGraphDef (whose variables are then initialised), run the fetches
-    once as a warm-up, TRACED_STEPS times traced (the median of their peaks is the peak), and
-    `runs` times timed. Fetches are node names (output 0) or `node:port`; nodes without outputs
-    run as targets. Returns the first traced step's outputs."""
+    """Import a GraphDef or MetaGraphDef (whose variables are then initialised, see `_import`),
+    run the fetches once as a warm-up, TRACED_STEPS times traced (the median of their peaks is
+    the peak), and `runs` times timed. Fetches are node names (output 0) or `node:port`; nodes
+    without outputs run as targets. Keeps the outputs of the first STEPS_COMPARED steps and
+    every variable's value after them."""
     import tensorflow as tf
 
     device = compute_device()
-    graph, init_ops = _import(message)
+    imported = _import(message, feeds)
     # Importing may allocate (shape inference evaluates small constants); not the step's memory.
     base = _allocator_in_use(device)
-    session, run_list, feed_dict = _open_session(graph, init_ops, feeds, fetches, config)
+    session, run_list, feed_dict, reads = _open_session(imported, feeds, fetches, config)
     fetched = [t for t in run_list if isinstance(t, tf.Tensor)]
+    steps, variables = [], {}
+
+    def keep(result):
+        # Fetched arrays may share the allocator's buffers, which would then count in the
+        # next steps' peaks: keep owned copies, drop the rest.
+        steps.append({t.name: np.array(v, copy=True) for t, v in zip(fetched, result)})
+        if len(steps) == STEPS_COMPARED and reads:
+            names = sorted(reads)
+            values = session.run([reads[n] for n in names])
+            variables.update((n, np.array(v, copy=True)) for n, v in zip(names, values))
+
     with session:
-        session.run(run_list, feed_dict)
+        keep(session.run(run_list, feed_dict))
         options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
         peaks = []
         for _ in range(TRACED_STEPS):
             metadata = tf.compat.v1.RunMetadata()
             traced = session.run(run_list, feed_dict, options=options, run_metadata=metadata)
-            # Fetched arrays may share the allocator's buffers, which would then count in the
-            # next steps' peaks: keep owned copies of the first step's, drop the rest.
-            if not peaks:
-                values = [np.array(v, copy=True) for v in traced[:len(fetched)]]
+            if len(steps) < STEPS_COMPARED:
+                keep(traced)
             del traced
             in_use, records = _peaks(metadata, device)
             peaks.append(records if in_use is None else in_use - (base or 0))
@@ -209,25 +245,32 @@ def run_step(message, feeds: dict[str, np.ndarray], fetches: list[str],
             start = time.perf_counter()
             session.run(run_list, feed_dict)
             seconds.append(time.perf_counter() - start)
-    outputs = {t.name: np.asarray(v) for t, v in zip(fetched, values)}
-    return StepMeasurement(outputs, int(statistics.median(peaks)), seconds, device)
+    return StepMeasurement(steps[-1], int(statistics.median(peaks)), seconds, device, steps,
+                           variables)
 
 
 def random_feeds(graph, shapes, seed: int = 0, int_high: int = 10,
                  given: set[str] = frozenset()) -> dict[str, np.ndarray]:
     """Seeded inputs for every placeholder not `given`: normal floats, integers in [0, int_high),
-    False bools.
+    False bools; for a resource placeholder (a TF2 step's captured variable), the initial value
+    of the variable bound to it (`bind.seeded_value`).
 
     The same seed gives the same arrays, so two graphs can be compared on equal inputs.
     """
     import tensorflow as tf
 
+    from . import bind
+    from .errors import GraphRewriteError
     from .tensor_ref import TensorRef
 
     rng = np.random.RandomState(seed)
-    feeds = {}
+    try:
+        feeds = bind.seeded_values(graph, shapes, seed, frozenset(given))
+    except GraphRewriteError as err:
+        raise ValueError(str(err)) from None
     for name in sorted(graph.nodes()):
-        if graph.op(name) not in ("Placeholder", "PlaceholderV2") or name in given:
+        if graph.op(name) not in ("Placeholder", "PlaceholderV2") or name in given \
+                or name in feeds:
             continue
         info = shapes[TensorRef(name)]
         if info is None or info.shape is None or None in info.shape:

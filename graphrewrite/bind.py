@@ -1,0 +1,183 @@
+"""A TF2 step's captured variables: resource placeholders, and variables bound to them to run it.
+
+A GraphDef exported from a `tf.function` (`concrete_fn.graph.as_graph_def(add_shapes=True)`)
+takes each captured variable as a `Placeholder` of dtype resource whose own shape says nothing;
+the variable's dtype is on its readers (`ReadVariableOp`, `Assign*VariableOp`, `ResourceGather`:
+`dtype`; `ResourceApply*`: `T`) and its value shape on what they read or write (`_output_shapes`
+that `add_shapes=True` records, or what TensorFlow's shape inference finds).
+
+Running such a step means giving each placeholder a variable. The convention used by `measure`
+and `verify`: a feed given for a resource placeholder is the *initial value* of a fresh variable
+bound to it, not a tensor to feed. The variable is a `VarHandleOp` the graph is imported onto
+(`input_map`), assigned once from a fed placeholder, so its bytes are held once, by the variable.
+`seeded_value` makes those initial values: small, finite, the same for the same seed and name.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+from tensorflow.core.framework import types_pb2
+
+from . import ops
+from .errors import GraphRewriteError
+from .graph import Graph
+from .tensor_ref import TensorRef
+
+log = logging.getLogger(__name__)
+
+RESOURCE = types_pb2.DT_RESOURCE
+PLACEHOLDERS = ("Placeholder", "PlaceholderV2")
+# Ops that pass a handle through unchanged: the readers behind them read the same variable.
+HANDLE_FORWARDERS = frozenset({"Identity", "IdentityN"})
+# Input argument of a writer that holds a value of the variable's shape.
+VALUE_ARGS = ("value", "grad", "delta")
+# Seeded variables are drawn from [0, SCALE): finite, small, and not negative, because the step
+# cannot tell a weight from a second-moment slot whose square root it takes.
+SCALE = 0.1
+EXPORT_HINT = "export the step with concrete_fn.graph.as_graph_def(add_shapes=True)"
+BIND_SCOPE = "graphrewrite_bound"
+
+
+@dataclass(frozen=True)
+class ValueSpec:
+    """What a resource placeholder's variable holds: a DataType enum and a fully known shape."""
+
+    dtype: int
+    shape: tuple
+
+
+def resource_placeholders(graph: Graph) -> list[str]:
+    """Names of the graph's placeholders of dtype resource, sorted."""
+    return sorted(n for n in graph.nodes() if graph.op(n) in PLACEHOLDERS
+                  and graph.node_def(n).attr["dtype"].type == RESOURCE)
+
+
+def value_spec(graph: Graph, shapes, name: str) -> ValueSpec:
+    """The dtype and shape of the variable behind resource placeholder `name`, from its readers
+    and writers; a GraphRewriteError (one line) when they do not tell."""
+    dtype, shape = None, None
+    for user, slot in _users(graph, name):
+        node = graph.node_def(user)
+        attr = "dtype" if "dtype" in node.attr else "T"
+        if dtype is None and attr in node.attr and node.attr[attr].type:
+            dtype = node.attr[attr].type
+        if shape is None:
+            shape = _known(_value_shape(graph, shapes, user, slot))
+        if dtype is not None and shape is not None:
+            return ValueSpec(dtype, shape)
+    what = "value shape" if dtype is not None else "dtype and value shape"
+    raise GraphRewriteError(f"the {what} of captured variable '{name}' (a resource placeholder) "
+                            f"is not recorded on its readers; {EXPORT_HINT}")
+
+
+def seeded_value(name: str, spec: ValueSpec, seed: int) -> np.ndarray:
+    """The initial value bound to `name`: a function of the seed and the name alone.
+
+    Floats uniform in [0, SCALE); integers (an optimizer's iteration counter), booleans and
+    anything else start at zero.
+    """
+    import tensorflow as tf
+
+    dtype = tf.dtypes.as_dtype(spec.dtype).as_numpy_dtype
+    if np.issubdtype(dtype, np.floating):
+        rng = np.random.RandomState(zlib.crc32(f"{seed}:{name}".encode()))
+        return rng.uniform(0.0, SCALE, spec.shape).astype(dtype)
+    return np.zeros(spec.shape, dtype)
+
+
+def seeded_values(graph: Graph, shapes, seed: int = 0,
+                  given: frozenset[str] = frozenset()) -> dict[str, np.ndarray]:
+    """Initial values for every resource placeholder not `given`."""
+    return {name: seeded_value(name, value_spec(graph, shapes, name), seed)
+            for name in resource_placeholders(graph) if name not in given}
+
+
+def _users(graph: Graph, name: str) -> list[tuple[str, int]]:
+    """(node, input slot) of every op that takes the handle, through Identity forwarders."""
+    found, todo, seen = [], [TensorRef(name)], set()
+    while todo:
+        ref = todo.pop()
+        for user, slot in graph.consumers(ref):
+            if slot is None or slot < 0 or (user, slot) in seen:
+                continue
+            seen.add((user, slot))
+            if graph.op(user) in HANDLE_FORWARDERS:
+                todo.append(TensorRef(user, slot if graph.op(user) == "IdentityN" else 0))
+            else:
+                found.append((user, slot))
+    return sorted(found, key=lambda u: (graph.op(u[0]) != "ReadVariableOp", u))
+
+
+def _value_shape(graph: Graph, shapes, user: str, slot: int) -> tuple | None:
+    """The shape of the variable's value as `user` sees it: a read's output, a dense write's
+    value input; None when the op does not show it."""
+    op = graph.op(user)
+    if op == "ReadVariableOp":
+        info = shapes[TensorRef(user)]
+        return None if info is None else info.shape
+    definition = ops.op_def(op)
+    if definition is None or "Sparse" in op or not (op.startswith("ResourceApply")
+                                                    or op.endswith("VariableOp")):
+        return None
+    args = list(definition.input_arg)
+    if any(a.number_attr or a.type_list_attr for a in args):
+        return None
+    index = next((i for i, a in enumerate(args) if a.name in VALUE_ARGS), None)
+    data = graph.data_inputs(user)
+    if index is None or index >= len(data) or index == slot:
+        return None
+    info = shapes[data[index]]
+    return None if info is None else info.shape
+
+
+def _known(shape: tuple | None) -> tuple | None:
+    return shape if shape is not None and None not in shape else None
+
+
+# --------------------------------------------------------------------------- in a session
+
+@dataclass
+class Bound:
+    """Variables made for a graph about to be imported: the `input_map` that puts their handles
+    in place of the placeholders, what initialises them (ops, feed dict), and their reads."""
+
+    input_map: dict
+    init_ops: list
+    init_feeds: dict
+    reads: dict  # placeholder name -> tensor reading its variable
+    graph: object = None  # the tf.Graph, once `graph_def` is imported into it
+
+
+def resource_placeholder_names(graph_def) -> set[str]:
+    """`resource_placeholders` on a GraphDef message, without building a Graph."""
+    return {n.name for n in graph_def.node
+            if n.op in PLACEHOLDERS and n.attr["dtype"].type == RESOURCE}
+
+
+def bind(graph_def, values: dict[str, np.ndarray]) -> Bound:
+    """Make one variable per `values` entry in the current default tf.Graph, before `graph_def`
+    is imported into it; their names stay clear of the graph's own."""
+    import tensorflow as tf
+
+    taken = {n.name.split("/")[0] for n in graph_def.node}
+    scope, k = BIND_SCOPE, 0
+    while scope in taken:
+        k += 1
+        scope = f"{BIND_SCOPE}_{k}"
+    bound = Bound({}, [], {}, {})
+    with tf.name_scope(scope + "/"):
+        for i, (name, value) in enumerate(sorted(values.items())):
+            dtype = tf.dtypes.as_dtype(value.dtype)
+            initial = tf.compat.v1.placeholder(dtype, value.shape, name=f"initial_{i}")
+            handle = tf.raw_ops.VarHandleOp(dtype=dtype, shape=value.shape,
+                                            shared_name=f"{scope}/var_{i}", name=f"var_{i}")
+            bound.init_ops.append(tf.raw_ops.AssignVariableOp(resource=handle, value=initial))
+            bound.init_feeds[initial] = value
+            bound.reads[name] = tf.raw_ops.ReadVariableOp(resource=handle, dtype=dtype)
+            bound.input_map[f"{name}:0"] = handle
+    log.info("bound %d captured variables", len(values))
+    return bound
