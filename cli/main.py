@@ -235,9 +235,13 @@ def verify(original_path, rewritten_path, rtol, atol, feeds, runs, seed, int_hig
            input_shapes, outputs, backward_scope, tag):
     """Run ORIGINAL and REWRITTEN on the same seeded inputs and compare every output.
 
-    Outputs are compared bitwise unless --rtol/--atol relax it. Both are also measured: peak
-    memory of one step (TensorFlow's allocator) and the median step time, side by side. A GPU is
-    used when TensorFlow sees one. Exit 0 when all outputs match, 1 when any differs.
+    Each runs two steps: the outputs of both steps and every variable after them (weights,
+    optimizer slots, batch-norm statistics, step counters) are compared, bitwise unless
+    --rtol/--atol relax it. A MetaGraphDef's variables start from its initialisers; a TF2 step's
+    resource placeholders are bound to fresh variables holding the same seeded values for both
+    (export it with add_shapes=True). Both are also measured: peak memory of one step
+    (TensorFlow's allocator; variables included) and the median step time, side by side. A GPU
+    is used when TensorFlow sees one. Exit 0 when everything matches, 1 when anything differs.
     """
     from graphrewrite import io, verify as verify_mod
 
@@ -263,7 +267,10 @@ def format_verify(facts: dict) -> str:
 
     verdict = "MATCH" if facts["match"] else "MISMATCH"
     tolerance = "bitwise" if facts["max_abs_diff"] == 0 else f"max |diff| {facts['max_abs_diff']:.3g}"
-    lines = [f"outputs       {verdict}: {facts['outputs_compared']} compared ({tolerance})"]
+    compared = f"{facts['outputs_compared']} outputs x {facts['steps']} steps"
+    if facts["variables_compared"]:
+        compared += f", {facts['variables_compared']} variables"
+    lines = [f"outputs       {verdict}: {compared} compared ({tolerance})"]
     if facts["mismatched"]:
         lines.append(f"mismatched    {_shorten(facts['mismatched'])}")
     lines += [

@@ -1,10 +1,13 @@
 """`verify`: run the original and the rewritten model on the same inputs and compare.
 
 Both are imported into separate sessions with TensorFlow's default configuration, fed the same
-seeded inputs (MetaGraphDefs: variables initialised the same way, the `train_op` run), and every
-output is compared: bitwise by default, within `rtol`/`atol` when asked. Each model's peak
-memory is measured in a fresh process of its own; their step times in one more process that
-holds both and times their steps in turns (see `measure.py`).
+seeded inputs (MetaGraphDefs: variables initialised the same way, the `train_op` run; TF2 steps:
+each resource placeholder bound to a fresh variable holding the same seeded value, see
+`bind.py`), and run for two steps: every output of both steps and every variable after them
+(weights, optimizer slots, batch-norm statistics, step counters) is compared, bitwise by default,
+within `rtol`/`atol` when asked. Each model's peak memory is measured in a fresh process of its
+own; their step times in one more process that holds both and times their steps in turns (see
+`measure.py`).
 """
 
 from __future__ import annotations
@@ -22,11 +25,15 @@ from .io import Model
 log = logging.getLogger(__name__)
 
 
+VARIABLE_PREFIX = "variable:"
+
+
 @dataclass
 class Comparison:
-    name: str
+    name: str          # an output tensor, or `variable:<name>`
     equal: bool
     max_abs_diff: float
+    step: int | None = None  # which step's output (1, 2); None for a variable after the steps
 
 
 @dataclass
@@ -36,6 +43,7 @@ class VerifyResult:
     original: measure.StepMeasurement
     rewritten: measure.StepMeasurement
     fetches: list[str] = field(default_factory=list)
+    steps: int = 0
 
     @property
     def max_abs_diff(self) -> float:
@@ -45,8 +53,10 @@ class VerifyResult:
         return {
             "match": self.match,
             "max_abs_diff": self.max_abs_diff,
-            "outputs_compared": len(self.comparisons),
-            "mismatched": [c.name for c in self.comparisons if not c.equal],
+            "steps": self.steps,
+            "outputs_compared": len({c.name for c in self.comparisons if c.step is not None}),
+            "variables_compared": sum(c.step is None for c in self.comparisons),
+            "mismatched": list(dict.fromkeys(c.name for c in self.comparisons if not c.equal)),
             "peak_bytes": {"original": self.original.peak_bytes,
                            "rewritten": self.rewritten.peak_bytes},
             "step_seconds": {"original": self.original.median_seconds,
@@ -70,7 +80,8 @@ def verify(original: Model, rewritten: Model, fetches: list[str] | None = None,
            input_shapes: dict | None = None, feeds: dict[str, np.ndarray] | None = None,
            rtol: float = 0.0, atol: float = 0.0, runs: int = 5, seed: int = 0,
            int_high: int = 10, isolated: bool = True) -> VerifyResult:
-    """Run both models on equal inputs; compare every fetched output and measure both.
+    """Run both models on equal inputs for two steps; compare every fetched output of each step
+    and every variable after them, and measure both.
 
     `isolated` runs each model in a fresh process, so both are measured from an empty allocator,
     and times them in a third; otherwise all of it runs in this process (faster, for tests).
@@ -98,9 +109,24 @@ def verify(original: Model, rewritten: Model, fetches: list[str] | None = None,
         first.step_seconds, second.step_seconds = measure.time_interleaved(
             [(original.runnable(), None), (rewritten.runnable(), None)], inputs, fetches, runs,
             isolated)
-    comparisons = [_compare(name, first.outputs[name], second.outputs[name], rtol, atol)
-                   for name in first.outputs]
-    return VerifyResult(all(c.equal for c in comparisons), comparisons, first, second, fetches)
+    comparisons = [_compare(name, a[name], b[name], rtol, atol, step)
+                   for step, (a, b) in enumerate(zip(first.step_outputs, second.step_outputs), 1)
+                   for name in a]
+    comparisons += _compare_variables(first.variables, second.variables, rtol, atol)
+    return VerifyResult(all(c.equal for c in comparisons), comparisons, first, second, fetches,
+                        len(first.step_outputs))
+
+
+def _compare_variables(first: dict, second: dict, rtol: float, atol: float) -> list[Comparison]:
+    """Every variable of either model after the steps; one that only one model has differs."""
+    out = []
+    for name in sorted(set(first) | set(second)):
+        label = VARIABLE_PREFIX + name
+        if name in first and name in second:
+            out.append(_compare(label, first[name], second[name], rtol, atol))
+        else:
+            out.append(Comparison(label, False, float("inf")))
+    return out
 
 
 GPU_ONLY_OPS = ("_CopyFromGpuToHost", "_CopyFromHostToGpu")
@@ -115,9 +141,10 @@ def _require_kernels(model: Model) -> None:
                                 "here; verify the portable form on this machine")
 
 
-def _compare(name: str, a: np.ndarray, b: np.ndarray, rtol: float, atol: float) -> Comparison:
+def _compare(name: str, a: np.ndarray, b: np.ndarray, rtol: float, atol: float,
+             step: int | None = None) -> Comparison:
     if a.shape != b.shape or a.dtype != b.dtype:
-        return Comparison(name, False, float("inf"))
+        return Comparison(name, False, float("inf"), step)
     numeric = bool(np.issubdtype(a.dtype, np.number) and a.size)
     diff = 0.0
     if numeric:
@@ -130,4 +157,4 @@ def _compare(name: str, a: np.ndarray, b: np.ndarray, rtol: float, atol: float) 
             else bool(np.array_equal(a, b))
     else:
         equal = a.tobytes() == b.tobytes()
-    return Comparison(name, equal, diff)
+    return Comparison(name, equal, diff, step)
