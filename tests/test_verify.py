@@ -43,8 +43,11 @@ def test_metagraph_training_step_matches(tmp_path):
     path = tmp_path / "adam_train.meta"
     io.save(original, result.graph, path)
     outcome = verify.verify(original, io.load(path), runs=1, isolated=False)
-    # the loss, fetched with the train_op, in the warm-up step's wake: after one Adam update
-    assert [c.name for c in outcome.comparisons] == ["loss:0"]
+    # the loss, fetched with the train_op, at both steps; then every variable and Adam slot
+    outputs = [(c.name, c.step) for c in outcome.comparisons if c.step is not None]
+    assert outputs == [("loss:0", 1), ("loss:0", 2)]
+    variables = {c.name for c in outcome.comparisons if c.step is None}
+    assert {"variable:logits/kernel", "variable:logits/kernel/Adam_1"} <= variables
     assert outcome.match
 
 
