@@ -6,7 +6,7 @@ DEMO   ?= fixtures/mlp.pbtxt
 MODE   ?= memory
 ZOO    ?= out/zoo
 
-.PHONY: install demo test test-fast fixtures goldens zoo bench clean
+.PHONY: install demo test test-fast fixtures goldens zoo train-zoo bench clean
 
 install: $(VENV)/.installed
 
@@ -37,6 +37,11 @@ goldens: install
 
 zoo: install
 	$(BIN)/python fixtures/zoo.py --out $(ZOO)
+	$(BIN)/python fixtures/train_zoo.py --out $(ZOO)
+
+# Only the Keras training graphs (TF1 MetaGraphDefs and TF2 steps); zoo builds them too.
+train-zoo: install
+	$(BIN)/python fixtures/train_zoo.py --out $(ZOO)
 
 $(ZOO)/manifest.json:
 	$(MAKE) zoo
