@@ -1,6 +1,7 @@
 """`graphrewrite`: rewrite TensorFlow training graphs offline so they need less accelerator memory.
 
-Exit codes: 0 success, 1 a check failed (e.g. outputs differ), 2 bad input or usage.
+Exit codes: 0 success, 1 a check failed (e.g. outputs differ), 2 bad input or usage, 3 a pass
+failed or left a broken graph (a bug in graphrewrite).
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ from graphrewrite.measure import measurement_environment  # noqa: E402  (no Tens
 
 measurement_environment()  # `verify` measures memory; TensorFlow reads these flags once, at import
 
-EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT, EXIT_PASS_FAILED = 0, 1, 2, 3
 
 
 class _Group(click.Group):
-    """Turns library errors into one line on stderr and exit code 2 (a traceback with --debug)."""
+    """Turns library errors into one line on stderr and exit code 2, or 3 for a pass that failed
+    (a traceback with --debug)."""
 
     def invoke(self, ctx):
         try:
@@ -32,7 +34,7 @@ class _Group(click.Group):
         except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
             raise
         except Exception as err:  # noqa: BLE001  (every failure becomes one line)
-            from graphrewrite.errors import GraphRewriteError
+            from graphrewrite.errors import GraphRewriteError, PassError
 
             if ctx.obj and ctx.obj.get("debug"):
                 traceback.print_exc()
@@ -43,7 +45,7 @@ class _Group(click.Group):
                 message = (f"unexpected error: {type(err).__name__}: {first_line} "
                            "(--debug shows where)")
             click.echo(f"graphrewrite: error: {message}", err=True)
-            ctx.exit(EXIT_BAD_INPUT)
+            ctx.exit(EXIT_PASS_FAILED if isinstance(err, PassError) else EXIT_BAD_INPUT)
 
 
 class _StderrFormatter(logging.Formatter):
@@ -111,20 +113,21 @@ def main(ctx, debug, verbose, quiet):
       graphrewrite optimize model.pb -o model_opt.pb --mode none
       graphrewrite dump model.pb > model.txt   canonical text, for diffs and golden files
 
-    Exit codes: 0 ok, 1 a check failed, 2 bad input or usage.
+    Exit codes: 0 ok, 1 a check failed, 2 bad input or usage, 3 a pass failed or left a broken
+    graph (a bug in graphrewrite: please report it with the --debug traceback).
     """
     ctx.ensure_object(dict)["debug"] = debug
     _setup_logging(verbose, quiet)
 
 
 def _mode_help() -> str:
-    from graphrewrite.pipeline import MODE_HELP
+    from graphrewrite.modes import MODE_HELP
 
     return "Rewrite to run. " + "; ".join(f"{k}: {v}" for k, v in MODE_HELP.items()) + "."
 
 
 def _check_mode(ctx, param, value):
-    from graphrewrite.pipeline import MODES
+    from graphrewrite.modes import MODES
 
     if value not in MODES:
         raise click.BadParameter(f"unknown mode '{value}'; modes: {', '.join(MODES)}")
@@ -162,9 +165,11 @@ mode_option = click.option("--mode", default="memory", show_default=True, metava
 @click.option("--bandwidth", type=float, metavar="BYTES_PER_S",
               help="Swapping: host transfer bandwidth for timing swap-ins [default: 16e9].")
 @click.option("--passes", metavar="PIPELINE",
-              help="Run these passes instead of MODE's, in order, with options: e.g. "
-                   "'recompute(policy=memory) accumulate relax_assign'. Passes: recompute, swap, "
-                   "accumulate, relax_assign.")
+              help="Run these passes instead of MODE's, in order, separated by spaces, with "
+                   "options: e.g. 'recompute(policy=memory) accumulate relax_assign', "
+                   "'recompute(policy=collection, checkpoints=\"op:Conv2D,scope:stem\")' "
+                   "(quote a value holding a comma, space or parenthesis). Passes: recompute, "
+                   "swap, accumulate, relax_assign. The report's pipeline replays a run.")
 @click.option("--report", "report_path", type=click.Path(),
               help="Also write the report as JSON to this file.")
 @click.option("--explain", metavar="NODE", multiple=True,
@@ -184,13 +189,13 @@ def optimize(model_path, output, mode, checkpoints, swap_tensors, swap_checkpoin
     """
     from graphrewrite import io, pipeline, report
 
+    text = pipeline.compose(mode, passes, checkpoints=checkpoints, budget=budget,
+                            swap_checkpoints=swap_checkpoints,
+                            swap_options={"form": swap_form, "bandwidth": bandwidth,
+                                          "tensors": swap_tensors})
     model = io.load(model_path, tag=tag)
     result = pipeline.optimize(model, mode, input_shapes=input_shapes,
-                               backward_scope=backward_scope, fetches=outputs,
-                               checkpoints=checkpoints, swap_checkpoints=swap_checkpoints,
-                               passes=passes, budget=budget,
-                               swap_options={"form": swap_form, "bandwidth": bandwidth,
-                                             "tensors": swap_tensors})
+                               backward_scope=backward_scope, fetches=outputs, composed=text)
     for name in explain:
         if name.split(":")[0] not in model.graph:
             raise click.BadParameter(f"'{name}' is not a node of {model_path}",
@@ -317,10 +322,10 @@ def batch(paths, out_dir, mode, jobs, report_path, with_verify, force, budget, e
     if executor == "dask" and not scheduler:
         raise click.BadParameter("--executor dask needs --scheduler ADDRESS",
                                  param_hint="--scheduler")
-    if budget:  # a usage error now, not one failed line per model
+    if budget is not None:  # a usage error now, not one failed line per model
         from graphrewrite import pipeline
 
-        pipeline.budgeted_steps(pipeline.MODES[mode], budget, mode)
+        pipeline.compose(mode, budget=budget)
     planned = batch_mod.plan(paths, out_dir, mode, with_verify, force, budget)
     if not planned:
         raise click.BadParameter("no models (.pb, .pbtxt, .meta, SavedModel) under the paths",

@@ -1,47 +1,43 @@
-"""Modes: named rewrite pipelines, and `optimize`, which runs one on a loaded model.
+"""Pipelines: their text, and `optimize`, which runs one on a loaded model.
 
-A pipeline is a string in the grammar of TensorFlow's Graph Transform Tool: passes separated by
-spaces, each with optional `(key=value, ...)` options, e.g. `recompute(policy=speed)`. A mode is a
-named pipeline; the report records the exact pipeline that ran. Analyses are recomputed between
-passes, so each pass sees the graph as the previous one left it.
+A pipeline is text in the grammar of TensorFlow's Graph Transform Tool: passes separated by
+whitespace, each with optional options, `name(key=value, key2="quoted, value")`. Every character
+is read or the text is refused with an error naming what could not be read. The command line's
+options (`--checkpoints`, `--swap`, `--budget`, ...) become options in that text before anything
+runs (`compose`), so the report's pipeline is exactly what ran, and replaying it with `--passes`
+rewrites the same way. Analyses are recomputed between passes, so each pass sees the graph as the
+previous one left it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import re
 import time
 from dataclasses import dataclass, field
 
 from . import analysis as analysis_mod
 from .budget import parse_budget
-from .errors import GraphError, GraphRewriteError
+from .errors import GraphRewriteError, PassError
 from .graph import Graph
 from .io import Model
+from .modes import MODES
 from .passes import PASSES
+from .passes.base import PassResult
 
-log = logging.getLogger(__name__)
+_NAME = re.compile(r"[A-Za-z_]\w*")
+_SPACE = re.compile(r"\s*")
+_BARE = re.compile(r'[^\s,()"]+')               # an unquoted value
+_QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')    # a quoted one: \" and \\ escape
+_PLAIN = re.compile(r'[^\s,()"\\=]+')           # values written back without quotes
 
-MODES: dict[str, str] = {
-    "none": "",
-    "memory": "recompute(policy=memory)",
-    "speed": "recompute(policy=speed)",
-    "collection": "recompute(policy=collection)",
-    "manual": "recompute(policy=manual) swap(policy=manual)",
-    "swap": "swap",
+# CLI option -> (its flag, the pass it becomes an option of, the option's name there)
+CLI_OPTIONS = {
+    "checkpoints": ("--checkpoints", "recompute", "checkpoints"),
+    "tensors": ("--swap", "swap", "tensors"),
+    "form": ("--swap-form", "swap", "form"),
+    "bandwidth": ("--bandwidth", "swap", "bandwidth"),
 }
-MODE_HELP = {
-    "none": "load, check and save; nothing rewritten",
-    "memory": "keep ~sqrt(N) bottleneck activations, recompute the rest (most memory saved)",
-    "speed": "keep outputs of MatMul/Conv/Einsum, recompute cheap ops (least slowdown)",
-    "collection": "keep what --checkpoints selects (or the 'checkpoints' collection)",
-    "manual": "recompute what _recompute_hint marks, swap what _swap_to_host marks (or --swap)",
-    "swap": "move long-lived activations to host memory and back (--swap-form, --budget)",
-}
-
-# (pass, policy option) of the passes that search for a rewrite and so can stop at a budget
-SEARCHING_PASSES = {("recompute", None), ("recompute", "memory"), ("swap", None), ("swap", "auto")}
 
 
 @dataclass
@@ -54,101 +50,180 @@ class OptimizeResult:
     peak_before: int
     peak_after: int
     seconds: float
-    stats: dict = field(default_factory=dict)
+    results: dict[str, PassResult] = field(default_factory=dict)  # pass -> what it did
+
+    def of(self, kind: type[PassResult]):
+        """The result of the pass that returns `kind` (its runs combined), else an empty one."""
+        return next((r for r in self.results.values() if isinstance(r, kind)), kind())
 
 
-def parse_pipeline(text: str) -> list[tuple[str, dict]]:
-    """`'recompute(policy=speed) other'` -> [('recompute', {'policy': 'speed'}), ('other', {})]."""
-    steps = []
-    for match in re.finditer(r"\s*([A-Za-z_]\w*)(?:\(([^)]*)\))?", text):
-        name, args = match.group(1), match.group(2) or ""
+def parse_pipeline(text: str) -> list[tuple[str, dict[str, str]]]:
+    """`'recompute(policy=speed) swap'` -> [('recompute', {'policy': 'speed'}), ('swap', {})];
+    the empty text is the empty pipeline. Anything unreadable is a GraphRewriteError."""
+    steps: list[tuple[str, dict[str, str]]] = []
+    pos = _SPACE.match(text).end()
+    if pos == len(text) and text:
+        raise GraphRewriteError(f"pipeline {text!r} names no pass")
+    while pos < len(text):
+        match = _NAME.match(text, pos)
+        if not match:
+            _unreadable(text, pos, "expected a pass name")
+        start, name, pos = pos, match.group(), match.end()
         if name not in PASSES:
             raise GraphRewriteError(f"unknown pass '{name}' (passes: {', '.join(PASSES)})")
-        options = {}
-        for item in filter(None, (a.strip() for a in args.split(","))):
-            key, sep, value = item.partition("=")
-            if not sep:
-                raise GraphRewriteError(f"pass option '{item}' must be key=value")
-            options[key.strip()] = value.strip()
+        options: dict[str, str] = {}
+        if text.startswith("(", pos):
+            pos = _options(text, pos + 1, start, options)
+        after = _SPACE.match(text, pos).end()
+        if after == pos and pos < len(text):
+            _unreadable(text, pos, "passes are separated by spaces")
         steps.append((name, options))
+        pos = after
     return steps
 
 
-def budgeted_steps(pipeline: str, budget: str | None, mode: str) -> tuple[list, list[int]]:
-    """The pipeline's steps and the indices of those a budget goes to. A malformed budget, or
-    one no step takes, is an error, before any work is done."""
-    steps = parse_pipeline(pipeline)
-    searching = [i for i, (name, raw) in enumerate(steps) if (name, raw.get("policy")) in
-                 SEARCHING_PASSES]
-    if budget and not searching:
-        raise GraphRewriteError(f"--budget needs mode memory or swap (or --swap-checkpoints), "
-                                f"not '{mode}'")
-    parse_budget(budget, 0)
-    return steps, searching
+def _options(text: str, pos: int, start: int, into: dict[str, str]) -> int:
+    """Reads `key=value, ...)` from `pos` into `into`; returns where the `)` ends."""
+    pos = _SPACE.match(text, pos).end()
+    if text.startswith(")", pos):
+        return pos + 1
+    while True:
+        key = _NAME.match(text, pos)
+        if not key:
+            _unreadable(text, pos, "expected an option name" if pos < len(text) else
+                        "no closing ')'", start)
+        pos = _SPACE.match(text, key.end()).end()
+        if not text.startswith("=", pos):
+            _unreadable(text, pos, f"expected '=' after '{key.group()}'", start)
+        pos = _SPACE.match(text, pos + 1).end()
+        quoted = _QUOTED.match(text, pos)
+        value = _BARE.match(text, pos)
+        if quoted:
+            into_value, pos = re.sub(r"\\(.)", r"\1", quoted.group(1)), quoted.end()
+        elif value:
+            into_value, pos = value.group(), value.end()
+        else:
+            _unreadable(text, pos, "no closing quote" if text.startswith('"', pos) else
+                        f"expected a value for '{key.group()}'", start)
+        if key.group() in into:
+            raise GraphRewriteError(f"pipeline {text!r}: option '{key.group()}' given twice")
+        into[key.group()] = into_value
+        pos = _SPACE.match(text, pos).end()
+        if text.startswith(")", pos):
+            return pos + 1
+        if not text.startswith(",", pos):
+            _unreadable(text, pos, "expected ',' or ')'" if pos < len(text) else
+                        "no closing ')'", start)
+        pos = _SPACE.match(text, pos + 1).end()
+
+
+def _unreadable(text: str, pos: int, why: str, start: int | None = None):
+    """Raise the error naming the text that could not be read (from `start`, else `pos`)."""
+    shown = text[pos if pos < len(text) or start is None else start:]
+    raise GraphRewriteError(f"pipeline {text!r}: cannot read {shown!r} ({why}; the grammar: "
+                            'pass(key=value, key2="quoted, value") pass2 ...)')
+
+
+def format_pipeline(steps: list[tuple[str, dict[str, str]]]) -> str:
+    """The text `parse_pipeline` reads back as `steps`."""
+    def value(text: str) -> str:
+        if _PLAIN.fullmatch(text):
+            return text
+        return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+    return " ".join(name + (f"({', '.join(f'{k}={value(v)}' for k, v in options.items())})"
+                            if options else "") for name, options in steps)
+
+
+def pass_options(name: str, raw: dict[str, str]):
+    """The typed options of pass `name` from its text options."""
+    return PASSES[name][0].from_text(name, raw)
+
+
+def compose(mode: str, passes: str | None = None, checkpoints: str | None = None,
+            swap_options: dict | None = None, swap_checkpoints: bool = False,
+            budget: str | None = None) -> str:
+    """The pipeline that `mode` (or the text `passes`, which replaces it) and the command line's
+    options describe, with each option written into the passes it is for.
+
+    `swap_checkpoints` adds a swap pass after recomputation, which then moves the checkpoints
+    to host memory. `swap_options` holds `--swap` (`tensors`), `--swap-form` (`form`) and
+    `--bandwidth`. `budget` (bytes, or a share of the original's modelled peak, resolved when
+    the pipeline runs) goes to the passes that search. Every option is checked here, before any
+    work is done."""
+    if mode not in MODES:
+        raise GraphRewriteError(f"unknown mode '{mode}' (modes: {', '.join(MODES)})")
+    if passes is not None and not passes.strip():
+        raise GraphRewriteError(f"--passes {passes!r} names no pass (use --mode none to rewrite "
+                                "nothing)")
+    steps = parse_pipeline(MODES[mode] if passes is None else passes)
+    names = [name for name, _ in steps]
+    if swap_checkpoints:
+        if names[:1] != ["recompute"] or "swap" in names:
+            raise GraphRewriteError(f"--swap-checkpoints needs a recompute mode "
+                                    f"(memory, speed, collection), not '{mode}'")
+        steps.append(("swap", {}))
+    given = {"checkpoints": checkpoints, **(swap_options or {})}
+    for key, value in given.items():
+        flag, target, option = CLI_OPTIONS[key]
+        if value is None or value == "":
+            continue
+        raws = [raw for name, raw in steps if name == target]
+        if not raws:
+            having = [m for m, text in MODES.items() if target in text]
+            raise GraphRewriteError(f"{flag} needs a {target} pass: mode "
+                                    f"{', '.join(having[:-1])} or {having[-1]}"
+                                    f"{' (or --swap-checkpoints)' if target == 'swap' else ''}, "
+                                    f"not '{mode}'")
+        for raw in raws:
+            raw[option] = str(value)
+    if budget is not None:
+        parse_budget(budget, 0)  # malformed or not positive: refused before the search below
+        raws = [raw for name, raw in steps if pass_options(name, raw).takes_budget()]
+        if not raws:
+            raise GraphRewriteError(f"--budget needs mode memory or swap (or "
+                                    f"--swap-checkpoints), not '{mode}'")
+        for raw in raws:
+            raw["budget"] = budget
+    for name, raw in steps:
+        pass_options(name, raw)
+    return format_pipeline(steps)
 
 
 def optimize(model: Model, mode: str, input_shapes: dict | None = None,
              backward_scope: str | None = None, fetches: list[str] | None = None,
-             checkpoints: str | None = None, swap_options: dict | None = None,
-             swap_checkpoints: bool = False, passes: str | None = None,
-             budget: str | None = None) -> OptimizeResult:
-    """Run the pipeline of `mode` on a copy of the model's graph and check the result.
+             composed: str | None = None, **options) -> OptimizeResult:
+    """Run the pipeline `composed` (by default `compose(mode, **options)`) on a copy of the
+    model's graph.
 
-    `swap_checkpoints` adds a swap pass after recomputation, which then moves the checkpoints
-    (what the recomputed copies and the gradients read) to host memory. `passes` replaces the
-    mode's pipeline (`'recompute(policy=memory) accumulate'`). `budget` (bytes, or a share of
-    the original's modelled peak) goes to the passes that search: recompute with policy memory
-    and swap."""
-    if mode not in MODES:
-        raise GraphRewriteError(f"unknown mode '{mode}' (modes: {', '.join(MODES)})")
+    A budget that is a share is of the original's modelled peak, for every pass alike. A pass
+    that raises (other than a GraphRewriteError, which is about the input) or leaves a graph
+    `check()` rejects is a PassError naming it and the passes before it."""
     start = time.perf_counter()
-    pipeline = passes or MODES[mode]
-    if swap_checkpoints:
-        if not pipeline.startswith("recompute") or "swap" in pipeline:
-            raise GraphRewriteError(f"--swap-checkpoints needs a recompute mode "
-                                    f"(memory, speed, collection), not '{mode}'")
-        pipeline += " swap"
-    if (swap_options or {}).get("tensors") and "swap" not in pipeline:
-        raise GraphRewriteError(f"--swap needs mode swap or manual (or --swap-checkpoints), "
-                                f"not '{mode}'")
-    steps, searching = budgeted_steps(pipeline, budget, mode)
+    text = compose(mode, **options) if composed is None else composed
+    steps = [(name, pass_options(name, raw)) for name, raw in parse_pipeline(text)]
     graph = model.graph.copy()
     found = analysis_mod.analyse(model, graph, input_shapes, backward_scope, fetches)
     peak_before = found.memory.peak()
-    if budget:  # a share means a share of the original's peak, for every pass alike
-        in_bytes = str(parse_budget(budget, peak_before))
-        for i in searching:
-            steps[i] = (steps[i][0], {**steps[i][1], "budget": in_bytes})
-    stats: dict = {}
-    ran = []
-    for name, raw in steps:
-        options_type, run = PASSES[name]
-        if name == "recompute" and checkpoints:
-            raw = {**raw, "checkpoints": checkpoints}
-        if name == "swap" and swap_options:
-            raw = {**raw, **{k: v for k, v in swap_options.items() if v is not None}}
-        options = _options(options_type, name, raw)
-        result = run(graph, found, options, model)
-        ran.append(name)
+    results: dict[str, PassResult] = {}
+    for index, (name, pass_opts) in enumerate(steps):
+        if getattr(pass_opts, "budget", None):
+            in_bytes = max(1, parse_budget(pass_opts.budget, peak_before))
+            pass_opts = dataclasses.replace(pass_opts, budget=str(in_bytes))
+        before = [n for n, _ in steps[:index]]
+        try:
+            result = PASSES[name][1](graph, found, pass_opts, model)
+        except GraphRewriteError:
+            raise
+        except Exception as err:  # noqa: BLE001  (anything else is a bug in the pass)
+            raise PassError(name, before, f"failed: {type(err).__name__}: {err}") from err
         problems = result.graph.check()
         if problems:
-            raise GraphError(f"pass '{name}' (after: {', '.join(ran[:-1]) or 'nothing'}) "
-                             f"produced an invalid graph: {problems[0]}")
-        for key, value in result.stats.items():  # counts add up over the passes
-            both_counts = type(value) is int and type(stats.get(key)) is int
-            stats[key] = stats[key] + value if both_counts else value
+            raise PassError(name, before, f"left an invalid graph: {problems[0]}")
+        results[name] = results[name].then(result) if name in results else result
         if result.modified:
             graph = result.graph
             found = analysis_mod.analyse(model, graph, input_shapes, backward_scope,
                                          found.fetches, shapes=result.shapes)
-    return OptimizeResult(graph, mode, pipeline, len(model.graph), len(graph), peak_before,
-                          found.memory.peak(), time.perf_counter() - start, stats)
-
-
-def _options(options_type, name: str, raw: dict):
-    fields = {f.name: f for f in dataclasses.fields(options_type)}
-    unknown = sorted(set(raw) - set(fields))
-    if unknown:
-        raise GraphRewriteError(f"pass '{name}' has no option '{unknown[0]}' "
-                                f"(options: {', '.join(fields)})")
-    return options_type(**raw)
+    return OptimizeResult(graph, mode, text, len(model.graph), len(graph), peak_before,
+                          found.memory.peak(), time.perf_counter() - start, results)

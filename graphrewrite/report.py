@@ -4,16 +4,15 @@ from __future__ import annotations
 
 from .graph import Graph
 from .names import AHEAD_PREFIX, COPY_PREFIX, PAD_PREFIX, SWAP_OUT_SUFFIX, TRIGGER_PREFIX
+from .passes.base import AccumulateResult, RecomputeResult, RelaxAssignResult, SwapResult
 from .pipeline import OptimizeResult
 from .tensor_ref import TensorRef
 
 EXAMPLES = 3
-NOTES = ("recompute", "swap", "accumulate", "relax_assign")  # what each pass says it did not do
 
 
 def optimize_report(source, output, fmt, result: OptimizeResult) -> dict:
-    stats = result.stats
-    kept_because = stats.get("kept_because", {})
+    recompute, swap = result.of(RecomputeResult), result.of(SwapResult)
     return {
         "input": str(source),
         "output": str(output),
@@ -24,31 +23,30 @@ def optimize_report(source, output, fmt, result: OptimizeResult) -> dict:
         "nodes_after": result.nodes_after,
         "nodes_added": result.nodes_after - result.nodes_before,
         "peak_bytes": {"before": result.peak_before, "after": result.peak_after},
-        "checkpoints": stats.get("checkpoints", []),
-        "recomputed": stats.get("recomputed", []),
-        "recomputed_ahead": stats.get("recomputed_ahead", []),
-        "triggers": stats.get("triggers", 0),
-        "ungated_segments": stats.get("ungated_segments", 0),
-        "fanout_pads": stats.get("fanout_pads", 0),
-        "extra_flops": stats.get("extra_flops", 0),
+        "checkpoints": recompute.checkpoints,
+        "recomputed": recompute.recomputed,
+        "recomputed_ahead": recompute.recomputed_ahead,
+        "triggers": recompute.triggers,
+        "ungated_segments": recompute.ungated_segments,
+        "fanout_pads": recompute.fanout_pads + swap.fanout_pads,
+        "extra_flops": recompute.extra_flops,
         "skipped": {reason: {"count": len(nodes), "examples": nodes[:EXAMPLES]}
-                    for reason, nodes in {**kept_because,
-                                          **stats.get("swap_skipped", {})}.items()},
-        "swapped": stats.get("swapped", []),
-        "bytes_moved": stats.get("bytes_moved", 0),
-        "transfer_seconds": stats.get("transfer_seconds", 0.0),
-        "accumulated": stats.get("accumulated", []),
-        "relaxed_assigns": stats.get("relaxed_assigns", []),
-        "note": _note(stats),
+                    for reason, nodes in {**recompute.kept_because, **swap.skipped}.items()},
+        "swapped": swap.swapped,
+        "bytes_moved": swap.bytes_moved,
+        "transfer_seconds": swap.transfer_seconds,
+        "accumulated": result.of(AccumulateResult).accumulated,
+        "relaxed_assigns": result.of(RelaxAssignResult).relaxed_assigns,
+        "note": _note(result),
         "seconds": round(result.seconds, 3),
     }
 
 
 def explain(result: OptimizeResult, original: Graph, name: str) -> str:
     """One sentence on why `name`'s output was kept or recomputed."""
-    stats = result.stats
+    recompute, swap = result.of(RecomputeResult), result.of(SwapResult)
     graph = result.graph
-    if name in stats.get("recomputed", []):
+    if name in recompute.recomputed:
         copy = next(n for n in graph.nodes() if n.startswith(COPY_PREFIX)
                     and n[len(COPY_PREFIX):] == name)
         readers = sorted({v for v, _ in graph.consumers(copy)
@@ -59,31 +57,32 @@ def explain(result: OptimizeResult, original: Graph, name: str) -> str:
         return (f"{name}: recomputed as {copy}{when}; backward readers: "
                 f"{', '.join(readers[:EXAMPLES]) or 'none'}"
                 + (" ..." if len(readers) > EXAMPLES else ""))
-    if name in stats.get("swapped", []):
+    if name in swap.swapped:
         out = next(v for v, _ in graph.consumers(TensorRef(name)) if v.endswith(SWAP_OUT_SUFFIX))
         back = next(w for w, _ in graph.consumers(TensorRef(out)))
         gate = graph.control_inputs(back)
         return (f"{name}: swapped to host memory as {out}, back as {back}"
                 + (f" after trigger {gate[0]}" if gate else ""))
-    if name in stats.get("recomputed_ahead", []):
+    if name in recompute.recomputed_ahead:
         return (f"{name}: a checkpoint, computed again ({AHEAD_PREFIX}{name}) when "
                 "back-propagation reaches the first segment that reads it, instead of held "
                 "from the forward pass")
-    if name in stats.get("checkpoints", []):
+    if name in recompute.checkpoints:
         return f"{name}: kept (a checkpoint chosen by mode {result.mode})"
-    for reason, nodes in stats.get("kept_because", {}).items():
+    for reason, nodes in recompute.kept_because.items():
         if name in nodes:
             return f"{name}: kept, it cannot be recomputed ({reason})"
-    for reason, tensors in stats.get("swap_skipped", {}).items():
+    for reason, tensors in swap.skipped.items():
         if name in tensors:
             return f"{name}: not swapped ({reason})"
     if name not in original:
         return f"{name}: not a node of the input graph"
-    if stats.get("recomputed") or stats.get("swapped"):
+    if recompute.recomputed or swap.swapped:
         return (f"{name}: left alone (the backward pass does not read it, or it is backward "
                 "itself)")
-    return f"{name}: left alone ({_note(stats) or 'mode ' + result.mode + ' rewrote nothing'})"
+    return f"{name}: left alone ({_note(result) or 'mode ' + result.mode + ' rewrote nothing'})"
 
 
-def _note(stats: dict) -> str:
-    return " ".join(filter(None, (stats.get(key, "") for key in NOTES)))
+def _note(result: OptimizeResult) -> str:
+    """What the passes say they did not do, in the order they ran."""
+    return " ".join(filter(None, (r.note for r in result.results.values())))

@@ -6,6 +6,7 @@ import tensorflow as tf
 from graphrewrite import io, pipeline
 from graphrewrite.names import ACCUMULATE_GUARD_SUFFIX, ACCUMULATE_SUFFIX
 from graphrewrite.passes import accumulate
+from graphrewrite.passes.base import AccumulateResult
 
 from conftest import fixture_path
 from tfgraphs import build, placeholder
@@ -22,7 +23,7 @@ def test_addn_becomes_a_chain_in_name_order_under_the_same_name():
     graph = four_term_sum()
     result = accumulate.run(graph, None, accumulate.AccumulateOptions())
     new = result.graph
-    assert result.stats["accumulated"] == ["total"] and result.stats["accumulated_terms"] == 4
+    assert result.accumulated == ["total"] and result.terms == 4
     assert new.op("total") == "AddV2"
     first, second = (f"total{ACCUMULATE_SUFFIX}_{i}" for i in (1, 2))
     assert [str(r) for r in new.data_inputs(first)] == ["t0", "t1"]
@@ -36,7 +37,7 @@ def test_addn_becomes_a_chain_in_name_order_under_the_same_name():
 
 def test_small_sums_are_left_alone():
     result = accumulate.run(four_term_sum(), None, accumulate.AccumulateOptions(min_inputs=5))
-    assert not result.modified and "5+ inputs" in result.stats["accumulate"]
+    assert not result.modified and "5+ inputs" in result.note
 
 
 @pytest.mark.tf
@@ -45,7 +46,7 @@ def test_accumulated_sums_are_bitwise_equal(tmp_path):
 
     model = io.load(fixture_path("transformer_dropout"))
     result = pipeline.optimize(model, "none", passes="accumulate(min_inputs=2)")
-    assert len(result.stats["accumulated"]) == 4
+    assert len(result.of(AccumulateResult).accumulated) == 4
     path = tmp_path / "accumulated.pb"
     io.save(model, result.graph, path)
     outcome = verify.verify(model, io.load(path), runs=1, isolated=False)

@@ -7,6 +7,7 @@ import tensorflow as tf
 from graphrewrite import io, ops, pipeline, selectors
 from graphrewrite.errors import GraphRewriteError
 from graphrewrite.names import COPY_PREFIX, PAD_PREFIX, TRIGGER_PREFIX
+from graphrewrite.passes.base import RecomputeResult
 from graphrewrite.split import split
 
 from conftest import FIXTURE_NAMES, fixture_path
@@ -47,7 +48,8 @@ def test_invariants(name, mode):
     for node in added:
         for reader in after.successors(node):
             assert reader in flow or reader in added, (node, reader)
-    assert (result.nodes_after > result.nodes_before) == bool(result.stats.get("recomputed"))
+    recomputed = result.of(RecomputeResult).recomputed
+    assert (result.nodes_after > result.nodes_before) == bool(recomputed)
     if added:
         assert result.peak_after < result.peak_before
 
@@ -74,7 +76,7 @@ def test_random_ops_are_never_copied():
     assert randoms
     copied = {n[len(COPY_PREFIX):] for n in result.graph.nodes() if n.startswith(COPY_PREFIX)}
     assert copied and not copied & randoms
-    assert "random op" in result.stats["kept_because"]
+    assert "random op" in result.of(RecomputeResult).kept_because
 
 
 def test_loops_come_back_unchanged_or_sound():
@@ -100,7 +102,7 @@ def test_triggers_wait_on_the_gradient_flow():
 
 def test_speed_keeps_expensive_ops():
     model, result = rewrite("resnet_cnn", "speed")
-    kept = set(result.stats["checkpoints"])
+    kept = set(result.of(RecomputeResult).checkpoints)
     convs = {n for n in model.graph.nodes() if model.graph.op(n) == "Conv2D"}
     assert kept == convs | {"logits/MatMul"}
     assert not any(n[len(COPY_PREFIX):] in convs for n in result.graph.nodes()
@@ -110,7 +112,7 @@ def test_speed_keeps_expensive_ops():
 def test_collection_mode_uses_selectors():
     model, result = rewrite("resnet_cnn", "collection", checkpoints="op:Relu")
     relus = {n for n in model.graph.nodes() if model.graph.op(n) == "Relu"}
-    assert set(result.stats["checkpoints"]) == relus
+    assert set(result.of(RecomputeResult).checkpoints) == relus
     with pytest.raises(GraphRewriteError, match="needs --checkpoints"):
         rewrite("resnet_cnn", "collection")
 
@@ -120,7 +122,7 @@ def test_collection_mode_reads_the_metagraph_collection(tmp_path):
     meta = model.container
     meta.collection_def["checkpoints"].node_list.value.append("dense_0/Relu:0")
     result = pipeline.optimize(model, "collection")
-    assert result.stats.get("checkpoints", []) in ([], ["dense_0/Relu"])
+    assert result.of(RecomputeResult).checkpoints in ([], ["dense_0/Relu"])
 
 
 def test_manual_mode_honours_recompute_hint():
@@ -281,17 +283,18 @@ def test_a_budget_takes_the_least_recomputation_within_it():
     budget = (lowest.peak_before + lowest.peak_after) // 2  # halfway: cheaper choices fit
     _, within = rewrite("resnet_cnn", "memory", budget=str(budget))
     assert lowest.peak_after < within.peak_after <= budget
-    assert 0 < within.stats["extra_flops"] < lowest.stats["extra_flops"]
-    assert "recompute" not in within.stats  # met: no note
+    assert 0 < within.of(RecomputeResult).extra_flops < lowest.of(RecomputeResult).extra_flops
+    assert within.of(RecomputeResult).note == ""  # met: no note
 
 
 def test_an_unreachable_budget_gives_the_lowest_peak_and_says_so():
     _, lowest = rewrite("resnet_cnn", "memory")
     _, result = rewrite("resnet_cnn", "memory", budget="1%")
     assert result.peak_after <= lowest.peak_after
-    assert "not reached" in result.stats["recompute"]
+    assert "not reached" in result.of(RecomputeResult).note
     _, met = rewrite("resnet_cnn", "memory", budget="100%")
-    assert not met.stats.get("recomputed") and "already within" in met.stats["recompute"]
+    unchanged = met.of(RecomputeResult)
+    assert not unchanged.recomputed and "already within" in unchanged.note
 
 
 def test_a_budget_needs_a_mode_that_searches():

@@ -8,6 +8,7 @@ import tensorflow as tf
 from graphrewrite import analysis, io, pipeline
 from graphrewrite.errors import GraphRewriteError
 from graphrewrite.names import SWAP_IN_SUFFIX, SWAP_OUT_SUFFIX
+from graphrewrite.passes.base import RecomputeResult, SwapResult
 from graphrewrite.budget import parse_budget
 from graphrewrite.split import split
 from graphrewrite.tensor_ref import TensorRef
@@ -24,7 +25,7 @@ def test_swap_moves_the_peak_to_host_memory():
     model, result = swapped()
     after = analysis.analyse(model, result.graph)
     assert result.peak_after <= 0.6 * result.peak_before
-    assert after.memory.peak("host") >= result.stats["bytes_moved"] // 2 > 0
+    assert after.memory.peak("host") >= result.of(SwapResult).bytes_moved // 2 > 0
     assert result.graph.check() == []
 
 
@@ -32,7 +33,7 @@ def test_swap_pairs_rewire_only_the_gradient_flow():
     model, result = swapped()
     graph, flow = result.graph, split(model.graph).gradient_flow
     outs = [n for n in graph.nodes() if n.endswith(SWAP_OUT_SUFFIX)]
-    assert outs and len(outs) == len(result.stats["swapped"])
+    assert outs and len(outs) == len(result.of(SwapResult).swapped)
     for out in outs:
         assert graph.op(out) == "Identity" and graph.node_def(out).device == "/device:CPU:0"
         (swap_in,) = [v for v, _ in graph.consumers(out)]
@@ -46,7 +47,7 @@ def test_swap_pairs_rewire_only_the_gradient_flow():
 def test_budget_swaps_the_fewest_largest_tensors():
     _, everything = swapped()
     _, budgeted = swapped(budget="75%")
-    assert 0 < len(budgeted.stats["swapped"]) < len(everything.stats["swapped"])
+    assert 0 < len(budgeted.of(SwapResult).swapped) < len(everything.of(SwapResult).swapped)
     assert budgeted.peak_after <= 0.75 * budgeted.peak_before
 
 
@@ -69,7 +70,7 @@ def test_a_bad_budget_is_a_usage_error_and_a_met_budget_swaps_nothing(tmp_path):
                     "--budget", "lots")
     assert shown.exit_code == 2 and "budget 'lots'" in shown.stderr and not out.exists()
     _, result = swapped(budget="100%")
-    assert "swapped" not in result.stats
+    assert not result.of(SwapResult).swapped
 
 
 def test_grappler_form_emits_copy_pairs_that_import():
@@ -83,10 +84,10 @@ def test_grappler_form_emits_copy_pairs_that_import():
 
 def test_constants_inputs_and_small_tensors_are_never_swapped():
     _, result = swapped()
-    names = {s.split(":")[0] for s in result.stats["swapped"]}
+    names = {s.split(":")[0] for s in result.of(SwapResult).swapped}
     model = io.load(fixture_path("resnet_cnn"))
     assert not {n for n in names if model.graph.op(n) in ("Const", "Placeholder")}
-    assert "smaller than 1 KiB" in result.stats["swap_skipped"]
+    assert "smaller than 1 KiB" in result.of(SwapResult).skipped
 
 
 def test_cli_swap_report(tmp_path):
@@ -151,7 +152,7 @@ def test_swap_to_host_attribute_swaps_that_input_for_that_reader_only(tmp_path):
     path = tmp_path / "hinted.pbtxt"
     io.write_atomic(path, str(with_attr(model, reader, _swap_to_host=[1])).encode())
     result = pipeline.optimize(io.load(path), "manual")
-    assert result.stats["swapped"] == ["dense_2/Relu"]
+    assert result.of(SwapResult).swapped == ["dense_2/Relu"]
     graph = result.graph
     assert graph.data_inputs(reader)[1].node == "dense_2/Relu" + SWAP_IN_SUFFIX
     other = [v for v, _ in graph.consumers(TensorRef("dense_2/Relu"))
@@ -171,12 +172,12 @@ def test_swap_to_host_index_out_of_range_is_an_error(tmp_path):
 
 def test_swap_selectors_swap_exactly_what_they_name():
     _, result = swapped("mlp", tensors="dense_1/Relu, scope:dense_3")
-    assert result.stats["swapped"] == ["dense_1/Relu", "dense_3/Relu"]  # others: no readers
+    assert result.of(SwapResult).swapped == ["dense_1/Relu", "dense_3/Relu"]  # others: no readers
 
 
 def test_swap_selectors_need_a_mode_with_a_swap_pass():
     model = io.load(fixture_path("mlp"))
-    with pytest.raises(GraphRewriteError, match="--swap needs mode swap or manual"):
+    with pytest.raises(GraphRewriteError, match="--swap needs a swap pass: mode manual or swap"):
         pipeline.optimize(model, "memory", swap_options={"tensors": "dense_1/Relu"})
 
 
@@ -207,8 +208,8 @@ def test_swap_checkpoints_moves_the_kept_checkpoints_to_host(tmp_path):
     plain = pipeline.optimize(model, "collection", checkpoints=kept)
     both = pipeline.optimize(model, "collection", checkpoints=kept, swap_checkpoints=True)
     assert both.pipeline.endswith("swap")
-    swapped_nodes = {s.split(":")[0] for s in both.stats["swapped"]}
-    assert swapped_nodes and swapped_nodes <= set(both.stats["checkpoints"])
+    swapped_nodes = {s.split(":")[0] for s in both.of(SwapResult).swapped}
+    assert swapped_nodes and swapped_nodes <= set(both.of(RecomputeResult).checkpoints)
     assert both.peak_after < plain.peak_after < plain.peak_before
     assert both.graph.check() == []
     with pytest.raises(GraphRewriteError, match="needs a recompute mode"):

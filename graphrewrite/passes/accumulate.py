@@ -22,32 +22,31 @@ from ..analysis import Analysis
 from ..graph import Graph
 from ..names import ACCUMULATE_GUARD_SUFFIX, ACCUMULATE_SUFFIX
 from ..tensor_ref import CONTROL, TensorRef
+from .base import AccumulateResult, PassOptions
 
 SUMMING_OPS = ("AddN", "AccumulateNV2")
 
 
 @dataclass(frozen=True)
-class AccumulateOptions:
+class AccumulateOptions(PassOptions):
     min_inputs: int = 3  # a sum of two holds nothing back
 
     def __post_init__(self):
-        object.__setattr__(self, "min_inputs", max(2, int(self.min_inputs)))
+        object.__setattr__(self, "min_inputs", max(2, self.min_inputs))
 
 
 def run(graph: Graph, analysis: Analysis, options: AccumulateOptions, model=None):
     """Replace every AddN/AccumulateNV2 with at least `min_inputs` inputs by a running sum."""
-    from . import PassResult
-
     sums = [n for n in graph.nodes() if graph.op(n) in SUMMING_OPS
             and len(graph.data_inputs(n)) >= options.min_inputs]
     if not sums:
-        return PassResult(graph, False, {"accumulate": "no AddN or AccumulateNV2 with "
-                                                      f"{options.min_inputs}+ inputs"})
+        return AccumulateResult(graph, False, note="no AddN or AccumulateNV2 with "
+                                                   f"{options.min_inputs}+ inputs")
     terms = sum(len(graph.data_inputs(n)) for n in sums)
     graph = graph.copy()
     for name in sums:
         _chain(graph, name)
-    return PassResult(graph, True, {"accumulated": sums, "accumulated_terms": terms})
+    return AccumulateResult(graph, True, accumulated=sums, terms=terms)
 
 
 def _chain(graph: Graph, name: str) -> None:

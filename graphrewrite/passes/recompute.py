@@ -43,6 +43,7 @@ from ..names import AHEAD_PREFIX, COPY_PREFIX, TRIGGER_PREFIX
 from ..shapes import Shapes
 from ..split import reachable
 from ..tensor_ref import CONTROL, TensorRef
+from .base import PassOptions, RecomputeResult
 from .pads import pad_readers
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ SIDE_OUTPUT_RATIO = 16  # outputs this many times smaller than their node's larg
 
 
 @dataclass(frozen=True)
-class RecomputeOptions:
+class RecomputeOptions(PassOptions):
     policy: str = "memory"          # memory | speed | collection | manual
     checkpoints: str | None = None  # selectors, for policy=collection
     budget: str | None = None       # policy memory: the least recomputation under this peak
@@ -71,6 +72,9 @@ class RecomputeOptions:
             raise GraphRewriteError(f"recompute: a budget needs policy memory, not "
                                     f"'{self.policy}'")
         parse_budget(self.budget, 0)  # a malformed budget fails now, not when it is first used
+
+    def takes_budget(self) -> bool:
+        return self.policy == "memory"
 
 
 @dataclass
@@ -100,10 +104,8 @@ def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None)
     least recomputation (extra FLOPs) among all it tried whose peak is within it, two-level
     spreads included whatever their cost.
     """
-    from . import PassResult
-
     if not analysis.split.seeds:
-        return PassResult(graph, False, {"recompute": "no backward pass found: nothing to do"})
+        return RecomputeResult(graph, False, note="no backward pass found: nothing to do")
     ctx = policies.Context.build(graph, analysis)
     if options.policy == "collection":
         candidates = policies.collection_policy(ctx, options.checkpoints,
@@ -111,11 +113,11 @@ def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None)
     else:
         candidates = policies.POLICIES[options.policy](ctx)
     if not candidates:
-        return PassResult(graph, False, {"recompute": "no checkpoint candidates found"})
+        return RecomputeResult(graph, False, note="no checkpoint candidates found")
     budget = parse_budget(options.budget, analysis.memory.peak())
     if budget >= analysis.memory.peak():
-        return PassResult(graph, False, {"recompute": (
-            "the modelled peak is already within the budget: graph left unchanged")})
+        return RecomputeResult(graph, False, note=(
+            "the modelled peak is already within the budget: graph left unchanged"))
     attempts = [_evaluate(ctx, checkpoints) for checkpoints in candidates]
     best = _choose(attempts)
     note = ""
@@ -132,14 +134,13 @@ def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None)
             best = _choose(better) if better else best
     automatic = options.policy in ("memory", "speed")  # hints and selectors are obeyed as given
     if automatic and best.peak > analysis.memory.peak() * (1 - MIN_GAIN):
-        return PassResult(graph, False, {"recompute": (
+        return RecomputeResult(graph, False, note=(
             f"no checkpoint choice lowers the modelled peak by {MIN_GAIN:.0%} or more: graph "
-            "left unchanged")})
+            "left unchanged"))
     # Pads never run, so the model did not need them; only the chosen rewrite gets them.
     best.pads = pad_readers(best.graph, ctx.graph, analysis,
                             {c: o for o, c in [*best.recomputed.items(), *best.ahead.items()]})
-    return PassResult(best.graph, True, {**_stats(best), **({"recompute": note} if note else {})},
-                      best.shapes)
+    return _result(best, note)
 
 
 def _evaluate(ctx: policies.Context, checkpoints: set[str],
@@ -369,15 +370,15 @@ def _add_triggers(graph: Graph, ctx, copies: dict[str, str], flow, order):
     return triggers, gate_of, ungated
 
 
-def _stats(best: Rewrite) -> dict:
-    return {
-        "checkpoints": sorted(best.checkpoints),
-        "recomputed": sorted(best.recomputed),
-        "recomputed_ahead": sorted(n for n in best.ahead if n in best.checkpoints),
-        "triggers": len(best.triggers),
-        "ungated_segments": best.ungated,
-        "fanout_pads": best.pads,
-        "nodes_added": len(best.recomputed) + len(best.ahead) + len(best.triggers) + best.pads,
-        "extra_flops": best.extra_flops,
-        "kept_because": {reason: sorted(nodes) for reason, nodes in sorted(best.blocked.items())},
-    }
+def _result(best: Rewrite, note: str) -> RecomputeResult:
+    return RecomputeResult(
+        best.graph, True, best.shapes, note,
+        checkpoints=sorted(best.checkpoints),
+        recomputed=sorted(best.recomputed),
+        recomputed_ahead=sorted(n for n in best.ahead if n in best.checkpoints),
+        triggers=len(best.triggers),
+        ungated_segments=best.ungated,
+        fanout_pads=best.pads,
+        extra_flops=best.extra_flops,
+        kept_because={reason: sorted(nodes) for reason, nodes in sorted(best.blocked.items())},
+    )

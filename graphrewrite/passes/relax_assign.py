@@ -17,6 +17,7 @@ from tensorflow.core.framework import attr_value_pb2
 from ..analysis import Analysis
 from ..graph import Graph
 from ..split import reachable
+from .base import PassOptions, RelaxAssignResult
 
 RELAX_ATTR = "_grappler_relax_allocator_constraints"
 ASSIGN_OPS = ("Assign",)
@@ -24,18 +25,16 @@ SEND_OPS = ("_Send", "_HostSend")
 
 
 @dataclass(frozen=True)
-class RelaxAssignOptions:
+class RelaxAssignOptions(PassOptions):
     pass
 
 
 def run(graph: Graph, analysis: Analysis, options: RelaxAssignOptions, model=None):
     """Set RELAX_ATTR on each Assign whose transitive readers all share its device."""
-    from . import PassResult
-
     names = graph.nodes()
     if any(graph.op(n) in SEND_OPS for n in names):
-        return PassResult(graph, False, {"relax_assign": "the graph sends tensors between "
-                                                        "devices: nothing relaxed"})
+        return RelaxAssignResult(graph, False, note="the graph sends tensors between devices: "
+                                                    "nothing relaxed")
     relaxed = []
     for name in names:
         if graph.op(name) not in ASSIGN_OPS or RELAX_ATTR in graph.node_def(name).attr:
@@ -44,9 +43,8 @@ def run(graph: Graph, analysis: Analysis, options: RelaxAssignOptions, model=Non
         if all(graph.node_def(n).device == device for n in reachable(graph.nx, [name])):
             relaxed.append(name)
     if not relaxed:
-        return PassResult(graph, False, {"relax_assign": "no Assign keeps its result on its "
-                                                        "device"})
+        return RelaxAssignResult(graph, False, note="no Assign keeps its result on its device")
     graph = graph.copy()
     for name in relaxed:
         graph.set_attr(name, RELAX_ATTR, attr_value_pb2.AttrValue(b=True))
-    return PassResult(graph, True, {"relaxed_assigns": relaxed})
+    return RelaxAssignResult(graph, True, relaxed_assigns=relaxed)

@@ -39,6 +39,7 @@ from ..graph import Graph
 from ..names import SWAP_IN_SUFFIX, SWAP_OUT_SUFFIX
 from ..shapes import Shapes, TensorInfo
 from ..tensor_ref import TensorRef
+from .base import PassOptions, SwapResult
 from .pads import can_gate, pad_readers
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ SWAPPABLE_TYPES = frozenset({1, 2, 3, 4, 5, 6, 9, 10, 14, 17, 19, 22, 23})  # nu
 
 
 @dataclass(frozen=True)
-class SwapOptions:
+class SwapOptions(PassOptions):
     form: str = "portable"           # portable | grappler
     budget: str | None = None        # bytes ("6GiB") or a share of the peak ("60%")
     bandwidth: float = memory.HOST_BANDWIDTH  # bytes per second each way
@@ -66,10 +67,12 @@ class SwapOptions:
             raise GraphRewriteError(f"swap: unknown form '{self.form}' (portable, grappler)")
         if self.policy not in ("auto", "manual"):
             raise GraphRewriteError(f"swap: unknown policy '{self.policy}' (auto, manual)")
-        object.__setattr__(self, "bandwidth", float(self.bandwidth))
         if self.bandwidth <= 0:
-            raise GraphRewriteError("swap: the bandwidth must be positive")
+            raise GraphRewriteError("pass 'swap': option 'bandwidth' must be positive")
         parse_budget(self.budget, 0)  # a malformed budget fails now, not when it is first used
+
+    def takes_budget(self) -> bool:
+        return self.policy == "auto"
 
 
 @dataclass(frozen=True)
@@ -84,31 +87,25 @@ class Swap:
 def run(graph: Graph, analysis: Analysis, options: SwapOptions, model=None):
     """Swap what is asked (`_swap_to_host`, `--swap`), or search: the largest activations whose
     transfer a backward node can hide, as few as reach the lowest modelled peak (or the budget)."""
-    from . import PassResult
-
     ctx = policies.Context.build(graph, analysis)
     timing = _Timing.build(ctx, options.bandwidth)
     if options.policy == "manual" or options.tensors:
         chosen, skipped = _requested(ctx, timing, options.tensors)
     elif not analysis.split.seeds:
-        return PassResult(graph, False, {"swap": "no backward pass found: nothing to do"})
+        return SwapResult(graph, False, note="no backward pass found: nothing to do")
     else:
         candidates, skipped = _candidates(ctx, timing)
         chosen = _search(ctx, candidates, options)
     if not chosen:
-        return PassResult(graph, False, {"swap": "nothing to swap", "swap_skipped": skipped})
+        return SwapResult(graph, False, note="nothing to swap", skipped=skipped)
     new_graph, shapes, pads = _apply(ctx, chosen, options.form)
     if options.form == "grappler":
         log.warning("swap form 'grappler': _CopyFromGpuToHost/_CopyFromHostToGpu have GPU "
                     "kernels only; the rewritten graph runs on a GPU build with a GPU")
     moved = 2 * sum(ctx.analysis.shapes.nbytes(s.ref) or 0 for s in chosen)
-    return PassResult(new_graph, True, {
-        "swapped": [str(s.ref) for s in chosen],
-        "bytes_moved": moved,
-        "transfer_seconds": moved / options.bandwidth,
-        "fanout_pads": pads,
-        "swap_skipped": skipped,
-    }, shapes)
+    return SwapResult(new_graph, True, shapes, swapped=[str(s.ref) for s in chosen],
+                      bytes_moved=moved, transfer_seconds=moved / options.bandwidth,
+                      fanout_pads=pads, skipped=skipped)
 
 
 def _search(ctx: policies.Context, candidates: list[Swap], options: SwapOptions) -> list[Swap]:

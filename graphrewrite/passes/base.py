@@ -1,0 +1,130 @@
+"""What every pass shares: its options (converted from pipeline text in one place) and its result.
+
+A pass is `run(graph, analysis, options, model) -> PassResult`. Its options are a frozen dataclass
+deriving from `PassOptions`; `PassOptions.from_text` turns the pipeline's `key=value` strings into
+the typed fields (by the dataclass's type hints), so no pass parses text itself. Each pass returns
+its own `PassResult` subclass with typed fields, which the report reads; two runs of one pass in a
+pipeline are combined with `then`, so the second adds to the first instead of replacing it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+
+from ..errors import GraphRewriteError
+from ..graph import Graph
+
+TRUE, FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+
+
+@dataclass(frozen=True)
+class PassOptions:
+    """Base of every pass's options."""
+
+    def takes_budget(self) -> bool:
+        """Whether the pass searches, and so can stop at a memory budget (`--budget`)."""
+        return False
+
+    @classmethod
+    def from_text(cls, pass_name: str, raw: dict[str, str]):
+        """The options from pipeline text: each value converted to its field's type, or a
+        GraphRewriteError naming the pass and the option."""
+        hints = typing.get_type_hints(cls)
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = [key for key in raw if key not in names]
+        if unknown:
+            raise GraphRewriteError(f"pass '{pass_name}' has no option '{unknown[0]}' "
+                                    f"(options: {', '.join(names) or 'none'})")
+        return cls(**{key: _convert(pass_name, key, hints[key], value)
+                      for key, value in raw.items()})
+
+
+def _convert(pass_name: str, key: str, hint, text: str):
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):  # Optional[X]
+        hint = next(arg for arg in typing.get_args(hint) if arg is not type(None))
+    expects = None
+    if hint is bool:
+        if text.lower() in TRUE + FALSE:
+            return text.lower() in TRUE
+        expects = "true or false"
+    elif hint is int:
+        try:
+            return int(text)
+        except ValueError:
+            expects = "an integer"
+    elif hint is float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if math.isfinite(value):
+            return value
+        expects = "a number"
+    else:
+        return text
+    raise GraphRewriteError(f"pass '{pass_name}': option '{key}' expects {expects}, not '{text}'")
+
+
+@dataclass
+class PassResult:
+    """What a pass returns: the (possibly new) graph, whether it changed, and what it did not do."""
+
+    graph: Graph | None = None
+    modified: bool = False
+    shapes: object = None  # the new graph's Shapes, when the pass knows them (saves inference)
+    note: str = ""         # why the pass did less than it could (or nothing), for the report
+
+    def then(self, later: PassResult) -> PassResult:
+        """This result followed by `later`, of the same pass run again: lists extend, counts
+        add up, notes join; the graph is the later one's."""
+        combined = {}
+        for f in dataclasses.fields(self):
+            first, second = getattr(self, f.name), getattr(later, f.name)
+            if f.name in ("graph", "shapes"):
+                combined[f.name] = second
+            elif isinstance(first, bool):
+                combined[f.name] = first or second
+            elif isinstance(first, str):
+                combined[f.name] = " ".join(filter(None, (first, second)))
+            elif isinstance(first, dict):
+                combined[f.name] = {k: first.get(k, []) + second.get(k, [])
+                                    for k in {**first, **second}}
+            else:  # lists extend, numbers add up
+                combined[f.name] = first + second
+        return type(self)(**combined)
+
+
+@dataclass
+class RecomputeResult(PassResult):
+    checkpoints: list[str] = field(default_factory=list)       # kept
+    recomputed: list[str] = field(default_factory=list)        # copied for the backward pass
+    recomputed_ahead: list[str] = field(default_factory=list)  # checkpoints computed again
+    triggers: int = 0
+    ungated_segments: int = 0  # segments no safe trigger was found for
+    fanout_pads: int = 0
+    extra_flops: int = 0
+    kept_because: dict[str, list[str]] = field(default_factory=dict)  # reason -> nodes
+
+
+@dataclass
+class SwapResult(PassResult):
+    swapped: list[str] = field(default_factory=list)  # tensors
+    bytes_moved: int = 0
+    transfer_seconds: float = 0.0
+    fanout_pads: int = 0
+    skipped: dict[str, list[str]] = field(default_factory=dict)  # reason -> tensors
+
+
+@dataclass
+class AccumulateResult(PassResult):
+    accumulated: list[str] = field(default_factory=list)  # AddN nodes now running sums
+    terms: int = 0
+
+
+@dataclass
+class RelaxAssignResult(PassResult):
+    relaxed_assigns: list[str] = field(default_factory=list)

@@ -1,0 +1,155 @@
+"""Pipelines: the strict grammar, options typed from their dataclasses, composing the command
+line's options into the text, typed results, and passes that fail."""
+
+import json
+
+import pytest
+
+from graphrewrite import io, pipeline
+from graphrewrite.errors import GraphRewriteError, PassError
+from graphrewrite.passes import PASSES
+from graphrewrite.passes.base import AccumulateResult, RecomputeResult, SwapResult
+
+from conftest import FIXTURE_NAMES, fixture_path, run_cli
+
+
+@pytest.mark.parametrize("text, steps", [
+    ("", []),
+    ("recompute", [("recompute", {})]),
+    ("  recompute()\tswap  ", [("recompute", {}), ("swap", {})]),
+    ("recompute( policy = collection ,checkpoints=\"op:Conv2D, regex:Relu$\" )",
+     [("recompute", {"policy": "collection", "checkpoints": "op:Conv2D, regex:Relu$"})]),
+    ('swap(tensors="say \\"a(b)\\" \\\\", budget=60%)',
+     [("swap", {"tensors": 'say "a(b)" \\', "budget": "60%"})]),
+])
+def test_pipeline_text_parses_and_formats_back(text, steps):
+    assert pipeline.parse_pipeline(text) == steps
+    assert pipeline.parse_pipeline(pipeline.format_pipeline(steps)) == steps
+
+
+@pytest.mark.parametrize("text, unreadable", [
+    ("!!", "'!!'"), ("!! recompute", "'!! recompute'"), ("recompute(", "'recompute('"),
+    (" ", "names no pass"), ("recompute; swap", "'; swap'"), ("recompute()swap", "'swap'"),
+    ("recompute(policy=memory,)", "')'"), ('recompute(checkpoints="a,b)', "'\"a,b)'"),
+    ("recompute(policy=)", "a value for 'policy'"), ("recompute(policy speed)", "'speed)'"),
+    ("recompute(policy=a, policy=b)", "'policy' given twice"), ("fold", "unknown pass 'fold'"),
+])
+def test_unreadable_pipeline_text_is_named(text, unreadable):
+    with pytest.raises(GraphRewriteError, match="^[^\n]*$") as err:
+        pipeline.parse_pipeline(text)
+    assert unreadable in str(err.value)
+
+
+@pytest.mark.parametrize("name, raw, expected", [
+    ("accumulate", {"min_inputs": "x"},
+     "pass 'accumulate': option 'min_inputs' expects an integer, not 'x'"),
+    ("swap", {"bandwidth": "x"}, "pass 'swap': option 'bandwidth' expects a number, not 'x'"),
+    ("swap", {"bandwidth": "nan"}, "option 'bandwidth' expects a number, not 'nan'"),
+    ("swap", {"bandwidth": "-1"}, "pass 'swap': option 'bandwidth' must be positive"),
+    ("swap", {"speed": "1"}, "pass 'swap' has no option 'speed'"),
+])
+def test_options_are_typed_with_errors_naming_pass_and_option(name, raw, expected):
+    with pytest.raises(GraphRewriteError) as err:
+        pipeline.pass_options(name, raw)
+    assert expected in str(err.value)
+
+
+def test_options_take_their_fields_types():
+    assert pipeline.pass_options("accumulate", {"min_inputs": "7"}).min_inputs == 7
+    swap = pipeline.pass_options("swap", {"bandwidth": "8e9", "budget": "60%"})
+    assert swap.bandwidth == 8e9 and swap.budget == "60%"
+    assert [name for name, (options, _) in PASSES.items() if options().takes_budget()] == [
+        "recompute", "swap"]  # their default policies search
+    assert not pipeline.pass_options("swap", {"policy": "manual"}).takes_budget()
+
+
+def test_command_line_options_become_pipeline_text():
+    assert pipeline.compose("collection", checkpoints="op:Conv2D,scope:stem") == (
+        'recompute(policy=collection, checkpoints="op:Conv2D,scope:stem")')
+    assert pipeline.compose("memory", budget="60%", swap_checkpoints=True,
+                            swap_options={"form": "grappler", "bandwidth": 8e9}) == (
+        "recompute(policy=memory, budget=60%) swap(form=grappler, bandwidth=8000000000.0, "
+        "budget=60%)")
+    assert pipeline.compose("none") == ""
+    with pytest.raises(GraphRewriteError, match="--swap-form needs a swap pass"):
+        pipeline.compose("memory", swap_options={"form": "grappler"})
+    with pytest.raises(GraphRewriteError, match="use --mode none"):
+        pipeline.compose("memory", passes="")
+
+
+# mode, and the command line options that go into its pipeline
+REPLAYED = {
+    "none": [],
+    "memory": [],
+    "speed": ["--swap-checkpoints"],
+    "collection": ["--checkpoints", "op:MatMul,regex:Relu$"],
+    "manual": [],
+    "swap": ["--swap-form", "grappler", "--bandwidth", "8e9", "--budget", "75%"],
+}
+
+
+@pytest.mark.parametrize("name, mode, options", [
+    *[(name, mode, options) for name in FIXTURE_NAMES for mode, options in REPLAYED.items()],
+    *[(name, "memory", ["--budget", "60%"]) for name in ("mlp", "resnet_cnn")],  # slow search
+])
+def test_the_reported_pipeline_replays_byte_identically(name, mode, options, tmp_path):
+    first, again = tmp_path / "first", tmp_path / "again"
+    ran = run_cli("optimize", fixture_path(name), "-o", first, "--mode", mode, *options,
+                  "--json")
+    assert ran.exit_code == 0, ran.stderr
+    text = json.loads(ran.stdout)["pipeline"]
+    replay = ["--passes", text] if text else ["--mode", "none"]
+    replayed = run_cli("optimize", fixture_path(name), "-o", again, "--mode", "speed", *replay,
+                       "--json")
+    assert replayed.exit_code == 0, replayed.stderr
+    assert json.loads(replayed.stdout)["pipeline"] == text
+    assert _contents(first) == _contents(again)
+
+
+def _contents(path):
+    if path.is_dir():
+        return {p.relative_to(path): p.read_bytes() for p in sorted(path.rglob("*"))
+                if p.is_file()}
+    return path.read_bytes()
+
+
+def test_a_second_run_of_a_pass_adds_to_the_first():
+    model = io.load(fixture_path("transformer_dropout"))
+    once = pipeline.optimize(model, "none", passes="accumulate(min_inputs=2)")
+    twice = pipeline.optimize(model, "none", passes="accumulate(min_inputs=2) swap "
+                                                    "accumulate(min_inputs=2)")
+    first = once.of(AccumulateResult)
+    both = twice.of(AccumulateResult)
+    assert first.accumulated and both.accumulated[:len(first.accumulated)] == first.accumulated
+    assert "no AddN" in both.note  # the second run found nothing left, and said so
+    assert twice.of(SwapResult).swapped and twice.of(RecomputeResult) == RecomputeResult()
+    combined = RecomputeResult(checkpoints=["a"], triggers=1, kept_because={"x": ["p"]},
+                               note="one").then(
+        RecomputeResult(checkpoints=["b"], triggers=2, kept_because={"x": ["q"], "y": ["r"]}))
+    assert (combined.checkpoints, combined.triggers, combined.note) == (["a", "b"], 3, "one")
+    assert combined.kept_because == {"x": ["p", "q"], "y": ["r"]}
+
+
+def broken(graph, analysis, options, model=None):
+    """Closes a cycle: a node's producer waits for it."""
+    graph = graph.copy()
+    reader = next(n for n in graph.nodes() if graph.data_inputs(n))
+    graph.add_control(reader, graph.data_inputs(reader)[0].node)
+    return AccumulateResult(graph, True)
+
+
+def crashing(graph, analysis, options, model=None):
+    raise KeyError("boom")
+
+
+@pytest.mark.parametrize("run, problem", [(broken, "left an invalid graph"),
+                                          (crashing, "failed: KeyError")])
+def test_a_failing_pass_is_named_with_the_passes_before_it(run, problem, monkeypatch, tmp_path):
+    monkeypatch.setitem(PASSES, "accumulate", (PASSES["accumulate"][0], run))
+    with pytest.raises(PassError, match=f"pass 'accumulate' \\(after relax_assign\\) {problem}"):
+        pipeline.optimize(io.load(fixture_path("mlp")), "none", passes="relax_assign accumulate")
+    out = tmp_path / "o.pb"
+    shown = run_cli("optimize", fixture_path("mlp"), "-o", out, "--passes", "accumulate")
+    assert shown.exit_code == 3 and not out.exists()
+    assert shown.stderr.count("\n") == 1 and "(the first pass)" in shown.stderr
+    assert "bug in graphrewrite" in shown.stderr
