@@ -2,6 +2,9 @@
 
 Exit codes: 0 success, 1 a check failed (e.g. outputs differ), 2 bad input or usage, 3 a pass
 failed or left a broken graph (a bug in graphrewrite).
+
+Only click and the standard library load at start: TensorFlow (and numpy) are imported inside the
+commands that need them, so `--help` and `--version` are quick.
 """
 
 from __future__ import annotations
@@ -16,10 +19,6 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before TensorFlow is imported: quiet C++ logs
 
 import click  # noqa: E402
-
-from graphrewrite.measure import measurement_environment  # noqa: E402  (no TensorFlow import)
-
-measurement_environment()  # `verify` measures memory; TensorFlow reads these flags once, at import
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT, EXIT_PASS_FAILED = 0, 1, 2, 3
 
@@ -116,6 +115,9 @@ def main(ctx, debug, verbose, quiet):
     Exit codes: 0 ok, 1 a check failed, 2 bad input or usage, 3 a pass failed or left a broken
     graph (a bug in graphrewrite: please report it with the --debug traceback).
     """
+    from graphrewrite.measure import measurement_environment
+
+    measurement_environment()  # `verify` measures memory; TensorFlow reads these flags at import
     ctx.ensure_object(dict)["debug"] = debug
     _setup_logging(verbose, quiet)
 
@@ -142,7 +144,12 @@ mode_option = click.option("--mode", default="memory", show_default=True, metava
 @click.argument("model_path", metavar="IN", type=click.Path())
 @click.option("-o", "--output", "output", required=True, type=click.Path(),
               help="Where to write the rewritten model; its extension may pick the format "
-                   "(.pb binary, .pbtxt text, .meta MetaGraphDef), else the input's is kept.")
+                   "(.pb binary, .pbtxt text, .meta MetaGraphDef), else the input's is kept. "
+                   "Missing directories are created; a symlink is written through (the file "
+                   "it points to is replaced, the link stays); IN itself is refused without "
+                   "--in-place.")
+@click.option("--in-place", is_flag=True,
+              help="Allow OUT to be IN (the same file, also through a link): overwrite it.")
 @mode_option
 @click.option("--checkpoints", metavar="SELECTORS",
               help="Tensors to keep (mode collection): names, regex:PAT, scope:PREFIX, op:TYPE, "
@@ -177,9 +184,9 @@ mode_option = click.option("--mode", default="memory", show_default=True, metava
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @analysis_options
 @tag_option
-def optimize(model_path, output, mode, checkpoints, swap_tensors, swap_checkpoints, swap_form,
-             budget, bandwidth, passes, report_path, explain, as_json, input_shapes, outputs,
-             backward_scope, tag):
+def optimize(model_path, output, in_place, mode, checkpoints, swap_tensors, swap_checkpoints,
+             swap_form, budget, bandwidth, passes, report_path, explain, as_json, input_shapes,
+             outputs, backward_scope, tag):
     """Rewrite model IN with MODE and write it to OUT in the same format.
 
     IN is a GraphDef (.pb, .pbtxt), a MetaGraphDef (.meta, .meta.txt) or a SavedModel directory;
@@ -189,6 +196,8 @@ def optimize(model_path, output, mode, checkpoints, swap_tensors, swap_checkpoin
     """
     from graphrewrite import io, pipeline, report
 
+    if not in_place:
+        io.refuse_overwriting(model_path, output)
     text = pipeline.compose(mode, passes, checkpoints=checkpoints, budget=budget,
                             swap_checkpoints=swap_checkpoints,
                             swap_options={"form": swap_form, "bandwidth": bandwidth,
@@ -200,7 +209,7 @@ def optimize(model_path, output, mode, checkpoints, swap_tensors, swap_checkpoin
         if name.split(":")[0] not in model.graph:
             raise click.BadParameter(f"'{name}' is not a node of {model_path}",
                                      param_hint="--explain")
-    fmt = io.save(model, result.graph, output)
+    fmt = io.save(model, result.graph, output, in_place=in_place)
     facts = report.optimize_report(model_path, output, fmt, result)
     if report_path:
         io.write_atomic(Path(report_path), (json.dumps(facts, indent=2) + "\n").encode())

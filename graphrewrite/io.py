@@ -4,7 +4,9 @@ The format is detected from the content (the extension only breaks ties). A `Mod
 container message so that everything around the graph (function library, versions, collections,
 signatures, saver, debug info, other MetaGraphs of a SavedModel) is written back untouched, and an
 unchanged graph comes back as an equal message. Writes are atomic: a temporary sibling renamed into
-place, nothing left behind on failure.
+place, nothing left behind on failure. They behave as `cp` does: a new file gets the umask's mode
+(an existing one keeps its own), missing directories are created, and a symlink is written through
+(its target is replaced, the link stays). Writing over the input is refused unless asked for.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +26,7 @@ from tensorflow.core.framework import graph_pb2
 from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 
 from . import ops
-from .errors import InputError
+from .errors import GraphRewriteError, InputError
 from .graph import Graph
 
 log = logging.getLogger(__name__)
@@ -284,10 +287,25 @@ def serialize(message: pb_message.Message, text: bool) -> bytes:
     return message.SerializeToString(deterministic=True)
 
 
-def save(model: Model, graph: Graph, out: str | os.PathLike, fmt: Format | None = None) -> Format:
-    """Write `graph` in the container of `model` to `out`, atomically; returns the format used."""
-    out = Path(out)
+def refuse_overwriting(source: str | os.PathLike, out: str | os.PathLike) -> None:
+    """A GraphRewriteError if `out` is the file (or SavedModel directory) `source`: the same
+    path once symlinks are followed, or the same file under another name (a hard link)."""
+    same = os.path.realpath(source) == os.path.realpath(out)
+    if not same and os.path.exists(source) and os.path.exists(out):
+        same = os.path.samefile(source, out)
+    if same:
+        raise GraphRewriteError(f"{out}: the output is the input {source} (--in-place to "
+                                "overwrite it)")
+
+
+def save(model: Model, graph: Graph, out: str | os.PathLike, fmt: Format | None = None,
+         in_place: bool = False) -> Format:
+    """Write `graph` in the container of `model` to `out`, atomically; returns the format used.
+    Writing over the model's own file is refused unless `in_place`."""
+    if not in_place:
+        refuse_overwriting(model.path, out)
     fmt = fmt or output_format(model, out)
+    out = _through_links(out)
     container = model.with_graph(graph)
     if fmt.kind == METAGRAPH and model.format.kind != METAGRAPH:
         container = _as_meta_graph(model, container)
@@ -306,12 +324,30 @@ def _as_meta_graph(model: Model, container) -> meta_graph_pb2.MetaGraphDef:
     return meta
 
 
-def write_atomic(path: Path, data: bytes) -> None:
+def _through_links(path: str | os.PathLike) -> Path:
+    """Where a write to `path` lands: a symlink's target (the link itself stays)."""
+    return Path(os.path.realpath(path))
+
+
+def _mode_for(path: Path, fresh: int) -> int:
+    """The permissions a write to `path` leaves: those of what is there (as `cp` keeps them),
+    else `fresh` less the umask (mkstemp and mkdtemp would give 0600 and 0700)."""
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0o022)
+        os.umask(umask)
+        return fresh & ~umask
+
+
+def write_atomic(path: str | os.PathLike, data: bytes) -> None:
     """Write `data` to `path` via a temporary sibling and a rename: all or nothing."""
+    path = _through_links(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as handle:
+            os.fchmod(handle.fileno(), _mode_for(path, 0o666))
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
@@ -330,6 +366,7 @@ def _save_saved_model(model: Model, container, out: Path, text: bool) -> None:
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
     old = None
     try:
+        tmp.chmod(_mode_for(out, 0o777))
         source = model.path
         for sub in ("variables", "assets", "assets.extra"):
             if (source / sub).is_dir():

@@ -117,3 +117,61 @@ def test_debug_shows_a_traceback(tmp_path):
     result = run_cli("--debug", "inspect", write(tmp_path / "empty.pb", b""))
     assert result.exit_code == 2
     assert "Traceback" in result.stderr
+
+
+# Hostile command lines (after `optimize IN`, where IN is a copy of a fixture in a fresh
+# directory): each is refused with one line naming what is wrong, exit 2, nothing written.
+CLI_CASES = {
+    "output is the input": (lambda src: ["-o", src], "the output is the input"),
+    "output is the input through a link": (
+        lambda src: ["-o", _link(src.parent / "link.pbtxt", src)], "the output is the input"),
+    "output is a hard link to the input": (
+        lambda src: ["-o", _hard_link(src.parent / "same.pbtxt", src)], "the output is the input"),
+    "unreadable pipeline": (lambda src: ["--passes", "!!"], "cannot read '!!'"),
+    "unreadable text before a pass": (lambda src: ["--passes", "!! recompute"],
+                                      "cannot read '!! recompute'"),
+    "unclosed options": (lambda src: ["--passes", "recompute("], "cannot read 'recompute('"),
+    "blank pipeline": (lambda src: ["--passes", " "], "--passes ' ' names no pass"),
+    "empty pipeline": (lambda src: ["--passes", ""], "use --mode none"),
+    "semicolon between passes": (lambda src: ["--passes", "recompute; swap"],
+                                 "cannot read '; swap' (passes are separated by spaces"),
+    "integer option not an integer": (
+        lambda src: ["--passes", "accumulate(min_inputs=x)"],
+        "pass 'accumulate': option 'min_inputs' expects an integer, not 'x'"),
+    "number option not a number": (lambda src: ["--passes", "swap(bandwidth=x)"],
+                                   "pass 'swap': option 'bandwidth' expects a number, not 'x'"),
+    "budget zero": (lambda src: ["--budget", "0"], "a budget must be positive"),
+    "budget zero percent": (lambda src: ["--budget", "0%"], "a budget must be positive"),
+    "budget negative": (lambda src: ["--budget", "-2GiB"], "a budget must be positive"),
+}
+
+
+def _link(link, target):
+    link.symlink_to(target)
+    return link
+
+
+def _hard_link(link, target):
+    import os
+
+    os.link(target, link)
+    return link
+
+
+@pytest.mark.parametrize("case", sorted(CLI_CASES))
+def test_hostile_command_lines_are_refused_with_one_line(case, tmp_path):
+    source = tmp_path / "model.pbtxt"
+    source.write_bytes(fixture_path("mlp").read_bytes())
+    args, expected = CLI_CASES[case]
+    arguments = args(source)
+    if "-o" not in arguments:
+        arguments += ["-o", tmp_path / "out.pbtxt"]
+    before = sorted(tmp_path.iterdir())
+    result = run_cli("optimize", source, *arguments)
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("graphrewrite: error: "), result.stderr
+    assert expected in lines[0]
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    assert sorted(tmp_path.iterdir()) == before  # nothing written, nothing left behind
+    assert source.read_bytes() == fixture_path("mlp").read_bytes()

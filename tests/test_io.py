@@ -1,7 +1,9 @@
 """Loading and saving: every fixture round-trips to an equal message, in every format."""
 
+import os
 import random
 import shutil
+import stat
 
 import pytest
 from google.protobuf import text_format
@@ -9,9 +11,10 @@ from tensorflow.core.framework import graph_pb2
 from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 
 from graphrewrite import io
+from graphrewrite.errors import GraphRewriteError
 from graphrewrite.text import dump
 
-from conftest import FIXTURE_NAMES, fixture_path, graph_def
+from conftest import FIXTURE_NAMES, fixture_path, graph_def, run_cli
 
 EXPECTED_FORMAT = {"mlp": "graphdef-text", "adam_train": "metagraph", "keras_train": "metagraph",
                    "tiny_savedmodel": "savedmodel"}
@@ -160,3 +163,51 @@ def test_unknown_op_is_a_warning(tmp_path, caplog):
     model = io.load(path)
     assert any("MyCustomOp" in w for w in model.warnings)
     assert "MyCustomOp" in caplog.text
+
+
+@pytest.fixture
+def umask_022():
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+def test_written_files_get_the_umasks_mode_as_cp_gives(tmp_path, umask_022):
+    model = io.load(fixture_path("mlp"))
+    out = tmp_path / "new" / "mlp.pbtxt"  # a missing directory is created
+    io.save(model, model.graph, out)
+    assert _mode(out) == 0o644 and _mode(out.parent) == 0o755
+    out.chmod(0o600)  # an existing file keeps its own mode
+    io.save(model, model.graph, out)
+    assert _mode(out) == 0o600
+    saved = io.load(fixture_path("tiny_savedmodel"))
+    directory = tmp_path / "sm"
+    io.save(saved, saved.graph, directory)
+    assert _mode(directory) == 0o755 and _mode(directory / "saved_model.pb") == 0o644
+
+
+def test_a_symlink_is_written_through(tmp_path):
+    model = io.load(fixture_path("mlp"))
+    target = tmp_path / "real.pbtxt"
+    target.write_text("old")
+    link = tmp_path / "link.pbtxt"
+    link.symlink_to(target)
+    io.save(model, model.graph, link)
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert io.load(target).container == model.container
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.pbtxt", "real.pbtxt"]
+
+
+def test_writing_over_the_input_needs_in_place(tmp_path):
+    source = tmp_path / "model.pbtxt"
+    source.write_bytes(fixture_path("mlp").read_bytes())
+    model = io.load(source)
+    with pytest.raises(GraphRewriteError, match="the output is the input"):
+        io.save(model, model.graph, tmp_path / "." / "model.pbtxt")
+    result = run_cli("optimize", source, "-o", source, "--in-place")
+    assert result.exit_code == 0, result.stderr
+    assert io.load(source).graph.__len__() > len(model.graph)  # rewritten in place
+
+
+def _mode(path):
+    return stat.S_IMODE(path.stat().st_mode)
