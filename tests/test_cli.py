@@ -162,3 +162,43 @@ def test_optimize_collection_needs_selectors(tmp_path):
                      "--checkpoints", "op:Conv2D,regex:Relu$", "--json")
     assert chosen.exit_code == 0
     assert "stem/Relu" in json.loads(chosen.stdout)["checkpoints"]
+
+
+def test_start_is_quick_without_tensorflow():
+    import subprocess
+    import sys
+    import time
+
+    check = "import sys, cli.main; print('tensorflow' in sys.modules)"
+    loaded = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True)
+    assert loaded.stdout.strip() == "False", loaded.stderr
+    start = time.perf_counter()
+    shown = subprocess.run([sys.executable, "-m", "cli.main", "--version"], capture_output=True,
+                           text=True)
+    assert shown.returncode == 0 and "0.1.0" in shown.stdout
+    assert time.perf_counter() - start < 1.5  # 0.25 s here; TensorFlow alone takes 3 s
+
+
+def test_exit_codes_and_output_rules_are_documented():
+    import re
+    from pathlib import Path
+
+    import cli.main
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    codes = readme.split("**Exit codes.**")[1].split("\n\n")[0]
+    for text in (cli.main.__doc__, run_cli("--help").stdout, codes):
+        assert all(re.search(rf"(?<![\w.]){code}(?![\w.])", text) for code in "0123"), text
+    optimize_help = " ".join(run_cli("optimize", "--help").stdout.split())
+    assert "symlink is written through" in optimize_help and "--in-place" in optimize_help
+    assert "Missing directories are created" in optimize_help
+    assert "planned, not built yet" not in readme and ".venv/bin/graphrewrite" in readme
+
+
+def test_license_is_an_spdx_string():
+    import re
+    from pathlib import Path
+
+    pyproject = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    assert re.search(r'^license = "Apache-2.0"$', pyproject, re.MULTILINE)
+    assert '"setuptools>=77' in pyproject  # the first setuptools that reads SPDX strings
