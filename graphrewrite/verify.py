@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import analysis, measure, shapes as shapes_mod
+from . import analysis, measure, mismatch, shapes as shapes_mod
 from .errors import GraphRewriteError
 from .io import Model
 
@@ -44,6 +44,7 @@ class VerifyResult:
     rewritten: measure.StepMeasurement
     fetches: list[str] = field(default_factory=list)
     steps: int = 0
+    cause: str = ""  # why they differ, when a mismatch was traced to Grappler (mismatch.py)
 
     @property
     def max_abs_diff(self) -> float:
@@ -57,6 +58,7 @@ class VerifyResult:
             "outputs_compared": len({c.name for c in self.comparisons if c.step is not None}),
             "variables_compared": sum(c.step is None for c in self.comparisons),
             "mismatched": list(dict.fromkeys(c.name for c in self.comparisons if not c.equal)),
+            "cause": self.cause or None,
             "peak_bytes": {"original": self.original.peak_bytes,
                            "rewritten": self.rewritten.peak_bytes},
             "step_seconds": {"original": self.original.median_seconds,
@@ -113,8 +115,12 @@ def verify(original: Model, rewritten: Model, fetches: list[str] | None = None,
                    for step, (a, b) in enumerate(zip(first.step_outputs, second.step_outputs), 1)
                    for name in a]
     comparisons += _compare_variables(first.variables, second.variables, rtol, atol)
-    return VerifyResult(all(c.equal for c in comparisons), comparisons, first, second, fetches,
-                        len(first.step_outputs))
+    match = all(c.equal for c in comparisons)
+    # A bitwise mismatch is run again under other Grappler settings, to name its cause.
+    cause = "" if match or rtol or atol else mismatch.diagnose(
+        original.runnable(), rewritten.runnable(), inputs, fetches, isolated)
+    return VerifyResult(match, comparisons, first, second, fetches, len(first.step_outputs),
+                        cause)
 
 
 def _compare_variables(first: dict, second: dict, rtol: float, atol: float) -> list[Comparison]:

@@ -1,0 +1,84 @@
+"""Why a rewritten graph's outputs differ from the original's: which Grappler optimizer splits them.
+
+Grappler rewrites each graph on its own, and some of its decisions depend on what a rewrite
+changes even when the arithmetic written in the graph is the same. The arithmetic optimizer's
+MinimizeBroadcasts regroups a chain of Mul (or Add) nodes: it sorts the inputs of commutative
+ops by node name (a recomputed copy's name sorts elsewhere than its original's), and the group
+it rewrites is rooted at the node it reaches first in reverse topological order (recomputed
+copies run after the backward pass reaches them, which moves their readers in that order). So
+`s * (a * b)` becomes `(s * a) * b` in one graph and `(s * b) * a` in the other, which round
+differently: by one ulp on a constant such as sqrt(2/pi) (the GELU gradient), or only where a
+product falls below the smallest normal float and TensorFlow flushes it to zero for a power of
+two such as 0.5. Seen on a 48-layer GELU MLP whose first-layer gradients are around 1e-33.
+
+`diagnose` runs both graphs again with the arithmetic optimizer off, then with Grappler off, and
+names the first configuration under which they agree bitwise; an empty cause means they differ
+whatever Grappler does (a real difference).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from . import measure
+
+log = logging.getLogger(__name__)
+
+ARITHMETIC_CAUSE = (
+    "Grappler's arithmetic optimizer: with it off, both agree bitwise. It regroups chains of "
+    "Mul/Add by node name and graph order (MinimizeBroadcasts), which recomputation changes, so "
+    "the two graphs round differently (by an ulp, or where a product falls below the smallest "
+    "normal float and is flushed to zero)")
+GRAPPLER_CAUSE = (
+    "Grappler: with it off, both agree bitwise; it optimizes the two graphs differently (e.g. a "
+    "fusion made in one and not the other)")
+
+
+def arithmetic_off_config():
+    """TensorFlow's default configuration with only the arithmetic optimizer turned off."""
+    from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
+
+    config = config_pb2.ConfigProto()
+    config.graph_options.rewrite_options.arithmetic_optimization = (
+        rewriter_config_pb2.RewriterConfig.OFF)
+    return config
+
+
+def grappler_off_config():
+    """TensorFlow's default configuration with Grappler's meta optimizer off."""
+    from tensorflow.core.protobuf import config_pb2
+
+    config = config_pb2.ConfigProto()
+    config.graph_options.rewrite_options.disable_meta_optimizer = True
+    return config
+
+
+def diagnose(original, rewritten, feeds: dict, fetches: list[str], isolated: bool = True) -> str:
+    """The cause of a mismatch (see the module docstring), or "" when none was found.
+    `original` and `rewritten` are runnable messages (`Model.runnable()`)."""
+    run = measure.run_step_isolated if isolated else measure.run_step
+    for cause, config in ((ARITHMETIC_CAUSE, arithmetic_off_config()),
+                          (GRAPPLER_CAUSE, grappler_off_config())):
+        first = run(original, feeds, fetches, 0, config)
+        second = run(rewritten, feeds, fetches, 0, config)
+        if bitwise_equal(first, second):
+            log.warning("verify: the outputs differ only through %s", cause)
+            return cause
+    return ""
+
+
+def bitwise_equal(first: measure.StepMeasurement, second: measure.StepMeasurement) -> bool:
+    """Every output of every compared step, and every variable after them, bitwise equal."""
+    if len(first.step_outputs) != len(second.step_outputs) or (
+            set(first.variables) != set(second.variables)):
+        return False
+    pairs = [(a.get(name), b.get(name)) for a, b in zip(first.step_outputs, second.step_outputs)
+             for name in set(a) | set(b)]
+    pairs += [(first.variables[name], second.variables[name]) for name in first.variables]
+    return all(a is not None and b is not None and _same(a, b) for a, b in pairs)
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
