@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from . import flops as flops_mod
+from . import dtypes, flops as flops_mod, parameters
 from . import memory, shapes as shapes_mod, split as split_mod
 from .errors import GraphRewriteError
 from .graph import Graph
@@ -16,9 +16,6 @@ from .io import Model
 from .names import PAD_PREFIX
 
 log = logging.getLogger(__name__)
-
-UNFETCHABLE_TYPES = frozenset({20, 21})  # resource, variant: no numpy value to return
-
 
 @dataclass
 class Analysis:
@@ -39,7 +36,8 @@ def sinks(graph: Graph) -> list[str]:
 def default_fetches(model: Model, graph: Graph | None = None,
                     shapes: shapes_mod.Shapes | None = None) -> list[str]:
     """What one training step fetches: a MetaGraphDef's `train_op` (and `losses`) collections,
-    else the sinks of the graph that can be fetched: not inside a while-loop frame, and (given
+    a TF2 step's returned `Identity` nodes (they wait on its updates by control edges), else the
+    sinks of the graph that can be fetched: not inside a while-loop frame, and (given
     `shapes`) holding a numeric tensor or nothing at all."""
     graph = graph or model.graph
     meta = model.meta_graph
@@ -52,10 +50,16 @@ def default_fetches(model: Model, graph: Graph | None = None,
             return list(dict.fromkeys(found))
     in_loop = split_mod.loop_frame_nodes(graph)
     found = [n for n in sinks(graph) if n not in in_loop]
+    returned = [n for n in found if graph.op(n) == "Identity" and graph.control_inputs(n)]
+    if returned and any(graph.op(n) == "Placeholder" and parameters.is_variable(graph, n)
+                        for n in graph.nodes()):
+        # A TF2 step: it returns these, and they wait on its updates; the other sinks are
+        # values the function computed and dropped (TensorFlow prunes them).
+        return returned
     if shapes is None:
         return found
     return [n for n in found if not shapes.outputs(n)
-            or (shapes[shapes.outputs(n)[0]].dtype % 100) not in UNFETCHABLE_TYPES]
+            or dtypes.base(shapes[shapes.outputs(n)[0]].dtype) not in dtypes.HANDLES]
 
 
 def analyse(model: Model, graph: Graph | None = None, input_shapes: dict | None = None,

@@ -25,99 +25,25 @@ answer), nodes inside v1 while-loop frames, function calls (While, If, Partition
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
 
 import networkx as nx
 
-from . import ops
-from .analysis import Analysis
+from . import dtypes
+from .context import Context
 from .errors import GraphRewriteError
-from .graph import Graph
 from .memory import ALIAS_OPS, needed_nodes
 from .selectors import select
-from .split import loop_frame_nodes, reachable
-from .summary import FUNCTIONAL_CONTROL_OPS, PLACEHOLDER_OPS, V1_LOOP_OPS
+from .split import reachable
+from .summary import PLACEHOLDER_OPS
 from .tensor_ref import TensorRef
 
 EXPENSIVE_OPS = frozenset({
     "MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Conv2D", "Conv3D",
     "DepthwiseConv2dNative", "Einsum", "_FusedMatMul", "_FusedConv2D",
 })
-VARIABLE_READ_OPS = frozenset({"ReadVariableOp", "VariableV2", "Variable", "VarHandleOp",
-                               "ResourceGather", "PlaceholderWithDefault"})
-CALL_OPS = FUNCTIONAL_CONTROL_OPS | {"PartitionedCall", "StatefulPartitionedCall"}
-FLOATING_TYPES = frozenset({1, 2, 14, 19})  # float, double, bfloat16, half
 # An activation is "large" when it holds at least this fraction of the largest one: entries and
 # bottlenecks must be large, so small side inputs and scalars are neither.
 LARGE_FRACTION = 1 / 64
-
-
-@dataclass
-class Context:
-    """What the policies and the recompute pass need to know about the graph."""
-
-    graph: Graph
-    analysis: Analysis
-    constant: frozenset
-    in_loop_frame: set[str]
-    functions: frozenset = frozenset()
-    _blockers: dict = field(default_factory=dict)
-    _spreads: list | None = None  # the memory policy's, built once (see `_spreads`)
-    _chain: tuple | None = None   # the bottlenecks and their byte counts (see `_chain`)
-    _order: list | None = None
-    _flow_reads: dict | None = None
-
-    def order(self) -> list[str]:
-        """The graph's topological order, computed once (the graph is not changed in place)."""
-        if self._order is None:
-            self._order = self.graph.topological_order()
-        return self._order
-
-    def flow_reads(self) -> dict[str, list[TensorRef]]:
-        """Forward node -> its outputs the gradient flow reads, in order, computed once."""
-        if self._flow_reads is None:
-            split, shapes = self.analysis.split, self.analysis.shapes
-            self._flow_reads = {
-                n: [r for r in shapes.outputs(n)
-                    if any(v in split.gradient_flow for v, _ in self.graph.consumers(r))]
-                for n in self.order() if n in split.forward}
-        return self._flow_reads
-
-    @classmethod
-    def build(cls, graph: Graph, analysis: Analysis) -> "Context":
-        functions = frozenset(f.signature.name for f in graph.shell.library.function)
-        return cls(graph, analysis, analysis.split.constant, loop_frame_nodes(graph), functions)
-
-    def blocker(self, name: str) -> str | None:
-        """Why `name` must not be recomputed, or None when copying it is safe."""
-        if name not in self._blockers:
-            self._blockers[name] = self._find_blocker(name)
-        return self._blockers[name]
-
-    def _find_blocker(self, name: str) -> str | None:
-        graph = self.graph
-        op = graph.op(name)
-        functions = self.functions
-        if op in PLACEHOLDER_OPS:
-            return "graph input"
-        if op == "Const":
-            return "constant"
-        if name in self.constant:
-            return "computed from constants only"
-        if op in VARIABLE_READ_OPS:
-            return "variable read"
-        if "Random" in op or op in ("Multinomial", "TruncatedNormal", "RandomShuffle"):
-            return "random op"
-        if name in self.in_loop_frame or op in V1_LOOP_OPS:
-            return "inside a while-loop frame"
-        if op in CALL_OPS or op in functions or any(
-                v.HasField("func") for v in graph.node_def(name).attr.values()):
-            return "function call"
-        if ops.is_stateful(op):
-            return "stateful op" if ops.op_def(op) is not None else "op unknown to TensorFlow"
-        if not self.analysis.shapes.outputs(name):
-            return "no outputs"
-        return None
 
 
 # --------------------------------------------------------------------------- policies
@@ -238,9 +164,10 @@ POLICIES = {"memory": memory_policy, "speed": speed_policy, "collection": collec
 def bottlenecks(ctx: Context) -> list[str]:
     """Large forward tensors every path from the main inputs to the loss runs through, in order.
 
-    The graph holds the forward nodes that are not constant-valued. A virtual source feeds the
-    entries only: large floating-point inputs, and nodes with a large floating-point output
-    computed from inputs and constants alone (an embedding lookup of token ids); not labels or
+    The graph holds the forward nodes that are neither constant-valued nor parameters. A virtual
+    source feeds the entries only: large floating-point inputs, and nodes with a large
+    floating-point output computed from inputs, constants and parameters alone (an embedding
+    lookup of token ids, through a `Const` or a variable); not labels or
     ids themselves, and not the loss, which reads labels and logits. A small side input (labels, token ids reused as targets, a
     mask) is therefore never reached from the source, and its shortcut to the loss cannot hide
     the bottlenecks. A virtual sink drains every node without forward consumers. The
@@ -253,7 +180,8 @@ def bottlenecks(ctx: Context) -> list[str]:
     losses = [n for n in split.losses if n in needed] + [
         n for n in ctx.analysis.fetches if n in split.forward]
     towards_loss = reachable(graph.nx, losses, upstream=True) if losses else None
-    nodes = [n for n in ctx.order() if n in split.forward and n not in ctx.constant
+    fixed = ctx.constant | ctx.parameters  # the same every step: never an activation
+    nodes = [n for n in ctx.order() if n in split.forward and n not in fixed
              and (towards_loss is None or n in towards_loss)]
     sizes = {n: max((shapes.nbytes(r) or 0 for r in shapes.outputs(n)), default=0)
              for n in nodes}
@@ -267,7 +195,7 @@ def bottlenecks(ctx: Context) -> list[str]:
                                if r.node in members)
     source, sink = "graphrewrite:source", "graphrewrite:sink"
     for name in large:
-        computed = [r.node for r in graph.data_inputs(name) if r.node not in ctx.constant]
+        computed = [r.node for r in graph.data_inputs(name) if r.node not in fixed]
         floating = _is_floating(shapes[TensorRef(name)])
         if floating and (graph.op(name) in PLACEHOLDER_OPS or (computed and all(
                 graph.op(n) in PLACEHOLDER_OPS for n in computed))):
@@ -300,7 +228,7 @@ def _feeds_only(ctx: Context, name: str, after: str | None) -> bool:
 
 
 def _is_floating(info) -> bool:
-    return info is not None and info.dtype % 100 in FLOATING_TYPES
+    return info is not None and dtypes.is_floating(info.dtype)
 
 
 def _bytes_needed_before(ctx: Context, chain: list[str]) -> list[int]:

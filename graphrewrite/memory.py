@@ -11,8 +11,9 @@ Each output tensor gets a buffer when its node runs and loses it after its last 
   input's buffer and allocate nothing;
 - element-wise ops reuse the buffer of an input of the same size whose last use they are, as
   TensorFlow's `forward_input_or_allocate_output` does;
-- constants live for the whole step (their kernels hold them); fed inputs live throughout; fetched
-  outputs live to the end;
+- constants and variables live for the whole step (their kernels hold them; a TF2 step's
+  captured-variable placeholders count their variable's value); fed inputs live throughout;
+  fetched outputs live to the end;
 - tensors of unknown size count 0 bytes and are listed in `unknown`.
 
 A node's inputs and outputs are live together while it runs; the peak is taken at that moment.
@@ -26,6 +27,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
+from . import parameters
 from .graph import Graph
 from .shapes import Shapes, TensorInfo
 from .split import reachable
@@ -150,6 +152,8 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None) -> 
     in_use: dict[str, int] = {}
     peak: dict[str, tuple[int, int]] = {}  # place -> (bytes, step)
     unknown: list[TensorRef] = []
+    variable_sizes = {n: _nbytes(parameters.value_info(graph, shapes, n))
+                      for n in order if parameters.is_variable(graph, n)}
 
     transfers: set[tuple[TensorRef, str]] = set()  # (tensor, place it was copied to)
     reads = {name: graph.data_inputs(name) for name in order}
@@ -162,8 +166,8 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None) -> 
 
     def allocate(ref: TensorRef, place: str, step: int, pinned: bool) -> Buffer:
         size = shapes.nbytes(ref)
-        if graph.op(ref.node) == "VarHandleOp":
-            size = variable_bytes(graph.node_def(ref.node))
+        if ref.node in variable_sizes:  # its value, not its handle
+            size = variable_sizes[ref.node]
         if size is None:
             unknown.append(ref)
             size = 0
@@ -185,7 +189,7 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None) -> 
                 add_output(ref, allocate(ref, place, 0, pinned=True))
     persistent = {}
     for buffer in buffers:
-        if graph.op(buffer.owner.node) in PERSISTENT_OPS:
+        if graph.op(buffer.owner.node) in PERSISTENT_OPS or buffer.owner.node in variable_sizes:
             persistent[buffer.place] = persistent.get(buffer.place, 0) + buffer.size
 
     for step, name in enumerate(order):
@@ -225,12 +229,8 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None) -> 
                         sorted(set(unknown)))
 
 
-def variable_bytes(node) -> int | None:
-    """Bytes of the variable a VarHandleOp creates (its handle is 0 bytes, its value is not)."""
-    attrs = node.attr
-    info = TensorInfo(attrs["dtype"].type, None if attrs["shape"].shape.unknown_rank else
-                      tuple(None if d.size < 0 else d.size for d in attrs["shape"].shape.dim))
-    return info.nbytes
+def _nbytes(info: TensorInfo | None) -> int | None:
+    return None if info is None else info.nbytes
 
 
 def _output_buffer(op: str, ref: TensorRef, inputs: list[TensorRef],

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from tensorflow.core.framework import types_pb2
 
+from . import dtypes
 from .errors import GraphRewriteError
 from .graph import Graph
 from .tensor_ref import TensorRef
@@ -47,7 +48,7 @@ class TensorInfo:
     @property
     def nbytes(self) -> int | None:
         """Bytes of the tensor's buffer, or None when a dimension or the element size is unknown."""
-        item = _ITEM_BYTES.get(self.dtype % 100)  # DT_FLOAT_REF = DT_FLOAT + 100
+        item = _ITEM_BYTES.get(dtypes.base(self.dtype))
         if item is None or self.shape is None or any(d is None for d in self.shape):
             return None
         return item * math.prod(self.shape)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import networkx as nx
 import numpy as np
 
-from . import ops
+from . import dtypes, ops
 from .graph import Graph
 
 # Op type -> indices of inputs that are forward values (not the incoming gradient or a shape).
@@ -110,7 +110,12 @@ def split(graph: Graph, backward_scope: str | None = None) -> Split:
         seeds = find_seeds(graph, dag, constant)
     flow = reachable(full, seeds)
     sinks = {n for n in graph.nodes() if full.out_degree(n) == 0}
-    losses = (set(_mirrored(graph, seeds)) | {n for n in sinks if n not in constant}) - flow
+    # A TF2 step returns its loss through an `Identity` that waits on every update by control
+    # edges; that output is in the flow, the value it returns is not.
+    data_flow = reachable(_data_only(graph, full), seeds)
+    returned = {r.node for n in sinks & flow - data_flow for r in graph.data_inputs(n)}
+    losses = (set(_mirrored(graph, seeds)) | {n for n in sinks | returned
+                                               if n not in constant}) - flow
     forward = reachable(full, (losses | _forward_value_inputs(graph)) - flow, upstream=True) - flow
     backward = set(graph.nodes()) - forward
     return Split(frozenset(forward), frozenset(backward), tuple(sorted(seeds)), frozenset(flow),
@@ -128,21 +133,19 @@ def find_seeds(graph: Graph, dag: nx.DiGraph, constant: set[str]) -> list[str]:
         return []
     # By data edges only: a rewritten graph's trigger makes a recomputed or swapped-in forward
     # value wait on the gradient flow, which does not make the seed a forward value.
-    data = nx.DiGraph()
-    data.add_nodes_from(dag)
-    data.add_edges_from((u, v) for u, v, slot in graph.nx.edges(data="slot")
-                        if slot is not None and dag.has_edge(u, v))
+    data = _data_only(graph, dag)
     forward_values = reachable(data, _forward_value_inputs(graph), upstream=True)
     reaches_anchor = reachable(dag, found, upstream=True)
     candidates = {n for n in graph.nodes() if n in reaches_anchor and n not in forward_values
                   and n in constant and _is_ones(graph, n)}
     candidates = {n for n in candidates
                   if not any(c in candidates for c in nx.descendants(dag, n))}
-    # A forward constant of ones (a fresh layer-norm scale) reaches the loss as well as every
-    # gradient; a seed reaches only gradients. Drop candidates that reach strictly more sinks
-    # than another candidate does.
-    sinks = {n for n in graph.nodes() if dag.out_degree(n) == 0 and n not in constant}
-    reach = {n: frozenset(nx.descendants(dag, n) & sinks) for n in candidates}
+    # A forward constant of ones (a fresh layer-norm scale, GELU's `1 + erf`) reaches the loss
+    # as well as every gradient; a seed reaches only gradients. Drop candidates that reach
+    # strictly more sinks than another candidate does. By data edges: a TF2 step's output
+    # `Identity` waits on every update by a control edge, so every node reaches it that way.
+    sinks = {n for n in graph.nodes() if data.out_degree(n) == 0 and n not in constant}
+    reach = {n: frozenset(nx.descendants(data, n) & sinks) for n in candidates}
     return sorted(n for n in candidates if not any(reach[o] < reach[n] for o in candidates))
 
 
@@ -192,6 +195,15 @@ def _dependencies(graph: Graph) -> nx.DiGraph:
     return full
 
 
+def _data_only(graph: Graph, edges: nx.DiGraph) -> nx.DiGraph:
+    """The data edges among `edges` (control edges dropped)."""
+    data = nx.DiGraph()
+    data.add_nodes_from(edges)
+    data.add_edges_from((u, v) for u, v, slot in graph.nx.edges(data="slot")
+                        if slot is not None and edges.has_edge(u, v))
+    return data
+
+
 def _forward_value_inputs(graph: Graph) -> set[str]:
     nodes = set()
     for name in graph.nodes():
@@ -232,7 +244,7 @@ def _const_all_ones(node) -> bool:
     from tensorflow.python.framework import tensor_util
 
     tensor = node.attr["value"].tensor
-    if tensor.dtype not in (1, 2, 14, 19):  # float, double, bfloat16, half
+    if not dtypes.is_floating(tensor.dtype):
         return False
     try:
         values = tensor_util.MakeNdarray(tensor)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .analysis import Analysis, sinks
+from . import parameters
+from .analysis import Analysis, default_fetches
 from .graph import Graph, op_histogram
 from .memory import DEVICE, HOST, HOST_BANDWIDTH
 from .io import Model
@@ -14,8 +15,6 @@ V1_LOOP_OPS = frozenset({"Enter", "RefEnter", "Exit", "RefExit", "Merge", "RefMe
                          "RefSwitch", "NextIteration", "RefNextIteration", "LoopCond"})
 FUNCTIONAL_CONTROL_OPS = frozenset({"While", "StatelessWhile", "If", "StatelessIf", "Case",
                                     "StatelessCase"})
-VARIABLE_OPS = frozenset({"VariableV2", "Variable", "VarHandleOp", "AutoReloadVariable",
-                          "_VarHandlesOp"})
 
 
 def summarize(model: Model) -> dict:
@@ -29,8 +28,8 @@ def summarize(model: Model) -> dict:
         "nodes": len(graph),
         "ops": dict(sorted(histogram.items())),
         "inputs": [_placeholder(graph, n) for n in sorted(graph.nodes())
-                   if graph.op(n) in PLACEHOLDER_OPS],
-        "outputs": sorted(sinks(graph)),
+                   if graph.op(n) in PLACEHOLDER_OPS and not parameters.is_variable(graph, n)],
+        "outputs": sorted(default_fetches(model)),
         "train_op": _collection_nodes(meta, "train_op"),
         "signatures": _signatures(meta),
         "functions": len(graph.shell.library.function),
@@ -38,7 +37,7 @@ def summarize(model: Model) -> dict:
             "v1_loop_nodes": sum(histogram[op] for op in V1_LOOP_OPS),
             "functional": sorted(op for op in FUNCTIONAL_CONTROL_OPS if histogram[op]),
         },
-        "variables": sorted(n for n in graph.nodes() if graph.op(n) in VARIABLE_OPS),
+        "variables": sorted(parameters.variables(graph)),
         "warnings": list(model.warnings),
     }
 
@@ -75,7 +74,7 @@ def _placeholder(graph: Graph, name: str) -> dict:
 def _collection_nodes(meta, key: str) -> list[str]:
     if meta is None or key not in meta.collection_def:
         return []
-    return list(meta.collection_def[key].node_list.value)
+    return list(dict.fromkeys(meta.collection_def[key].node_list.value))
 
 
 def _signatures(meta) -> dict:

@@ -36,6 +36,7 @@ import networkx as nx
 from .. import checkpoints as policies
 from .. import flops, memory
 from ..analysis import Analysis
+from ..context import Context
 from ..budget import parse_budget
 from ..errors import GraphRewriteError
 from ..graph import Graph
@@ -106,7 +107,7 @@ def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None)
     """
     if not analysis.split.seeds:
         return RecomputeResult(graph, False, note="no backward pass found: nothing to do")
-    ctx = policies.Context.build(graph, analysis)
+    ctx = Context.build(graph, analysis)
     if options.policy == "collection":
         candidates = policies.collection_policy(ctx, options.checkpoints,
                                                 model.meta_graph if model else None)
@@ -143,7 +144,7 @@ def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None)
     return _result(best, note)
 
 
-def _evaluate(ctx: policies.Context, checkpoints: set[str],
+def _evaluate(ctx: Context, checkpoints: set[str],
               ahead: frozenset = frozenset()) -> Rewrite:
     """Apply a checkpoint choice and model the rewritten step's peak and extra FLOPs."""
     analysis = ctx.analysis
@@ -176,7 +177,7 @@ def _within_budget(attempts: list[Rewrite], budget: int) -> tuple[Rewrite, str]:
                     f"found is {lowest.peak / 2**20:.1f} MiB")
 
 
-def _refine(ctx: policies.Context, best: Rewrite, attempts: list[Rewrite]) -> Rewrite:
+def _refine(ctx: Context, best: Rewrite, attempts: list[Rewrite]) -> Rewrite:
     """Drop checkpoints whose buffers are live at the modelled peak, one at a time, while the
     peak goes down: big early checkpoints can cost more than recomputing their segment."""
     for _ in range(REFINE_ROUNDS):
@@ -193,7 +194,7 @@ def _refine(ctx: policies.Context, best: Rewrite, attempts: list[Rewrite]) -> Re
     return _choose([a for a in attempts if a.peak <= best.peak * (1 + PEAK_SLACK)] or [best])
 
 
-def _ahead_trials(ctx: policies.Context, best: Rewrite) -> list[Rewrite]:
+def _ahead_trials(ctx: Context, best: Rewrite) -> list[Rewrite]:
     """The chosen checkpoints with the first j of them (from the input) recomputed ahead
     instead of held (two-level recomputation of the early layers), j = 1, 2, 3, 4, 6, 8, ..."""
     position = {n: i for i, n in enumerate(ctx.order())}
@@ -202,7 +203,7 @@ def _ahead_trials(ctx: policies.Context, best: Rewrite) -> list[Rewrite]:
     return [_evaluate(ctx, best.checkpoints, frozenset(kept[:j])) for j in counts]
 
 
-def _two_level_trials(ctx: policies.Context) -> list[Rewrite]:
+def _two_level_trials(ctx: Context) -> list[Rewrite]:
     """Two-level checkpoints (`checkpoints.two_level`) on the coarse grid of cuts and budgets,
     then on the finer grid around the best of them."""
     tried: dict[tuple, Rewrite] = {}
@@ -224,7 +225,7 @@ def _two_level_trials(ctx: policies.Context) -> list[Rewrite]:
     return list(tried.values())
 
 
-def _owner_live(ctx: policies.Context, name: str, live_nodes: set[str]) -> bool:
+def _owner_live(ctx: Context, name: str, live_nodes: set[str]) -> bool:
     """Whether the checkpoint's buffer (possibly owned by the node it was written in place of)
     is among those live at the peak."""
     if name in live_nodes:
@@ -232,7 +233,7 @@ def _owner_live(ctx: policies.Context, name: str, live_nodes: set[str]) -> bool:
     return any(r.node in live_nodes for r in ctx.graph.data_inputs(name))
 
 
-def apply(ctx: policies.Context, checkpoints: set[str], ahead: frozenset = frozenset()) -> Rewrite:
+def apply(ctx: Context, checkpoints: set[str], ahead: frozenset = frozenset()) -> Rewrite:
     """Copy what the gradient flow reads between `checkpoints`, rewire it, add the triggers.
     The checkpoints in `ahead` are not kept from the forward pass but recomputed too (see
     `_recompute_ahead`)."""
@@ -268,7 +269,7 @@ def apply(ctx: policies.Context, checkpoints: set[str], ahead: frozenset = froze
                    ahead=early)
 
 
-def _worth_recomputing(ctx: policies.Context, name: str, reads: list[TensorRef]) -> bool:
+def _worth_recomputing(ctx: Context, name: str, reads: list[TensorRef]) -> bool:
     """Whether the gradient flow reads an output of `name` that is worth recomputing. Outputs
     under 1/SIDE_OUTPUT_RATIO of the node's largest (a batch norm's batch statistics beside its
     normalized output) are not: holding them costs next to nothing, while recomputing them

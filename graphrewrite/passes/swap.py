@@ -30,14 +30,17 @@ from dataclasses import dataclass
 from tensorflow.core.framework import attr_value_pb2
 
 from .. import checkpoints as policies
+from .. import dtypes
 from .. import flops, memory
 from .. import selectors as selectors_mod
 from ..analysis import Analysis
+from ..context import VARIABLE_READ_OPS, Context
 from ..budget import parse_budget
 from ..errors import GraphRewriteError
 from ..graph import Graph
 from ..names import SWAP_IN_SUFFIX, SWAP_OUT_SUFFIX
 from ..shapes import Shapes, TensorInfo
+from ..summary import PLACEHOLDER_OPS
 from ..tensor_ref import TensorRef
 from .base import PassOptions, SwapResult
 from .pads import can_gate, pad_readers
@@ -51,7 +54,6 @@ MIN_BYTES = 1024
 DEVICE_FLOPS = 1e13      # arithmetic throughput, FLOP/s
 DEVICE_BANDWIDTH = 9e11  # device memory bandwidth, bytes/s
 NODE_OVERHEAD = 5e-6     # seconds a node takes at least
-SWAPPABLE_TYPES = frozenset({1, 2, 3, 4, 5, 6, 9, 10, 14, 17, 19, 22, 23})  # numeric and bool
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,7 @@ class Swap:
 def run(graph: Graph, analysis: Analysis, options: SwapOptions, model=None):
     """Swap what is asked (`_swap_to_host`, `--swap`), or search: the largest activations whose
     transfer a backward node can hide, as few as reach the lowest modelled peak (or the budget)."""
-    ctx = policies.Context.build(graph, analysis)
+    ctx = Context.build(graph, analysis)
     timing = _Timing.build(ctx, options.bandwidth)
     if options.policy == "manual" or options.tensors:
         chosen, skipped = _requested(ctx, timing, options.tensors)
@@ -108,7 +110,7 @@ def run(graph: Graph, analysis: Analysis, options: SwapOptions, model=None):
                       fanout_pads=pads, skipped=skipped)
 
 
-def _search(ctx: policies.Context, candidates: list[Swap], options: SwapOptions) -> list[Swap]:
+def _search(ctx: Context, candidates: list[Swap], options: SwapOptions) -> list[Swap]:
     """The shortest prefix of `candidates` whose modelled peak meets the budget, or (no budget)
     is as low as swapping all of them gets; nothing if swapping does not lower the peak."""
     analysis = ctx.analysis
@@ -136,7 +138,7 @@ def _search(ctx: policies.Context, candidates: list[Swap], options: SwapOptions)
     return candidates[:high]
 
 
-def _candidates(ctx: policies.Context, timing: "_Timing") -> tuple[list[Swap], dict]:
+def _candidates(ctx: Context, timing: "_Timing") -> tuple[list[Swap], dict]:
     """Forward tensors the gradient flow reads, largest first, whose swap-in a backward node can
     start early enough to finish before the first backward use; and the rest, by reason."""
     graph, analysis = ctx.graph, ctx.analysis
@@ -162,7 +164,7 @@ def _candidates(ctx: policies.Context, timing: "_Timing") -> tuple[list[Swap], d
     return found, {k: sorted(v) for k, v in sorted(skipped.items())}
 
 
-def _requested(ctx: policies.Context, timing: "_Timing", selectors: str | None
+def _requested(ctx: Context, timing: "_Timing", selectors: str | None
                ) -> tuple[list[Swap], dict]:
     """Grappler's `_swap_to_host` (an input index or a list of them, on the reading node: only
     that reader gets the swapped-in copy), and what `selectors` names (read back by the whole
@@ -196,31 +198,31 @@ def _requested(ctx: policies.Context, timing: "_Timing", selectors: str | None
     return chosen, skipped
 
 
-def _backward_readers(ctx: policies.Context, ref: TensorRef) -> tuple[str, ...]:
+def _backward_readers(ctx: Context, ref: TensorRef) -> tuple[str, ...]:
     """The gradient-flow nodes reading `ref`, sorted: who gets the swapped-in copy."""
     flow = ctx.analysis.split.gradient_flow
     return tuple(sorted({v for v, _ in ctx.graph.consumers(ref) if v in flow}))
 
 
-def _blocker(ctx: policies.Context, ref: TensorRef, any_size: bool = False) -> str | None:
+def _blocker(ctx: Context, ref: TensorRef, any_size: bool = False) -> str | None:
     graph, info = ctx.graph, ctx.analysis.shapes[ref]
     op = graph.op(ref.node)
     if ref.node in ctx.constant:
         return "constant"
-    if op in policies.PLACEHOLDER_OPS:
+    if op in PLACEHOLDER_OPS:
         return "graph input"
-    if op in policies.VARIABLE_READ_OPS:
+    if op in VARIABLE_READ_OPS or ref.node in ctx.parameters:
         return "variable read"
     if ref.node in ctx.in_loop_frame:
         return "inside a while-loop frame"
-    if info is None or info.dtype % 100 not in SWAPPABLE_TYPES or info.dtype > 100:
+    if info is None or info.dtype not in dtypes.PLAIN:  # a reference type is not plain
         return "resource, variant, string or reference tensor"
     if not any_size and (info.nbytes or 0) < MIN_BYTES:
         return "smaller than 1 KiB"
     return None
 
 
-def _apply(ctx: policies.Context, swaps: list[Swap], form: str):
+def _apply(ctx: Context, swaps: list[Swap], form: str):
     """The graph with `swaps` made, its shapes, and the fan-out pads added."""
     graph = ctx.graph.copy()
     shapes = Shapes(dict(ctx.analysis.shapes.tensors))
@@ -265,7 +267,7 @@ class _Timing:
     bandwidth: float
 
     @classmethod
-    def build(cls, ctx: policies.Context, bandwidth: float) -> "_Timing":
+    def build(cls, ctx: Context, bandwidth: float) -> "_Timing":
         graph, shapes = ctx.graph, ctx.analysis.shapes
         order = ctx.analysis.memory.order
         seconds = {}

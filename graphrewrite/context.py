@@ -1,0 +1,94 @@
+"""What the checkpoint policies and the recompute and swap passes know about one graph, built
+once per pass: the analysis, which nodes are constant, parameters, inside loop frames or
+function calls, and why a node must never be copied (`Context.blocker`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import ops, parameters
+from .analysis import Analysis
+from .graph import Graph
+from .split import loop_frame_nodes
+from .summary import FUNCTIONAL_CONTROL_OPS, PLACEHOLDER_OPS, V1_LOOP_OPS
+from .tensor_ref import TensorRef
+
+# Reads of a variable whose output is an activation or an alias of the variable: never copied
+# (a copy could read the variable after the optimizer wrote it).
+VARIABLE_READ_OPS = frozenset({"ReadVariableOp", "VariableV2", "Variable", "VarHandleOp",
+                               "ResourceGather", "PlaceholderWithDefault"})
+CALL_OPS = FUNCTIONAL_CONTROL_OPS | {"PartitionedCall", "StatefulPartitionedCall"}
+
+
+@dataclass
+class Context:
+    """What the policies and the recompute and swap passes need to know about the graph."""
+
+    graph: Graph
+    analysis: Analysis
+    constant: frozenset
+    in_loop_frame: set[str]
+    functions: frozenset = frozenset()
+    parameters: frozenset = frozenset()
+    _blockers: dict = field(default_factory=dict)
+    _spreads: list | None = None  # the memory policy's, built once (see `_spreads`)
+    _chain: tuple | None = None   # the bottlenecks and their byte counts (see `_chain`)
+    _order: list | None = None
+    _flow_reads: dict | None = None
+
+    def order(self) -> list[str]:
+        """The graph's topological order, computed once (the graph is not changed in place)."""
+        if self._order is None:
+            self._order = self.graph.topological_order()
+        return self._order
+
+    def flow_reads(self) -> dict[str, list[TensorRef]]:
+        """Forward node -> its outputs the gradient flow reads, in order, computed once."""
+        if self._flow_reads is None:
+            split, shapes = self.analysis.split, self.analysis.shapes
+            self._flow_reads = {
+                n: [r for r in shapes.outputs(n)
+                    if any(v in split.gradient_flow for v, _ in self.graph.consumers(r))]
+                for n in self.order() if n in split.forward}
+        return self._flow_reads
+
+    @classmethod
+    def build(cls, graph: Graph, analysis: Analysis) -> "Context":
+        functions = frozenset(f.signature.name for f in graph.shell.library.function)
+        constant = analysis.split.constant
+        return cls(graph, analysis, constant, loop_frame_nodes(graph), functions,
+                   parameters.parameter_nodes(graph, constant))
+
+    def blocker(self, name: str) -> str | None:
+        """Why `name` must not be recomputed, or None when copying it is safe."""
+        if name not in self._blockers:
+            self._blockers[name] = self._find_blocker(name)
+        return self._blockers[name]
+
+    def _find_blocker(self, name: str) -> str | None:
+        graph = self.graph
+        op = graph.op(name)
+        functions = self.functions
+        if op in PLACEHOLDER_OPS:
+            return "graph input"
+        if op == "Const":
+            return "constant"
+        if name in self.constant:
+            return "computed from constants only"
+        if op in VARIABLE_READ_OPS or parameters.is_variable(graph, name):
+            return "variable read"
+        if name in self.parameters:
+            return "computed from variables only"
+        if "Random" in op or op in ("Multinomial", "TruncatedNormal", "RandomShuffle"):
+            return "random op"
+        if name in self.in_loop_frame or op in V1_LOOP_OPS:
+            return "inside a while-loop frame"
+        if op in CALL_OPS or op in functions or any(
+                v.HasField("func") for v in graph.node_def(name).attr.values()):
+            return "function call"
+        if ops.is_stateful(op):
+            return "stateful op" if ops.op_def(op) is not None else "op unknown to TensorFlow"
+        if not self.analysis.shapes.outputs(name):
+            return "no outputs"
+        return None

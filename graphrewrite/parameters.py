@@ -1,0 +1,113 @@
+"""Variables and parameters: one concept every analysis and pass asks, instead of op types.
+
+A *variable* is where a training step's persistent state lives: a TF1 `VariableV2` (a reference
+tensor), a `VarHandleOp` (a resource variable), or, in a GraphDef exported from a TF2
+`tf.function`, a `Placeholder` of dtype `resource` that the function captured (the program binds
+it to its variable when it calls the function). A *parameter* is a value computed from constants
+and variables alone: a `ReadVariableOp`, a ref variable's `Identity`, a cast or reshape of a
+weight. Parameters are never copied, never a way around a bottleneck and never the source of
+activations; an activation is anything computed from fed data.
+
+The value of a captured variable has no shape on its placeholder; it comes from the tensors its
+readers and writers carry (`_output_shapes` written by `as_graph_def(add_shapes=True)`).
+"""
+
+from __future__ import annotations
+
+from . import dtypes, ops
+from .graph import Graph
+from .shapes import Shapes, TensorInfo
+from .tensor_ref import TensorRef
+
+VARIABLE_OPS = frozenset({"VariableV2", "Variable", "VarHandleOp", "AutoReloadVariable"})
+# Reads of a variable's current value: stateful in the registry, but parameters all the same.
+READ_OPS = frozenset({"ReadVariableOp", "VariableShape"})
+# Writers whose input 1 is the variable's whole new value (or a delta of the same shape).
+WRITE_OPS = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp",
+                       "Assign", "AssignAdd", "AssignSub"})
+
+
+def is_variable(graph: Graph, name: str) -> bool:
+    """A TF1 or resource variable, or a TF2 function's captured-variable placeholder."""
+    node = graph.node_def(name)
+    if node.op in VARIABLE_OPS:
+        return True
+    return node.op == "Placeholder" and node.attr["dtype"].type == dtypes.RESOURCE
+
+
+def variables(graph: Graph) -> list[str]:
+    return [n for n in graph.nodes() if is_variable(graph, n)]
+
+
+def parameter_nodes(graph: Graph, constant: frozenset | set,
+                    order: list[str] | None = None) -> frozenset:
+    """Variables and the nodes computed from variables and constants alone (at least one
+    variable among their sources: what only constants feed is `constant`, not a parameter)."""
+    found: set[str] = set()
+    for name in order or graph.topological_order():
+        if name in constant:
+            continue
+        op = graph.op(name)
+        if is_variable(graph, name):
+            found.add(name)
+            continue
+        if op not in READ_OPS and (op == "Const" or ops.is_stateful(op)):
+            continue
+        inputs = graph.data_inputs(name)
+        if inputs and all(r.node in found or r.node in constant for r in inputs) and any(
+                r.node in found for r in inputs):
+            found.add(name)
+    return frozenset(found)
+
+
+def value_info(graph: Graph, shapes: Shapes, name: str) -> TensorInfo | None:
+    """Dtype and shape of a variable's value (not of its handle); None when nothing says."""
+    node = graph.node_def(name)
+    if node.op == "VarHandleOp":
+        shape = node.attr["shape"].shape
+        dims = None if shape.unknown_rank else tuple(None if d.size < 0 else d.size
+                                                      for d in shape.dim)
+        return TensorInfo(node.attr["dtype"].type, dims)
+    if node.op != "Placeholder":
+        return shapes[TensorRef(name)]
+    for ref in _value_tensors(graph, shapes, name):
+        info = shapes[ref]
+        if info is not None and info.shape is not None and None not in info.shape:
+            return TensorInfo(dtypes.base(info.dtype), info.shape)
+    return None
+
+
+def _value_tensors(graph: Graph, shapes: Shapes, name: str):
+    """Tensors holding a captured variable's whole value: its reads, and what writers write."""
+    for reader, slot in graph.consumers(TensorRef(name)):
+        op = graph.op(reader)
+        if op == "ReadVariableOp":
+            yield TensorRef(reader)
+        elif op in WRITE_OPS and slot == 0:
+            inputs = graph.data_inputs(reader)
+            if len(inputs) > 1:
+                yield inputs[1]
+        elif op.startswith("ResourceApply") and slot == 0:
+            grad = _grad_input(graph, reader)
+            if grad is not None:
+                yield grad
+
+
+def _grad_input(graph: Graph, name: str) -> TensorRef | None:
+    """A `ResourceApply*` op's gradient input: the same shape as the variable it updates."""
+    definition = ops.op_def(graph.op(name))
+    if definition is None:
+        return None
+    args = [a.name for a in definition.input_arg]
+    inputs = graph.data_inputs(name)
+    for wanted in ("grad", "delta"):
+        if wanted in args and args.index(wanted) < len(inputs):
+            return inputs[args.index(wanted)]
+    return None
+
+
+def unknown_variables(graph: Graph, shapes: Shapes) -> list[str]:
+    """Captured-variable placeholders whose value shape nothing in the graph gives."""
+    return [n for n in variables(graph) if graph.op(n) == "Placeholder"
+            and value_info(graph, shapes, n) is None]
+
