@@ -434,7 +434,8 @@ def inspect(model_path, as_json, top, input_shapes, outputs, backward_scope, tag
     facts = summary.summarize(model)
     found = analysis.analyse(model, input_shapes=input_shapes, backward_scope=backward_scope,
                              fetches=outputs)
-    facts.update(summary.memory_facts(found, top))
+    facts.update(summary.memory_facts(found, top, analysis.as_run(model, model.graph, found,
+                                                                    input_shapes)))
     if as_json:
         click.echo(json.dumps(facts, indent=2))
     else:
@@ -523,7 +524,9 @@ def format_summary(facts: dict) -> str:
     ]
     if "peak_bytes" in facts:
         rows += [
-            ("peak memory", f"{format_bytes(facts['peak_bytes'])} (modelled; persistent "
+            ("peak memory", f"{format_bytes(facts['peak_bytes'])} (modelled "
+                            f"{'after Grappler' if facts['modelled_as'] == 'run' else 'as written'}"
+                            f", {format_bytes(facts['peak_bytes_as_written'])} as written; persistent "
                             f"{format_bytes(facts['persistent_bytes'])}, peak at "
                             f"{facts['peak_node']})"),
             ("host peak", format_bytes(facts["host_peak_bytes"])

@@ -81,3 +81,21 @@ def analyse(model: Model, graph: Graph | None = None, input_shapes: dict | None 
                     "dimensions with --input-shape", len(report.unknown),
                     ", ".join(str(r) for r in report.unknown[:3]))
     return Analysis(fetch_nodes, shapes, split, report, total)
+
+
+def as_run(model: Model, graph: Graph, found: Analysis,
+           input_shapes: dict | None = None) -> memory.MemoryReport | None:
+    """The simulated step of `graph` as TensorFlow runs it, after Grappler (see `grappler.py`);
+    None when Grappler cannot process the graph. `found` is `graph`'s analysis: the tensors
+    Grappler keeps under their names keep their shapes (its output records none, and a TF2
+    step's variable reads cannot be inferred without them)."""
+    from . import grappler
+
+    optimized = grappler.as_run(graph, found.fetches, model.meta_graph)
+    if optimized is None:
+        return None
+    for name in optimized.nodes():
+        if name in graph and graph.op(name) == optimized.op(name):
+            shapes_mod.record(optimized, name, found.shapes)
+    kept = [f for f in found.fetches if f.split(":")[0] in optimized]
+    return memory.simulate(optimized, shapes_mod.infer(optimized, input_shapes), kept)

@@ -168,15 +168,36 @@ def _import(message, feeds: dict[str, np.ndarray]):
     with graph.as_default():
         if message.DESCRIPTOR.name == "MetaGraphDef":
             tf.compat.v1.train.import_meta_graph(message, clear_devices=False)
-            variables = tf.compat.v1.global_variables()
-            imported = bind.Bound({}, [tf.compat.v1.global_variables_initializer()], {},
-                                  {v.op.name: v.read_value() for v in variables})
+            imported = _assigned_from_initial_values(graph, tf.compat.v1.global_variables())
         else:
             resources = bind.resource_placeholder_names(message) & set(feeds)
             imported = bind.bind(message, {k: feeds[k] for k in resources})
             tf.graph_util.import_graph_def(message, input_map=imported.input_map, name="")
     imported.graph = graph
     return imported
+
+
+def _assigned_from_initial_values(graph, variables):
+    """A MetaGraphDef's variables, to be assigned the values its initialisers give, computed in
+    a throwaway session. Run in the measuring session, the initialisers would leave their
+    constants there (Grappler folds `zeros` slot initialisers into constants that the cached
+    initialiser keeps; an optimizer's first update then copies each slot out of that shared
+    buffer), and every Adam slot would count twice between steps."""
+    import tensorflow as tf
+
+    from . import bind
+
+    with tf.compat.v1.Session(graph=graph) as scratch:
+        scratch.run(tf.compat.v1.global_variables_initializer())
+        values = scratch.run([v.read_value() for v in variables])
+    bound = bind.Bound({}, [], {}, {v.op.name: v.read_value() for v in variables})
+    with tf.name_scope(bind.BIND_SCOPE + "_initial/"):
+        for i, (variable, value) in enumerate(zip(variables, values)):
+            initial = tf.compat.v1.placeholder(variable.dtype.base_dtype, value.shape,
+                                               name=f"initial_{i}")
+            bound.init_ops.append(tf.compat.v1.assign(variable, initial))
+            bound.init_feeds[initial] = value
+    return bound
 
 
 def _open_session(imported, feeds, fetches, config):

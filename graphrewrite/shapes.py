@@ -60,6 +60,12 @@ class Shapes:
 
     tensors: dict[TensorRef, TensorInfo] = field(default_factory=dict)
 
+    def __post_init__(self):
+        # node -> its output refs, built from `tensors` in one pass and rebuilt when `tensors`
+        # is replaced or gains entries (entries are added or overwritten, never deleted).
+        self._outputs_of: dict[str, list[TensorRef]] = {}
+        self._indexed: tuple[dict | None, int] = (None, -1)  # the `tensors` indexed, its length
+
     def __getitem__(self, ref: TensorRef) -> TensorInfo | None:
         return self.tensors.get(ref)
 
@@ -69,16 +75,32 @@ class Shapes:
 
     def outputs(self, node: str) -> list[TensorRef]:
         """The node's output tensors (port order); empty for nodes TensorFlow could not import."""
-        refs, port = [], 0
-        while TensorRef(node, port) in self.tensors:
-            refs.append(TensorRef(node, port))
-            port += 1
-        return refs
+        tensors = self.tensors
+        indexed, size = self._indexed
+        if indexed is not tensors or size != len(tensors):
+            self._outputs_of = _outputs_index(tensors)
+            self._indexed = (tensors, len(tensors))
+        return list(self._outputs_of.get(node, ()))
 
     @property
     def unknown(self) -> list[TensorRef]:
         """Tensors whose size is unknown (unknown dims, unknown rank, or variable-size dtype)."""
         return sorted(ref for ref, info in self.tensors.items() if info.nbytes is None)
+
+
+def _outputs_index(tensors: dict[TensorRef, TensorInfo]) -> dict[str, list[TensorRef]]:
+    """node -> [node:0, node:1, ...] up to the first port `tensors` lacks."""
+    ports: dict[str, dict[int, TensorRef]] = {}
+    for ref in tensors:
+        ports.setdefault(ref.node, {})[ref.port] = ref
+    index = {}
+    for node, by_port in ports.items():
+        refs = []
+        while len(refs) in by_port:
+            refs.append(by_port[len(refs)])
+        if refs:
+            index[node] = refs
+    return index
 
 
 def parse_input_shape(text: str) -> tuple[str, tuple]:
@@ -118,6 +140,21 @@ def infer(graph: Graph, input_shapes: dict[str, tuple] | None = None) -> Shapes:
             shapes.tensors[TensorRef(node.name, port)] = TensorInfo(dtype, shape)
     _follow_kernel_sized(graph, shapes)
     return shapes
+
+
+def record(graph: Graph, name: str, shapes: Shapes) -> None:
+    """Write what `shapes` knows of node `name`'s outputs as its `_output_shapes`."""
+    from tensorflow.core.framework import attr_value_pb2, tensor_shape_pb2
+
+    infos = [shapes[ref] for ref in shapes.outputs(name)]
+    if not infos or any(i is None or i.shape is None for i in infos):
+        return
+    value = attr_value_pb2.AttrValue()
+    for info in infos:
+        value.list.shape.append(tensor_shape_pb2.TensorShapeProto(dim=[
+            tensor_shape_pb2.TensorShapeProto.Dim(size=-1 if d is None else d)
+            for d in info.shape]))
+    graph.set_attr(name, "_output_shapes", value)
 
 
 def _follow_kernel_sized(graph: Graph, shapes: Shapes) -> None:

@@ -1,0 +1,43 @@
+"""The step as TensorFlow runs it: the graph after Grappler's default optimizations.
+
+A session does not run the GraphDef it is given. Grappler first prunes what the fetches do not
+need, folds constants, simplifies arithmetic (a TF1 gradient's `Neg(x) / c / c` feeding a
+gradient nobody fetches disappears, a division by a constant becomes a multiplication), fuses
+kernels and drops control dependencies it can prove redundant. On a Keras GELU MLP trained
+with `tf.compat.v1.train` that halves the nodes and removes a fifth of the tensors the
+backward pass would hold, so a model of the graph as written overestimates the measured peak
+by half. Modelling the graph Grappler returns, with the session's default `ConfigProto`, is
+modelling what runs.
+
+It is a model of one machine's Grappler: optimizations that depend on the device (layout,
+remapper fusions) follow the devices this process sees, so on a CPU-only machine a GPU's
+layout changes are not modelled.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from .graph import Graph
+
+log = logging.getLogger(__name__)
+
+
+def as_run(graph: Graph, fetches: list[str], meta_graph=None) -> Graph | None:
+    """`graph` as Grappler would hand it to the executor for a step fetching `fetches`; None
+    (with a warning) when Grappler cannot process it."""
+    from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
+    from tensorflow.python.grappler import tf_optimizer
+
+    item = meta_graph_pb2.MetaGraphDef()
+    if meta_graph is not None:
+        item.meta_info_def.CopyFrom(meta_graph.meta_info_def)
+    item.graph_def.CopyFrom(graph.to_graph_def())
+    item.collection_def["train_op"].node_list.value.extend(fetches)
+    try:
+        optimized = tf_optimizer.OptimizeGraph(config_pb2.ConfigProto(), item)
+    except Exception as err:  # noqa: BLE001  (Grappler's errors are many; the model falls back)
+        log.warning("Grappler could not optimize the graph (%s); modelling it as written",
+                    str(err).splitlines()[0] if str(err) else type(err).__name__)
+        return None
+    return Graph.from_graph_def(optimized)
