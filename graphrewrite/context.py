@@ -19,6 +19,8 @@ from .tensor_ref import TensorRef
 VARIABLE_READ_OPS = frozenset({"ReadVariableOp", "VariableV2", "Variable", "VarHandleOp",
                                "ResourceGather", "PlaceholderWithDefault"})
 CALL_OPS = FUNCTIONAL_CONTROL_OPS | {"PartitionedCall", "StatefulPartitionedCall"}
+RANDOM_OP = "random op"
+RANDOM_REASONS = (RANDOM_OP, "a smaller form of a random draw")
 
 
 @dataclass
@@ -81,7 +83,7 @@ class Context:
         if name in self.parameters:
             return "computed from variables only"
         if "Random" in op or op in ("Multinomial", "TruncatedNormal", "RandomShuffle"):
-            return "random op"
+            return RANDOM_OP
         if name in self.in_loop_frame or op in V1_LOOP_OPS:
             return "inside a while-loop frame"
         if op in CALL_OPS or op in functions or any(
@@ -91,4 +93,19 @@ class Context:
             return "stateful op" if ops.op_def(op) is not None else "op unknown to TensorFlow"
         if not self.analysis.shapes.outputs(name):
             return "no outputs"
+        if self._distils_a_draw(name):
+            return "a smaller form of a random draw"
         return None
+
+    def _distils_a_draw(self, name: str) -> bool:
+        """Whether `name` is computed from random draws (and constants and parameters) alone and
+        is no larger than the draw it reads: a dropout mask (`GreaterEqual(uniform, rate)`, one
+        byte an element) is held instead of the uniform floats it was drawn from, which die in
+        the forward pass; the mask's float cast, as large as the draw, is recomputed from it."""
+        shapes = self.analysis.shapes
+        fixed = self.constant | self.parameters
+        drawn = [r for r in self.graph.data_inputs(name) if r.node not in fixed]
+        if not drawn or any(self.blocker(r.node) not in RANDOM_REASONS for r in drawn):
+            return False
+        size = max((shapes.nbytes(r) or 0 for r in shapes.outputs(name)), default=0)
+        return 0 < size <= max(shapes.nbytes(r) or 0 for r in drawn)

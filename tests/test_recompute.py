@@ -320,3 +320,19 @@ def test_a_batch_norm_read_only_for_its_statistics_is_not_copied():
             held += 1
             assert COPY_PREFIX + bn not in graph
     assert held and copied
+
+
+@pytest.mark.parametrize("mode", ["memory", "speed"])
+def test_a_dropout_mask_is_held_not_its_uniform_draw(mode):
+    """Copies read the one-byte mask `GreaterEqual(uniform, rate)`, so the four-byte uniform
+    floats die in the forward pass instead of waiting for the backward."""
+    model, result = rewrite("keras_train", mode)
+    graph = result.graph
+    masks = [n for n in model.graph.nodes() if model.graph.op(n) == "GreaterEqual"]
+    assert masks
+    for mask in masks:
+        assert COPY_PREFIX + mask not in graph
+        drawn = graph.data_inputs(mask)[0].node
+        assert "Random" in graph.op(drawn)
+        assert all(not v.startswith(COPY_PREFIX) for v, _ in graph.consumers(drawn))
+    assert any(v.startswith(COPY_PREFIX) for m in masks for v, _ in graph.consumers(m))
