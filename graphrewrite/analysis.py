@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from . import dtypes, flops as flops_mod, parameters
+from . import bind, dtypes, flops as flops_mod, parameters
 from . import memory, shapes as shapes_mod, split as split_mod
 from .errors import GraphRewriteError
 from .graph import Graph
@@ -76,6 +76,10 @@ def analyse(model: Model, graph: Graph | None = None, input_shapes: dict | None 
     split = split_mod.split(graph, backward_scope)
     report = memory.simulate(graph, shapes, fetch_nodes)
     total = flops_mod.total_flops(graph, shapes, report.order)
+    blind = parameters.unknown_variables(graph, shapes)
+    if blind:
+        log.warning("%d captured variables have no recorded value shape and count 0 bytes "
+                    "(e.g. %s); %s", len(blind), blind[0], bind.EXPORT_HINT)
     if report.unknown:
         log.warning("%d tensors have an unknown size and count 0 bytes (e.g. %s); fix input "
                     "dimensions with --input-shape", len(report.unknown),

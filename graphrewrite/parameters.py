@@ -14,7 +14,8 @@ readers and writers carry (`_output_shapes` written by `as_graph_def(add_shapes=
 
 from __future__ import annotations
 
-from . import dtypes, ops
+from . import bind, dtypes, ops
+from .errors import GraphRewriteError
 from .graph import Graph
 from .shapes import Shapes, TensorInfo
 from .tensor_ref import TensorRef
@@ -22,9 +23,6 @@ from .tensor_ref import TensorRef
 VARIABLE_OPS = frozenset({"VariableV2", "Variable", "VarHandleOp", "AutoReloadVariable"})
 # Reads of a variable's current value: stateful in the registry, but parameters all the same.
 READ_OPS = frozenset({"ReadVariableOp", "VariableShape"})
-# Writers whose input 1 is the variable's whole new value (or a delta of the same shape).
-WRITE_OPS = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp",
-                       "Assign", "AssignAdd", "AssignSub"})
 
 
 def is_variable(graph: Graph, name: str) -> bool:
@@ -32,7 +30,7 @@ def is_variable(graph: Graph, name: str) -> bool:
     node = graph.node_def(name)
     if node.op in VARIABLE_OPS:
         return True
-    return node.op == "Placeholder" and node.attr["dtype"].type == dtypes.RESOURCE
+    return node.op in bind.PLACEHOLDERS and node.attr["dtype"].type == dtypes.RESOURCE
 
 
 def variables(graph: Graph) -> list[str]:
@@ -68,46 +66,17 @@ def value_info(graph: Graph, shapes: Shapes, name: str) -> TensorInfo | None:
         dims = None if shape.unknown_rank else tuple(None if d.size < 0 else d.size
                                                       for d in shape.dim)
         return TensorInfo(node.attr["dtype"].type, dims)
-    if node.op != "Placeholder":
+    if node.op not in bind.PLACEHOLDERS:
         return shapes[TensorRef(name)]
-    for ref in _value_tensors(graph, shapes, name):
-        info = shapes[ref]
-        if info is not None and info.shape is not None and None not in info.shape:
-            return TensorInfo(dtypes.base(info.dtype), info.shape)
-    return None
-
-
-def _value_tensors(graph: Graph, shapes: Shapes, name: str):
-    """Tensors holding a captured variable's whole value: its reads, and what writers write."""
-    for reader, slot in graph.consumers(TensorRef(name)):
-        op = graph.op(reader)
-        if op == "ReadVariableOp":
-            yield TensorRef(reader)
-        elif op in WRITE_OPS and slot == 0:
-            inputs = graph.data_inputs(reader)
-            if len(inputs) > 1:
-                yield inputs[1]
-        elif op.startswith("ResourceApply") and slot == 0:
-            grad = _grad_input(graph, reader)
-            if grad is not None:
-                yield grad
-
-
-def _grad_input(graph: Graph, name: str) -> TensorRef | None:
-    """A `ResourceApply*` op's gradient input: the same shape as the variable it updates."""
-    definition = ops.op_def(graph.op(name))
-    if definition is None:
+    try:
+        spec = bind.value_spec(graph, shapes, name)
+    except GraphRewriteError:
         return None
-    args = [a.name for a in definition.input_arg]
-    inputs = graph.data_inputs(name)
-    for wanted in ("grad", "delta"):
-        if wanted in args and args.index(wanted) < len(inputs):
-            return inputs[args.index(wanted)]
-    return None
+    return TensorInfo(dtypes.base(spec.dtype), spec.shape)
 
 
 def unknown_variables(graph: Graph, shapes: Shapes) -> list[str]:
     """Captured-variable placeholders whose value shape nothing in the graph gives."""
-    return [n for n in variables(graph) if graph.op(n) == "Placeholder"
+    return [n for n in variables(graph) if graph.op(n) in bind.PLACEHOLDERS
             and value_info(graph, shapes, n) is None]
 

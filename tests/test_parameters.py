@@ -1,0 +1,68 @@
+"""Variables and parameters: what every pass asks instead of testing op types."""
+
+import dataclasses
+import logging
+
+import tensorflow as tf
+
+from graphrewrite import analysis, io, parameters, split
+from graphrewrite.checkpoints import bottlenecks
+from graphrewrite.context import Context
+from graphrewrite.graph import Graph
+from graphrewrite.shapes import infer
+
+from conftest import fixture_path
+from tfgraphs import build
+
+
+def test_weights_are_parameters_and_activations_are_not():
+    graph = io.load(fixture_path("keras_train")).graph
+    found = parameters.parameter_nodes(graph, split.constant_valued(graph))
+    reads = [n for n in graph.nodes() if graph.op(n) == "ReadVariableOp"]
+    assert reads and all(n in found for n in reads)
+    convolutions = [n for n in graph.nodes() if graph.op(n) == "Conv2D"]
+    assert convolutions and not any(n in found for n in convolutions)
+
+
+def test_a_tf2_steps_captured_variables_have_their_value_shapes():
+    graph = io.load(fixture_path("keras_step_tf2")).graph
+    shapes = infer(graph)
+    captured = parameters.variables(graph)
+    assert len(captured) == 34 and all(graph.op(n) == "Placeholder" for n in captured)
+    sizes = {n: parameters.value_info(graph, shapes, n) for n in captured}
+    assert all(info is not None and info.nbytes is not None for info in sizes.values())
+    assert {(64, 128), (128, 64)} <= {info.shape for info in sizes.values()}
+    assert parameters.unknown_variables(graph, shapes) == []
+
+
+def test_a_step_exported_without_shapes_says_how_to_export(caplog):
+    model = io.load(fixture_path("keras_step_tf2"))
+    graph_def = model.graph.to_graph_def()
+    for node in graph_def.node:
+        node.attr.pop("_output_shapes", None)
+    stripped = dataclasses.replace(model, graph=Graph.from_graph_def(graph_def))
+    with caplog.at_level(logging.WARNING, logger="graphrewrite"):
+        analysis.analyse(stripped)
+    assert any("add_shapes=True" in r.getMessage() for r in caplog.records)
+
+
+def test_an_embedding_lookup_through_a_variable_starts_the_activations(tmp_path):
+    def embed_and_classify():
+        ids = tf.compat.v1.placeholder(tf.int32, [64, 32], name="ids")
+        labels = tf.compat.v1.placeholder(tf.int32, [64], name="labels")
+        table = tf.compat.v1.get_variable("table", [1000, 64], use_resource=True)
+        h = tf.nn.embedding_lookup(table, ids)
+        for i in range(4):
+            w = tf.compat.v1.get_variable(f"w{i}", [64, 64], use_resource=True)
+            h = tf.nn.relu(tf.einsum("bsd,de->bse", h, w))
+        logits = tf.reduce_mean(h, axis=1)[:, :10]
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits))
+        tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, name="train")
+
+    path = tmp_path / "embedding.pb"
+    path.write_bytes(build(embed_and_classify).to_graph_def().SerializeToString())
+    model = io.load(path)
+    graph = model.graph
+    chain = bottlenecks(Context.build(graph, analysis.analyse(model, fetches=["train"])))
+    assert len(chain) >= 4 and all(graph.op(n) not in ("ReadVariableOp", "VarHandleOp")
+                                   for n in chain)
