@@ -17,6 +17,7 @@ All mutation goes through the methods below; there is no second index that could
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections import Counter
 from typing import Iterable, Sequence
@@ -47,9 +48,12 @@ class Graph:
         self.shell = shell if shell is not None else graph_pb2.GraphDef()
         self._load_problems: list[str] = []
         self._next_order = 0
-        # Ordered in-edges per node, a cache dropped for every node whose inputs a mutation
-        # touches (replace_uses, add_control, remove_node); the edges stay the only truth.
+        # Ordered in-edges per node (and the same as TensorRefs), caches dropped for every node
+        # whose inputs a mutation touches (`_forget`); the edges stay the only truth.
         self._inputs_cache: dict[str, list[tuple[str, dict]]] = {}
+        self._refs_cache: dict[str, tuple[list[TensorRef], list[TensorRef]]] = {}
+        # Real node names in file order; new nodes append, removals drop it.
+        self._nodes_cache: list[str] | None = None
 
     # ----------------------------------------------------------------- conversion
 
@@ -104,12 +108,14 @@ class Graph:
         """A structural copy: new topology, NodeDefs shared (passes add nodes, they do not edit
         NodeDefs in place; use `set_attr` to change one)."""
         other = Graph(self.shell)
-        other.nx = self.nx.copy()
+        other.nx = _copy_nx(self.nx)
         other._load_problems = list(self._load_problems)
         other._next_order = self._next_order
         # Edge data is never edited in place (edges are replaced, and the reader's entry
         # dropped), so the cached input lists stay true for the copy.
         other._inputs_cache = dict(self._inputs_cache)
+        other._refs_cache = dict(self._refs_cache)
+        other._nodes_cache = None if self._nodes_cache is None else list(self._nodes_cache)
         return other
 
     def set_attr(self, name: str, key: str, value) -> None:
@@ -129,12 +135,14 @@ class Graph:
 
     def nodes(self) -> list[str]:
         """Node names in file order (new nodes last)."""
-        real = [(d["order"], n) for n, d in self.nx.nodes(data=True) if not d.get("missing")]
-        return [n for _, n in sorted(real)]
+        if self._nodes_cache is None:
+            real = [(d["order"], n) for n, d in self.nx._node.items() if not d.get("missing")]
+            self._nodes_cache = [n for _, n in sorted(real)]
+        return list(self._nodes_cache)
 
     def node_def(self, name: str) -> node_def_pb2.NodeDef:
         """The node's NodeDef without inputs; read it, change it only through `set_attr`."""
-        data = self.nx.nodes.get(name)
+        data = self.nx._node.get(name)
         if data is None or data.get("missing"):
             raise GraphError(f"no node named '{name}'")
         return data["node_def"]
@@ -144,13 +152,13 @@ class Graph:
 
     def inputs(self, name: str) -> list[TensorRef]:
         """All inputs in NodeDef order: data inputs, then control dependencies."""
-        return [TensorRef(u, d["port"]) for u, d in self._in_edges(name)]
+        return list(self._refs(name)[0])
 
     def data_inputs(self, name: str) -> list[TensorRef]:
-        return [r for r in self.inputs(name) if not r.is_control]
+        return list(self._refs(name)[1])
 
     def control_inputs(self, name: str) -> list[str]:
-        return [r.node for r in self.inputs(name) if r.is_control]
+        return [r.node for r in self._refs(name)[0] if r.is_control]
 
     def consumers(self, ref: TensorRef | str) -> list[tuple[str, int | None]]:
         """(consumer, slot) pairs reading `ref`; a node name means all of its outputs and controls."""
@@ -168,19 +176,38 @@ class Graph:
 
         Tie-breaking by name makes the order independent of how the file listed the nodes.
         """
-        real = set(self.nodes())
-        dag = nx.DiGraph()
-        dag.add_nodes_from(real)
-        dag.add_edges_from((u, v) for u, v in self.nx.edges()
-                           if u in real and v in real and not self.loops_back(u))
+        names = self.nodes()
+        real = set(names)
         if tie_break == "name":
             key = str
         else:
-            key = lambda n: self.nx.nodes[n]["order"]  # noqa: E731
-        try:
-            return list(nx.lexicographical_topological_sort(dag, key=key))
-        except (nx.NetworkXUnfeasible, nx.NetworkXError):
+            position = {n: i for i, n in enumerate(names)}  # file order: `order` ascending
+            key = position.__getitem__
+        # Kahn's algorithm, the smallest key among the ready nodes first (as networkx's
+        # lexicographical_topological_sort, whose keys here are unique).
+        succ = self.nx._succ
+        children = {}
+        waiting = dict.fromkeys(names, 0)
+        for u in names:
+            if self.loops_back(u):
+                children[u] = ()
+                continue
+            children[u] = kids = [v for v in succ[u] if v in real]
+            for v in kids:
+                waiting[v] += 1
+        ready = [(key(n), n) for n in names if waiting[n] == 0]
+        heapq.heapify(ready)
+        order = []
+        while ready:
+            _, name = heapq.heappop(ready)
+            order.append(name)
+            for v in children[name]:
+                waiting[v] -= 1
+                if waiting[v] == 0:
+                    heapq.heappush(ready, (key(v), v))
+        if len(order) < len(names):  # a cycle outside a loop frame
             return sorted(real, key=key)
+        return order
 
     # ----------------------------------------------------------------- mutation
 
@@ -204,7 +231,7 @@ class Graph:
             payload.attr[key].CopyFrom(value)
         self.nx.remove_edges_from(list(self.nx.in_edges(name, keys=True)))
         self.nx.nodes[name]["node_def"] = payload
-        self._inputs_cache.pop(name, None)
+        self._forget(name)
         self._add_inputs(name, inputs)
 
     def _add_inputs(self, name: str, inputs: Iterable[TensorRef]) -> None:
@@ -238,7 +265,7 @@ class Graph:
         for v, k, d in moved:
             self.nx.remove_edge(old.node, v, key=k)
             self.nx.add_edge(new.node, v, key=k, port=new.port, slot=d["slot"], text=None)
-            self._inputs_cache.pop(v, None)
+            self._forget(v)
         return len(moved)
 
     def add_control(self, before: str, after: str) -> bool:
@@ -250,7 +277,7 @@ class Graph:
         keys = [k for _, _, k in self.nx.in_edges(after, keys=True)]
         self.nx.add_edge(before, after, key=max(keys, default=-1) + 1, port=CONTROL, slot=None,
                          text=None)
-        self._inputs_cache.pop(after, None)
+        self._forget(after)
         return True
 
     def remove_node(self, name: str) -> None:
@@ -260,7 +287,8 @@ class Graph:
         if users:
             raise GraphError(f"cannot remove '{name}': still read by {', '.join(users[:3])}")
         self.nx.remove_node(name)
-        self._inputs_cache.pop(name, None)
+        self._forget(name)
+        self._nodes_cache = None
 
     def unique_name(self, base: str) -> str:
         """`base` if free, else `base_1`, `base_2`, ... (deterministic)."""
@@ -314,9 +342,16 @@ class Graph:
     def _insert(self, payload: node_def_pb2.NodeDef) -> None:
         self.nx.add_node(payload.name, node_def=payload, order=self._next_order)
         self._next_order += 1
+        if self._nodes_cache is not None:  # the largest order: last in file order
+            self._nodes_cache.append(payload.name)
+
+    def _forget(self, name: str) -> None:
+        """Drop the cached inputs of `name` (its in-edges changed)."""
+        self._inputs_cache.pop(name, None)
+        self._refs_cache.pop(name, None)
 
     def _is_real(self, name: str) -> bool:
-        data = self.nx.nodes.get(name)
+        data = self.nx._node.get(name)
         return data is not None and not data.get("missing")
 
     def _require(self, name: str) -> None:
@@ -325,19 +360,48 @@ class Graph:
 
     def loops_back(self, producer: str) -> bool:
         """Whether `producer`'s outgoing edges close a v1 while-loop (NextIteration -> Merge)."""
-        data = self.nx.nodes[producer]
+        data = self.nx._node[producer]
         return not data.get("missing") and data["node_def"].op in LOOP_BACK_OPS
 
     def _in_edges(self, name: str) -> list[tuple[str, dict]]:
         cached = self._inputs_cache.get(name)
         if cached is None:
             self._require(name)
-            edges = sorted(self.nx.in_edges(name, keys=True, data=True), key=lambda e: e[2])
-            cached = self._inputs_cache[name] = [(u, d) for u, _, _, d in edges]
+            edges = sorted(((k, u, d) for u, keyed in self.nx._pred[name].items()
+                            for k, d in keyed.items()), key=lambda e: e[0])
+            cached = self._inputs_cache[name] = [(u, d) for _, u, d in edges]
+        return cached
+
+    def _refs(self, name: str) -> tuple[list[TensorRef], list[TensorRef]]:
+        """(all inputs, data inputs) as TensorRefs, cached with the in-edges; never hand these
+        lists out (callers get copies)."""
+        cached = self._refs_cache.get(name)
+        if cached is None:
+            refs = [TensorRef(u, d["port"]) for u, d in self._in_edges(name)]
+            cached = self._refs_cache[name] = (refs, [r for r in refs if not r.is_control])
         return cached
 
     def _input_texts(self, name: str) -> list[str]:
         return [d["text"] or str(TensorRef(u, d["port"])) for u, d in self._in_edges(name)]
+
+
+def _copy_nx(graph: nx.MultiDiGraph) -> nx.MultiDiGraph:
+    """What `graph.copy()` builds (node data dicts copied, adjacency in the same order), without
+    going through networkx's generic edge-by-edge insertion. Edge data dicts are shared: they
+    are never edited in place (`Graph` replaces edges)."""
+    other = nx.MultiDiGraph()
+    other.graph.update(graph.graph)
+    nodes = {n: d.copy() for n, d in graph._node.items()}
+    succ = {n: {} for n in nodes}
+    pred = {n: {} for n in nodes}
+    for u, nbrs in graph._succ.items():
+        out = succ[u]
+        for v, keydict in nbrs.items():
+            out[v] = pred[v][u] = keydict.copy()
+    other._node = nodes
+    other._adj = succ  # also sets _succ
+    other._pred = pred
+    return other
 
 
 def op_histogram(graph: Graph) -> Counter:
