@@ -153,9 +153,14 @@ def reachable(graph: nx.DiGraph, sources, upstream: bool = False) -> set[str]:
     """`sources` and every node reachable from them (downstream, or upstream), in linear time."""
     seen = set(sources)
     stack = list(seen)
-    step = graph.predecessors if upstream else graph.successors
+    adjacency = graph._pred if upstream else graph._adj  # networkx's own dicts: no views
     while stack:
-        for other in step(stack.pop()):
+        name = stack.pop()
+        try:
+            others = adjacency[name]
+        except KeyError:
+            raise nx.NetworkXError(f"The node {name} is not in the digraph.") from None
+        for other in others:
             if other not in seen:
                 seen.add(other)
                 stack.append(other)
