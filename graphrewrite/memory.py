@@ -120,21 +120,23 @@ def schedule(graph: Graph, fetches: list[str]) -> list[str]:
     """Executor-like order: ready nodes first-come first-served, sources in file order."""
     needed = needed_nodes(graph, fetches)
     order_index = {n: i for i, n in enumerate(graph.nodes())}
+    # networkx's adjacency dicts (producer -> consumer -> {key: edge data}), read directly.
+    succ, pred = graph.nx._succ, graph.nx._pred
+    loops_back = {n for n in needed if graph.loops_back(n)}
     pending = {}
     for name in needed:
-        pending[name] = sum(1 for u, _, d in graph.nx.in_edges(name, data=True)
-                            if u in needed and not graph.loops_back(u))
+        pending[name] = sum(len(edges) for u, edges in pred[name].items()
+                            if u in needed and u not in loops_back)
     ready = deque(sorted((n for n, count in pending.items() if count == 0), key=order_index.get))
     order = []
     while ready:
         name = ready.popleft()
         order.append(name)
-        if graph.loops_back(name):
+        if name in loops_back:
             continue
-        for consumer in sorted({v for _, v in graph.nx.out_edges(name) if v in needed},
-                               key=order_index.get):
-            edges = sum(1 for _ in graph.nx.get_edge_data(name, consumer).values())
-            pending[consumer] -= edges
+        consumers = succ[name]
+        for consumer in sorted({v for v in consumers if v in needed}, key=order_index.get):
+            pending[consumer] -= len(consumers[consumer])
             if pending[consumer] == 0:
                 ready.append(consumer)
     return order
