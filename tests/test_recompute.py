@@ -76,7 +76,8 @@ def test_random_ops_are_never_copied():
     assert randoms
     copied = {n[len(COPY_PREFIX):] for n in result.graph.nodes() if n.startswith(COPY_PREFIX)}
     assert copied and not copied & randoms
-    assert "random op" in result.of(RecomputeResult).kept_because
+    kept = result.of(RecomputeResult).kept_because
+    assert "random op" in kept or "a smaller form of a random draw" in kept
 
 
 def test_loops_come_back_unchanged_or_sound():
