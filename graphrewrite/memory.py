@@ -53,6 +53,13 @@ FORWARDING_OPS = frozenset({
     "RsqrtGrad", "SqrtGrad", "ReciprocalGrad", "InvGrad", "SoftplusGrad",
     "BiasAdd", "AddN", "Select", "SelectV2", "ZerosLike", "OnesLike",
 })
+# Kernels that write one output into an input's buffer when that input dies with them:
+# op -> {output port: input index} (the cross-entropy kernels write the logits' gradient over
+# the logits, `forward_input_or_allocate_output({0}, 1, ...)`).
+FORWARDED_INPUT = {
+    "SparseSoftmaxCrossEntropyWithLogits": {1: 0},
+    "SoftmaxCrossEntropyWithLogits": {1: 0},
+}
 PERSISTENT_OPS = frozenset({"Const", "HostConst", "VariableV2", "Variable", "VarHandleOp"})
 FEED_OPS = frozenset({"Placeholder", "PlaceholderV2"})
 ACCELERATOR_MARKERS = ("GPU", "TPU", "gpu", "tpu", "XLA_")
@@ -123,10 +130,12 @@ def schedule(graph: Graph, fetches: list[str]) -> list[str]:
     # networkx's adjacency dicts (producer -> consumer -> {key: edge data}), read directly.
     succ, pred = graph.nx._succ, graph.nx._pred
     loops_back = {n for n in needed if graph.loops_back(n)}
-    pending = {}
-    for name in needed:
-        pending[name] = sum(len(edges) for u, edges in pred[name].items()
-                            if u in needed and u not in loops_back)
+    # `needed` holds every producer of its nodes, so only loop back edges are not counted.
+    if loops_back:
+        pending = {name: sum(len(edges) for u, edges in pred[name].items()
+                             if u not in loops_back) for name in needed}
+    else:
+        pending = {name: sum(map(len, pred[name].values())) for name in needed}
     ready = deque(sorted((n for n, count in pending.items() if count == 0), key=order_index.get))
     order = []
     while ready:
@@ -135,7 +144,7 @@ def schedule(graph: Graph, fetches: list[str]) -> list[str]:
         if name in loops_back:
             continue
         consumers = succ[name]
-        for consumer in sorted({v for v in consumers if v in needed}, key=order_index.get):
+        for consumer in sorted([v for v in consumers if v in needed], key=order_index.get):
             pending[consumer] -= len(consumers[consumer])
             if pending[consumer] == 0:
                 ready.append(consumer)
@@ -184,8 +193,9 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None) -> 
             in_use[buffer.place] -= buffer.size
 
     # Constants, variables and fed inputs exist before the step starts.
+    preexisting = PERSISTENT_OPS | FEED_OPS
     for name in order:
-        if graph.op(name) in PERSISTENT_OPS | FEED_OPS:
+        if graph.op(name) in preexisting:
             place = placement(graph, name, host_split)
             for ref in outputs[name]:
                 add_output(ref, allocate(ref, place, 0, pinned=True))
@@ -199,7 +209,7 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None) -> 
         place = placement(graph, name, host_split)
         inputs = [r for r in reads[name] if r in buffer_of]
         transfers.update((r, place) for r in inputs if buffer_of[r].place != place)
-        if op not in PERSISTENT_OPS | FEED_OPS:
+        if op not in preexisting:
             for ref in outputs[name]:
                 buffer = _output_buffer(op, ref, inputs, buffer_of, shapes)
                 if buffer is not None and buffer.place != place:
@@ -241,6 +251,12 @@ def _output_buffer(op: str, ref: TensorRef, inputs: list[TensorRef],
     if op in ALIAS_OPS:
         source = _alias_source(op, ref, inputs)
         return buffer_of.get(source) if source is not None else None
+    index = FORWARDED_INPUT.get(op, {}).get(ref.port)
+    if index is not None and index < len(inputs):
+        buffer = buffer_of[inputs[index]]
+        dies_here = buffer.uses_left - inputs.count(inputs[index]) <= 0
+        if dies_here and not buffer.pinned and buffer.size == shapes.nbytes(ref):
+            return buffer
     if op in FORWARDING_OPS and ref.port == 0:
         size = shapes.nbytes(ref)
         for source in inputs:

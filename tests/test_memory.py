@@ -3,6 +3,7 @@
 import tensorflow as tf
 
 from graphrewrite import memory, shapes
+from graphrewrite.tensor_ref import TensorRef
 
 from tfgraphs import KIB_FLOATS, build, const, placeholder
 
@@ -92,3 +93,21 @@ def test_cpu_pinned_nodes_are_host_memory_next_to_an_accelerator():
     assert report.peak("host") == KIB
     # x with a, then x with out (a fresh buffer: h lives on the host); never three at once.
     assert report.peak("device") == 2 * KIB
+
+
+def test_cross_entropy_writes_the_logits_gradient_over_the_logits():
+    """TensorFlow's xent kernels forward the logits' buffer to their backprop output when the
+    logits die there: one buffer, not two."""
+    def loss_of_logits():
+        x = tf.compat.v1.placeholder(tf.float32, [256, 1000], name="x")
+        labels = tf.compat.v1.placeholder(tf.int32, [256], name="labels")
+        logits = tf.multiply(x, 2.0, name="logits")  # its gradient does not read it
+        loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+        tf.reduce_mean(loss, name="loss")
+        tf.compat.v1.gradients(loss, [x])[0]
+
+    graph = build(loss_of_logits)
+    report = memory.simulate(graph, shapes.infer(graph))
+    xent = next(n for n in graph.nodes() if graph.op(n) == "SparseSoftmaxCrossEntropyWithLogits")
+    owner = report.buffer_of[TensorRef(xent, 1)].owner
+    assert owner == TensorRef("logits")
