@@ -13,6 +13,8 @@ in the file; new nodes append). A producer named by an input but absent from the
 node with `missing=True`, so `check()` can report it and nothing is silently dropped.
 
 All mutation goes through the methods below; there is no second index that could go stale.
+Copies share networkx's per-node dicts until one of them changes a node (copy-on-write, see
+`_own`), so copying a 10k-node graph to try a rewrite costs three dict copies, not a rebuild.
 """
 
 from __future__ import annotations
@@ -54,6 +56,10 @@ class Graph:
         self._refs_cache: dict[str, tuple[list[TensorRef], list[TensorRef]]] = {}
         # Real node names in file order; new nodes append, removals drop it.
         self._nodes_cache: list[str] | None = None
+        # Nodes whose networkx dicts (attributes, successors, predecessors) and (producer,
+        # consumer) pairs whose edge-key dicts no copy shares: only those are edited in place.
+        self._owned: set[str] = set()
+        self._owned_pairs: set[tuple[str, str]] = set()
 
     # ----------------------------------------------------------------- conversion
 
@@ -108,7 +114,8 @@ class Graph:
         """A structural copy: new topology, NodeDefs shared (passes add nodes, they do not edit
         NodeDefs in place; use `set_attr` to change one)."""
         other = Graph(self.shell)
-        other.nx = _copy_nx(self.nx)
+        other.nx = _share_nx(self.nx)
+        self._owned, self._owned_pairs = set(), set()  # both now share every inner dict
         other._load_problems = list(self._load_problems)
         other._next_order = self._next_order
         # Edge data is never edited in place (edges are replaced, and the reader's entry
@@ -123,7 +130,8 @@ class Graph:
         payload = node_def_pb2.NodeDef()
         payload.CopyFrom(self.node_def(name))
         payload.attr[key].CopyFrom(value)
-        self.nx.nodes[name]["node_def"] = payload
+        self._own(name)
+        self.nx._node[name]["node_def"] = payload
 
     # ----------------------------------------------------------------- queries
 
@@ -177,14 +185,19 @@ class Graph:
         Tie-breaking by name makes the order independent of how the file listed the nodes.
         """
         names = self.nodes()
-        real = set(names)
         if tie_break == "name":
             key = str
         else:
             position = {n: i for i, n in enumerate(names)}  # file order: `order` ascending
             key = position.__getitem__
-        # Kahn's algorithm, the smallest key among the ready nodes first (as networkx's
-        # lexicographical_topological_sort, whose keys here are unique).
+        order = self._kahn(names, key)
+        return order if order is not None else sorted(names, key=key)
+
+    def _kahn(self, names: list[str], key) -> list[str] | None:
+        """Kahn's algorithm over the real nodes (loop back edges ignored), the smallest key
+        among the ready nodes first, as networkx's lexicographical_topological_sort (the keys
+        here are unique); None when a cycle is left."""
+        real = set(names)
         succ = self.nx._succ
         children = {}
         waiting = dict.fromkeys(names, 0)
@@ -205,9 +218,7 @@ class Graph:
                 waiting[v] -= 1
                 if waiting[v] == 0:
                     heapq.heappush(ready, (key(v), v))
-        if len(order) < len(names):  # a cycle outside a loop frame
-            return sorted(real, key=key)
-        return order
+        return order if len(order) == len(names) else None
 
     # ----------------------------------------------------------------- mutation
 
@@ -229,8 +240,10 @@ class Graph:
         payload = node_def_pb2.NodeDef(name=name, op=op, device=self.node_def(name).device)
         for key, value in attrs.items():
             payload.attr[key].CopyFrom(value)
+        for u in list(self.nx._pred[name]):
+            self._own_pair(u, name)
         self.nx.remove_edges_from(list(self.nx.in_edges(name, keys=True)))
-        self.nx.nodes[name]["node_def"] = payload
+        self.nx._node[name]["node_def"] = payload
         self._forget(name)
         self._add_inputs(name, inputs)
 
@@ -239,6 +252,7 @@ class Graph:
         ordered = [r for r in refs if not r.is_control] + [r for r in refs if r.is_control]
         for pos, ref in enumerate(ordered):
             self._require(ref.node)
+            self._own_pair(ref.node, name)
             self.nx.add_edge(ref.node, name, key=pos, port=ref.port,
                              slot=None if ref.is_control else pos, text=None)
 
@@ -251,6 +265,7 @@ class Graph:
             raise GraphError(f"node '{new_name}' already exists")
         self._insert(payload)
         for u, d in self._in_edges(name):
+            self._own_pair(u, new_name)
             self.nx.add_edge(u, new_name, key=len(self.nx.in_edges(new_name)), port=d["port"],
                              slot=d["slot"], text=None)
         return new_name
@@ -263,6 +278,8 @@ class Graph:
         moved = [(v, k, d) for _, v, k, d in self.nx.out_edges(old.node, keys=True, data=True)
                  if d["port"] == old.port and (only is None or v in only)]
         for v, k, d in moved:
+            self._own_pair(old.node, v)
+            self._own_pair(new.node, v)
             self.nx.remove_edge(old.node, v, key=k)
             self.nx.add_edge(new.node, v, key=k, port=new.port, slot=d["slot"], text=None)
             self._forget(v)
@@ -275,6 +292,7 @@ class Graph:
         if before in self.control_inputs(after):
             return False
         keys = [k for _, _, k in self.nx.in_edges(after, keys=True)]
+        self._own_pair(before, after)
         self.nx.add_edge(before, after, key=max(keys, default=-1) + 1, port=CONTROL, slot=None,
                          text=None)
         self._forget(after)
@@ -286,8 +304,12 @@ class Graph:
         users = self.successors(name)
         if users:
             raise GraphError(f"cannot remove '{name}': still read by {', '.join(users[:3])}")
+        for u in list(self.nx._pred[name]):
+            self._own(u)
         self.nx.remove_node(name)
         self._forget(name)
+        self._owned.discard(name)
+        self._owned_pairs = {p for p in self._owned_pairs if name not in p}
         self._nodes_cache = None
 
     def unique_name(self, base: str) -> str:
@@ -324,7 +346,10 @@ class Graph:
         return problems
 
     def _cycle_problems(self) -> list[str]:
-        real = set(self.nodes())
+        names = self.nodes()
+        if self._kahn(names, str) is not None:
+            return []  # every node sorted: no cycle, no self-loop
+        real = set(names)
         dag = nx.DiGraph()
         dag.add_edges_from((u, v) for u, v in self.nx.edges()
                            if u in real and v in real and not self.loops_back(u))
@@ -341,9 +366,32 @@ class Graph:
 
     def _insert(self, payload: node_def_pb2.NodeDef) -> None:
         self.nx.add_node(payload.name, node_def=payload, order=self._next_order)
+        self._owned.add(payload.name)  # new dicts, shared with no copy
         self._next_order += 1
         if self._nodes_cache is not None:  # the largest order: last in file order
             self._nodes_cache.append(payload.name)
+
+    def _own(self, name: str) -> None:
+        """Give this graph private copies of node `name`'s networkx dicts (attributes,
+        successors, predecessors) before editing them; copies may share them until then."""
+        if name in self._owned:
+            return
+        graph = self.nx
+        graph._node[name] = graph._node[name].copy()
+        graph._succ[name] = graph._succ[name].copy()
+        graph._pred[name] = graph._pred[name].copy()
+        self._owned.add(name)
+
+    def _own_pair(self, u: str, v: str) -> None:
+        """Private dicts for an edge u -> v about to be added or removed: both ends' and the
+        edge-key dict the pair shares (edge data dicts are never edited, only replaced)."""
+        self._own(u)
+        self._own(v)
+        if (u, v) not in self._owned_pairs:
+            keyed = self.nx._succ[u].get(v)
+            if keyed is not None:
+                self.nx._succ[u][v] = self.nx._pred[v][u] = keyed.copy()
+            self._owned_pairs.add((u, v))
 
     def _forget(self, name: str) -> None:
         """Drop the cached inputs of `name` (its in-edges changed)."""
@@ -385,22 +433,14 @@ class Graph:
         return [d["text"] or str(TensorRef(u, d["port"])) for u, d in self._in_edges(name)]
 
 
-def _copy_nx(graph: nx.MultiDiGraph) -> nx.MultiDiGraph:
-    """What `graph.copy()` builds (node data dicts copied, adjacency in the same order), without
-    going through networkx's generic edge-by-edge insertion. Edge data dicts are shared: they
-    are never edited in place (`Graph` replaces edges)."""
+def _share_nx(graph: nx.MultiDiGraph) -> nx.MultiDiGraph:
+    """A networkx graph with the same nodes and edges whose outer dicts are new and whose
+    per-node dicts are `graph`'s own: the owning `Graph`s copy those before changing them."""
     other = nx.MultiDiGraph()
     other.graph.update(graph.graph)
-    nodes = {n: d.copy() for n, d in graph._node.items()}
-    succ = {n: {} for n in nodes}
-    pred = {n: {} for n in nodes}
-    for u, nbrs in graph._succ.items():
-        out = succ[u]
-        for v, keydict in nbrs.items():
-            out[v] = pred[v][u] = keydict.copy()
-    other._node = nodes
-    other._adj = succ  # also sets _succ
-    other._pred = pred
+    other._node = dict(graph._node)
+    other._adj = dict(graph._succ)  # also sets _succ
+    other._pred = dict(graph._pred)
     return other
 
 
