@@ -28,7 +28,10 @@ nodes are never removed or renamed.
 
 from __future__ import annotations
 
+import gc
 import logging
+import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import networkx as nx
@@ -148,8 +151,9 @@ def _evaluate(ctx: Context, checkpoints: set[str],
               ahead: frozenset = frozenset()) -> Rewrite:
     """Apply a checkpoint choice and model the rewritten step's peak and extra FLOPs."""
     analysis = ctx.analysis
-    attempt = apply(ctx, checkpoints, ahead)
-    report = memory.simulate(attempt.graph, attempt.shapes, analysis.fetches)
+    with _collector_paused():
+        attempt = apply(ctx, checkpoints, ahead)
+        report = memory.simulate(attempt.graph, attempt.shapes, analysis.fetches)
     attempt.peak = report.peak()
     attempt.live_at_peak = {ref.node for ref, _ in report.live_at_peak.get(memory.DEVICE, [])}
     attempt.extra_flops = flops.total_flops(ctx.graph, analysis.shapes,
@@ -157,6 +161,22 @@ def _evaluate(ctx: Context, checkpoints: set[str],
     log.info("recompute: %d checkpoints -> modelled peak %d bytes, %d extra FLOPs",
              len(checkpoints), attempt.peak, attempt.extra_flops)
     return attempt
+
+
+@contextmanager
+def _collector_paused():
+    """Python's cyclic garbage collector paused for one evaluation: it allocates hundreds of
+    thousands of small dicts and lists (the graph copy, the simulated buffers) that stay alive
+    at least until it ends, and every automatic collection meanwhile would also walk the rest
+    of the heap (TensorFlow's modules, the earlier attempts' graphs). Collection resumes after;
+    nothing is lost."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _choose(attempts: list[Rewrite]) -> Rewrite:
@@ -252,8 +272,8 @@ def apply(ctx: Context, checkpoints: set[str], ahead: frozenset = frozenset()) -
 
     order = ctx.order()  # the copy's, as nothing was added yet
     reads = ctx.flow_reads()  # likewise
-    boundary = [n for n, refs in reads.items() if _worth_recomputing(ctx, n, refs)
-                and recomputable(n)]
+    worth = _worth_nodes(ctx, reads)
+    boundary = [n for n in reads if n in worth and recomputable(n)]
     copies = _copy(graph, _with_ancestors(ctx.graph, boundary, recomputable), order, COPY_PREFIX)
     for name, copy in copies.items():
         for ref in reads[name]:
@@ -267,6 +287,20 @@ def apply(ctx: Context, checkpoints: set[str], ahead: frozenset = frozenset()) -
             shapes.tensors[TensorRef(copy_name, ref.port)] = shapes.tensors[ref]
     return Rewrite(graph, set(checkpoints), copies, triggers, ungated, blocked, shapes,
                    ahead=early)
+
+
+# The last Context `_worth_nodes` answered for (weakly held) and its answer.
+_worth_memo: list = [None, frozenset()]
+
+
+def _worth_nodes(ctx: Context, reads: dict[str, list[TensorRef]]) -> frozenset:
+    """The nodes of `reads` `_worth_recomputing` holds for; it depends on the context alone,
+    so it is found once, not for every candidate `apply` tries."""
+    held, nodes = _worth_memo
+    if held is None or held() is not ctx:
+        nodes = frozenset(n for n, refs in reads.items() if _worth_recomputing(ctx, n, refs))
+        _worth_memo[:] = [weakref.ref(ctx), nodes]
+    return nodes
 
 
 def _worth_recomputing(ctx: Context, name: str, reads: list[TensorRef]) -> bool:
