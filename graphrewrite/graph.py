@@ -170,6 +170,16 @@ class Graph:
 
     def consumers(self, ref: TensorRef | str) -> list[tuple[str, int | None]]:
         """(consumer, slot) pairs reading `ref`; a node name means all of its outputs and controls."""
+        readers = self.nx._succ.get(ref if isinstance(ref, str) else ref.node)
+        if readers is None:  # not a node: networkx's view decides what that means
+            return self._consumers_by_view(ref)
+        if isinstance(ref, str):
+            return sorted((v, d["slot"] if d["slot"] is not None else -1)
+                          for v, keyed in readers.items() for d in keyed.values())
+        return sorted((v, d["slot"]) for v, keyed in readers.items() for d in keyed.values()
+                      if d["port"] == ref.port)
+
+    def _consumers_by_view(self, ref: TensorRef | str) -> list[tuple[str, int | None]]:
         if isinstance(ref, str):
             return sorted((v, d["slot"] if d["slot"] is not None else -1)
                           for _, v, d in self.nx.out_edges(ref, data=True))
@@ -197,17 +207,22 @@ class Graph:
         """Kahn's algorithm over the real nodes (loop back edges ignored), the smallest key
         among the ready nodes first, as networkx's lexicographical_topological_sort (the keys
         here are unique); None when a cycle is left."""
-        real = set(names)
-        succ = self.nx._succ
-        children = {}
-        waiting = dict.fromkeys(names, 0)
-        for u in names:
-            if self.loops_back(u):
-                children[u] = ()
-                continue
-            children[u] = kids = [v for v in succ[u] if v in real]
-            for v in kids:
-                waiting[v] += 1
+        succ, pred = self.nx._succ, self.nx._pred
+        if len(names) == len(succ) and not any(self.loops_back(u) for u in names):
+            # Every node real, no loop back edge: each producer counts once per consumer.
+            children = succ
+            waiting = {v: len(pred[v]) for v in names}
+        else:
+            real = set(names)
+            children = {}
+            waiting = dict.fromkeys(names, 0)
+            for u in names:
+                if self.loops_back(u):
+                    children[u] = ()
+                    continue
+                children[u] = kids = [v for v in succ[u] if v in real]
+                for v in kids:
+                    waiting[v] += 1
         ready = [(key(n), n) for n in names if waiting[n] == 0]
         heapq.heapify(ready)
         order = []
