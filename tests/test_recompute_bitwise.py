@@ -3,14 +3,20 @@
 Grappler rewrites some arithmetic only when a tensor has exactly one data reader (constant
 push-down of the layer norm's gamma, MinimizeBroadcasts regrouping Gelu's products). Moving the
 backward readers of a forward tensor to its copy changes those counts; the pass pads them back.
+MinimizeBroadcasts also pairs a Mul chain's operands in the order of their names, and does not
+absorb a Mul with a control input; copies are named so they sort as their originals, and
+triggers wait past the Identities the dependency optimizer would otherwise keep (issue 14).
 """
+
+import dataclasses
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from graphrewrite import io, pipeline, verify
 from graphrewrite.graph import Graph
-from graphrewrite.names import PAD_PREFIX
+from graphrewrite.names import COPY_SUFFIX, PAD_PREFIX
 from graphrewrite.split import reachable
 
 from conftest import run_cli
@@ -57,3 +63,41 @@ def test_recomputed_transformer_is_bitwise_equal_under_grappler(tmp_path):
     result = run_cli("verify", source, out, "--runs", "1")
     assert result.exit_code == 0, result.output
     assert "MATCH" in result.output
+
+
+def _gelu_mlp(path, layers=3, batch=64, width=32):
+    """Dense + exact-Gelu layers, mean-square loss, and its gradients gated per op as an
+    optimizer's minimize gates them (a tf.tuple each: the gradient flow reads Identities)."""
+    rng = np.random.RandomState(0)
+    with tf.Graph().as_default() as g:
+        h = tf.compat.v1.placeholder(tf.float32, [batch, width], name="x")
+        weights = []
+        for i in range(layers):
+            with tf.compat.v1.name_scope(f"dense_{i}"):
+                kernel = tf.constant(0.3 * rng.randn(width, width).astype(np.float32),
+                                     name="kernel")
+                bias = tf.constant(0.1 * rng.randn(width).astype(np.float32), name="bias")
+                weights += [kernel, bias]
+                h = tf.nn.gelu(tf.nn.bias_add(tf.matmul(h, kernel), bias), approximate=False)
+        loss = tf.reduce_mean(tf.square(h))
+        tf.identity(loss, name="outputs/loss")
+        grads = tf.compat.v1.gradients(loss, weights, gate_gradients=True)
+        for i, grad in enumerate(grads):
+            tf.identity(grad, name=f"outputs/grad_{i}")
+    path.write_bytes(g.as_graph_def().SerializeToString())
+    return [f"outputs/grad_{i}" for i in range(len(weights))] + ["outputs/loss"]
+
+
+def test_recomputed_gelu_mlp_gradients_are_grouped_as_in_the_original(tmp_path):
+    """Recomputing every layer but the middle one's output regroups the Gelu gradient's Mul
+    chains unless the copies sort by name as their originals and no trigger keeps a tuple's
+    Identity; then every gradient is bitwise equal."""
+    source = tmp_path / "gelu_mlp.pb"
+    fetches = _gelu_mlp(source)
+    model = io.load(source)
+    result = pipeline.optimize(model, "collection", checkpoints="regex:^dense_1/Gelu/mul_1$")
+    copies = [n for n in result.graph.nodes() if n.endswith(COPY_SUFFIX)]
+    assert "dense_2/Gelu/add" + COPY_SUFFIX in copies  # the Gelu of a recomputed layer
+    rewritten = dataclasses.replace(model, graph=result.graph)
+    outcome = verify.verify(model, rewritten, fetches, runs=0, isolated=False)
+    assert outcome.match, outcome.to_json()
