@@ -13,9 +13,11 @@ optimizer removes an Identity only while its inputs times its readers are at mos
 and forwards its control inputs to its readers), turns `s * (a * b)` into `(s * a) * b` in one
 graph and `(s * b) * a` in the other, which round differently: by one ulp on a constant such as
 sqrt(2/pi) (the GELU gradient), or only where a product falls below the smallest normal float
-and TensorFlow flushes it to zero for a power of two such as 0.5. The recompute pass avoids both
-(copy names keep their originals' order, triggers wait past tf.tuple Identities); this module
-tells such a cause from a real difference when it happens anyway.
+and TensorFlow flushes it to zero for a power of two such as 0.5. Shapes matter as well: a group
+is only formed where Grappler can tell its operands' shapes are broadcast-compatible. The
+recompute pass avoids all three (copy names keep their originals' order, triggers wait past
+tf.tuple Identities, a Pack pad tells shape inference a copy has its original's shape); this
+module tells such a cause from a real difference when it happens anyway.
 
 `diagnose` runs both graphs again with the arithmetic optimizer off, then with Grappler off, and
 names the first configuration under which they agree bitwise; an empty cause means they differ
