@@ -2,14 +2,22 @@
 
 Grappler rewrites each graph on its own, and some of its decisions depend on what a rewrite
 changes even when the arithmetic written in the graph is the same. The arithmetic optimizer's
-MinimizeBroadcasts regroups a chain of Mul (or Add) nodes: it sorts the inputs of commutative
-ops by node name (a recomputed copy's name sorts elsewhere than its original's), and the group
-it rewrites is rooted at the node it reaches first in reverse topological order (recomputed
-copies run after the backward pass reaches them, which moves their readers in that order). So
-`s * (a * b)` becomes `(s * a) * b` in one graph and `(s * b) * a` in the other, which round
-differently: by one ulp on a constant such as sqrt(2/pi) (the GELU gradient), or only where a
-product falls below the smallest normal float and TensorFlow flushes it to zero for a power of
-two such as 0.5. Seen on a 48-layer GELU MLP whose first-layer gradients are around 1e-33.
+MinimizeBroadcasts regroups a chain of Mul (or Add) nodes (TF 2.15, arithmetic_optimizer.cc):
+common subgraph elimination has sorted the data inputs of every commutative op by name (as
+strings); nodes are visited in reverse topological order and the first Mul reached roots a
+group, which absorbs, depth first in input order, each input of the same op that has one data
+reader, the root's device and no control edge in or out; the group's leaves are stably sorted
+by shape size (scalars first) and paired front to back. So a copy whose name sorts elsewhere
+than its original's, or a control edge added to or removed from a chain member (the dependency
+optimizer removes an Identity only while its inputs times its readers are at most their sum,
+and forwards its control inputs to its readers), turns `s * (a * b)` into `(s * a) * b` in one
+graph and `(s * b) * a` in the other, which round differently: by one ulp on a constant such as
+sqrt(2/pi) (the GELU gradient), or only where a product falls below the smallest normal float
+and TensorFlow flushes it to zero for a power of two such as 0.5. Shapes matter as well: a group
+is only formed where Grappler can tell its operands' shapes are broadcast-compatible. The
+recompute pass avoids all three (copy names keep their originals' order, triggers wait past
+tf.tuple Identities, a Pack pad tells shape inference a copy has its original's shape); this
+module tells such a cause from a real difference when it happens anyway.
 
 `diagnose` runs both graphs again with the arithmetic optimizer off, then with Grappler off, and
 names the first configuration under which they agree bitwise; an empty cause means they differ
@@ -28,9 +36,9 @@ log = logging.getLogger(__name__)
 
 ARITHMETIC_CAUSE = (
     "Grappler's arithmetic optimizer: with it off, both agree bitwise. It regroups chains of "
-    "Mul/Add by node name and graph order (MinimizeBroadcasts), which recomputation changes, so "
-    "the two graphs round differently (by an ulp, or where a product falls below the smallest "
-    "normal float and is flushed to zero)")
+    "Mul/Add by their operands' names and control edges (MinimizeBroadcasts), which the rewrite "
+    "changed, so the two graphs round differently (by an ulp, or where a product falls below "
+    "the smallest normal float and is flushed to zero)")
 GRAPPLER_CAUSE = (
     "Grappler: with it off, both agree bitwise; it optimizes the two graphs differently (e.g. a "
     "fusion made in one and not the other)")

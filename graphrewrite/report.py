@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .graph import Graph
-from .names import AHEAD_PREFIX, COPY_PREFIX, PAD_PREFIX, SWAP_OUT_SUFFIX, TRIGGER_PREFIX
+from .names import AHEAD_SUFFIX, COPY_SUFFIX, PAD_PREFIX, SWAP_OUT_SUFFIX, TRIGGER_PREFIX
 from .passes.base import AccumulateResult, RecomputeResult, RelaxAssignResult, SwapResult
 from .pipeline import OptimizeResult
 from .tensor_ref import TensorRef
@@ -47,10 +47,9 @@ def explain(result: OptimizeResult, original: Graph, name: str) -> str:
     recompute, swap = result.of(RecomputeResult), result.of(SwapResult)
     graph = result.graph
     if name in recompute.recomputed:
-        copy = next(n for n in graph.nodes() if n.startswith(COPY_PREFIX)
-                    and n[len(COPY_PREFIX):] == name)
+        copy = name + COPY_SUFFIX
         readers = sorted({v for v, _ in graph.consumers(copy)
-                          if not v.startswith((COPY_PREFIX, PAD_PREFIX))})
+                          if not v.endswith(COPY_SUFFIX) and not v.startswith(PAD_PREFIX)})
         gate = next((n for n in graph.nodes() if n.startswith(TRIGGER_PREFIX)
                      and n in graph.control_inputs(copy)), None)
         when = f", after trigger {gate}" if gate else ""
@@ -64,7 +63,7 @@ def explain(result: OptimizeResult, original: Graph, name: str) -> str:
         return (f"{name}: swapped to host memory as {out}, back as {back}"
                 + (f" after trigger {gate[0]}" if gate else ""))
     if name in recompute.recomputed_ahead:
-        return (f"{name}: a checkpoint, computed again ({AHEAD_PREFIX}{name}) when "
+        return (f"{name}: a checkpoint, computed again ({name}{AHEAD_SUFFIX}) when "
                 "back-propagation reaches the first segment that reads it, instead of held "
                 "from the forward pass")
     if name in recompute.checkpoints:

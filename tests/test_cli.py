@@ -147,7 +147,7 @@ def test_optimize_memory_reports_and_explains(tmp_path):
                         "--explain", copied, "--explain", "x")
     lines = explained.stdout.splitlines()[-3:]
     assert lines[0].startswith(f"{kept}: kept (a checkpoint")
-    assert lines[1].startswith(f"{copied}: recomputed as graphrewrite/recompute/{copied}")
+    assert lines[1].startswith(f"{copied}: recomputed as {copied}-graphrewrite_recompute")
     assert lines[2] == "x: kept, it cannot be recomputed (graph input)"
     bad = run_cli("optimize", fixture_path("resnet_cnn"), "-o", tmp_path / "o.pb", "--explain",
                   "nope")

@@ -6,7 +6,7 @@ import tensorflow as tf
 
 from graphrewrite import io, ops, pipeline, selectors
 from graphrewrite.errors import GraphRewriteError
-from graphrewrite.names import COPY_PREFIX, PAD_PREFIX, TRIGGER_PREFIX
+from graphrewrite.names import COPY_SUFFIX, PAD_PREFIX, TRIGGER_PREFIX, copied_from
 from graphrewrite.passes.base import RecomputeResult
 from graphrewrite.split import split
 
@@ -33,12 +33,12 @@ def test_invariants(name, mode):
         assert after.node_def(node) == before.node_def(node)
     added = [n for n in after.nodes() if n not in before]
     for node in added:
-        assert node.startswith((COPY_PREFIX, TRIGGER_PREFIX, PAD_PREFIX)), node
+        assert copied_from(node) or node.startswith((TRIGGER_PREFIX, PAD_PREFIX)), node
         if node.startswith(TRIGGER_PREFIX):
             assert after.op(node) == "NoOp"
             continue
         if node.startswith(PAD_PREFIX):  # read by nobody: Grappler keeps it, the session prunes it
-            assert after.op(node) == "IdentityN" and not after.successors(node)
+            assert after.op(node) in ("IdentityN", "Pack") and not after.successors(node)
             assert after.node_def(node).attr["_grappler_do_not_remove"].b
             continue
         op = after.op(node)
@@ -74,7 +74,7 @@ def test_random_ops_are_never_copied():
     model, result = rewrite("transformer_dropout", "speed")
     randoms = {n for n in model.graph.nodes() if "Random" in model.graph.op(n)}
     assert randoms
-    copied = {n[len(COPY_PREFIX):] for n in result.graph.nodes() if n.startswith(COPY_PREFIX)}
+    copied = {copied_from(n) for n in result.graph.nodes()} - {None}
     assert copied and not copied & randoms
     kept = result.of(RecomputeResult).kept_because
     assert "random op" in kept or "a smaller form of a random draw" in kept
@@ -84,8 +84,8 @@ def test_loops_come_back_unchanged_or_sound():
     for name in ("rnn_while_v1", "rnn_while_v2"):
         model, result = rewrite(name, "speed")
         assert result.graph.check() == []
-        frames = [n for n in result.graph.nodes() if n.startswith(COPY_PREFIX)
-                  and model.graph.op(n[len(COPY_PREFIX):]) in ("Enter", "Merge", "Switch")]
+        frames = [n for n in result.graph.nodes() if copied_from(n)
+                  and model.graph.op(copied_from(n)) in ("Enter", "Merge", "Switch")]
         assert frames == []
 
 
@@ -98,7 +98,38 @@ def test_triggers_wait_on_the_gradient_flow():
         waits = result.graph.control_inputs(trigger)
         assert waits and all(w in flow for w in waits)
         gated = [v for v, _ in result.graph.consumers(trigger)]
-        assert gated and all(g.startswith(COPY_PREFIX) for g in gated)
+        assert gated and all(copied_from(g) for g in gated)
+
+
+def test_triggers_wait_past_the_identities_a_tuple_adds():
+    """A TF1 optimizer gates gradients with tf.tuple: the flow reads control_dependency
+    Identities. A trigger reading one would keep it from Grappler's dependency optimizer (which
+    counts its readers), so triggers wait on the node it forwards instead (issue 14)."""
+    model, result = rewrite("keras_train", "speed")
+    triggers = [n for n in result.graph.nodes() if n.startswith(TRIGGER_PREFIX)]
+    identities = [n for n in model.graph.nodes() if model.graph.op(n) == "Identity"
+                  and "tuple/control_dependency" in n]
+    waits = {w for t in triggers for w in result.graph.control_inputs(t)}
+    assert triggers and identities and waits
+    assert not [w for w in waits if result.graph.op(w) in ("Identity", "IdentityN")]
+
+
+def test_copies_sort_among_their_readers_inputs_as_the_originals():
+    """Grappler sorts the inputs of commutative ops by name before grouping products; a copy
+    must take its original's place in that order (issue 14)."""
+    for name, mode in (("keras_train", "memory"), ("transformer_dropout", "speed")):
+        model, result = rewrite(name, mode)
+        graph, checked = result.graph, 0
+        for node in graph.nodes():
+            if graph.op(node) not in ("Mul", "AddV2", "AddN") or node not in model.graph:
+                continue
+            inputs = [str(r) for r in graph.data_inputs(node)]
+            originals = [str(r) for r in model.graph.data_inputs(node)]
+            if inputs != originals:
+                checked += 1
+                by_name = sorted(range(len(inputs)), key=inputs.__getitem__)
+                assert by_name == sorted(range(len(originals)), key=originals.__getitem__), node
+        assert checked, name
 
 
 def test_speed_keeps_expensive_ops():
@@ -106,8 +137,7 @@ def test_speed_keeps_expensive_ops():
     kept = set(result.of(RecomputeResult).checkpoints)
     convs = {n for n in model.graph.nodes() if model.graph.op(n) == "Conv2D"}
     assert kept == convs | {"logits/MatMul"}
-    assert not any(n[len(COPY_PREFIX):] in convs for n in result.graph.nodes()
-                   if n.startswith(COPY_PREFIX))
+    assert not any(copied_from(n) in convs for n in result.graph.nodes())
 
 
 def test_collection_mode_uses_selectors():
@@ -133,7 +163,7 @@ def test_manual_mode_honours_recompute_hint():
         value = tf.compat.v1.AttrValue(b=True)
         model.graph.set_attr(name, "_recompute_hint", value)
     result = pipeline.optimize(model, "manual")
-    copied = {n[len(COPY_PREFIX):] for n in result.graph.nodes() if n.startswith(COPY_PREFIX)}
+    copied = {copied_from(n) for n in result.graph.nodes()} - {None}
     assert copied == set(hinted)
 
 
@@ -250,7 +280,7 @@ def ahead_rewrite(name="resnet_cnn", first=2):
 
 
 def test_checkpoints_recomputed_ahead_are_read_by_the_forward_pass_only():
-    from graphrewrite.names import AHEAD_PREFIX
+    from graphrewrite.names import AHEAD_SUFFIX
 
     model, found, ahead, rewrite = ahead_rewrite()
     graph, flow = rewrite.graph, found.split.gradient_flow
@@ -259,7 +289,7 @@ def test_checkpoints_recomputed_ahead_are_read_by_the_forward_pass_only():
         readers = {v for v, _ in graph.consumers(name)}
         assert not readers & flow and not readers & set(rewrite.recomputed.values())
         copy = rewrite.ahead[name]
-        assert copy.startswith(AHEAD_PREFIX) and graph.successors(copy)
+        assert copy == name + AHEAD_SUFFIX and graph.successors(copy)
     roots = [c for c in rewrite.ahead.values()
              if not any(r.node in rewrite.ahead.values() for r in graph.data_inputs(c))]
     assert roots and all(any(t.startswith(TRIGGER_PREFIX) for t in graph.control_inputs(r))
@@ -315,11 +345,11 @@ def test_a_batch_norm_read_only_for_its_statistics_is_not_copied():
         source = {r.node for r in statistics}
         assert len(source) == 1  # both from the same node, original or copy
         bn = source.pop()
-        if bn.startswith(COPY_PREFIX):  # copied anyway (its output feeds a recomputed Relu)
+        if copied_from(bn):  # copied anyway (its output feeds a recomputed Relu)
             copied += 1
-        elif x.node.startswith(COPY_PREFIX):  # x recomputed, statistics held: no copy of bn
+        elif copied_from(x.node):  # x recomputed, statistics held: no copy of bn
             held += 1
-            assert COPY_PREFIX + bn not in graph
+            assert bn + COPY_SUFFIX not in graph
     assert held and copied
 
 
@@ -332,8 +362,8 @@ def test_a_dropout_mask_is_held_not_its_uniform_draw(mode):
     masks = [n for n in model.graph.nodes() if model.graph.op(n) == "GreaterEqual"]
     assert masks
     for mask in masks:
-        assert COPY_PREFIX + mask not in graph
+        assert mask + COPY_SUFFIX not in graph
         drawn = graph.data_inputs(mask)[0].node
         assert "Random" in graph.op(drawn)
-        assert all(not v.startswith(COPY_PREFIX) for v, _ in graph.consumers(drawn))
-    assert any(v.startswith(COPY_PREFIX) for m in masks for v, _ in graph.consumers(m))
+        assert all(copied_from(v) is None for v, _ in graph.consumers(drawn))
+    assert any(copied_from(v) for m in masks for v, _ in graph.consumers(m))

@@ -3,14 +3,20 @@
 Grappler rewrites some arithmetic only when a tensor has exactly one data reader (constant
 push-down of the layer norm's gamma, MinimizeBroadcasts regrouping Gelu's products). Moving the
 backward readers of a forward tensor to its copy changes those counts; the pass pads them back.
+MinimizeBroadcasts also pairs a Mul chain's operands in the order of their names, and does not
+absorb a Mul with a control input; copies are named so they sort as their originals, and
+triggers wait past the Identities the dependency optimizer would otherwise keep (issue 14).
 """
+
+import dataclasses
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from graphrewrite import io, pipeline, verify
 from graphrewrite.graph import Graph
-from graphrewrite.names import PAD_PREFIX
+from graphrewrite.names import COPY_SUFFIX, PAD_PREFIX
 from graphrewrite.split import reachable
 
 from conftest import run_cli
@@ -57,3 +63,53 @@ def test_recomputed_transformer_is_bitwise_equal_under_grappler(tmp_path):
     result = run_cli("verify", source, out, "--runs", "1")
     assert result.exit_code == 0, result.output
     assert "MATCH" in result.output
+
+
+def _gelu_mlp(path, gated, layers=3, batch=64, width=32):
+    """Dense + exact-Gelu layers, 10 logits, softmax cross-entropy (its gradient, like the
+    layers', has the fed input's batch dimension), and the gradients; `gated` as an optimizer's
+    minimize gates them (a tf.tuple per op: the gradient flow reads Identities)."""
+    rng = np.random.RandomState(0)
+    with tf.Graph().as_default() as g:
+        h = tf.compat.v1.placeholder(tf.float32, [batch, width], name="x")
+        labels = tf.compat.v1.placeholder(tf.int32, [batch], name="labels")
+        weights = []
+        for i in range(layers):
+            with tf.compat.v1.name_scope(f"dense_{i}"):
+                kernel = tf.constant(0.3 * rng.randn(width, width).astype(np.float32),
+                                     name="kernel")
+                bias = tf.constant(0.1 * rng.randn(width).astype(np.float32), name="bias")
+                weights += [kernel, bias]
+                h = tf.nn.gelu(tf.nn.bias_add(tf.matmul(h, kernel), bias), approximate=False)
+        with tf.compat.v1.name_scope("logits"):
+            kernel = tf.constant(0.3 * rng.randn(width, 10).astype(np.float32), name="kernel")
+            bias = tf.constant(0.1 * rng.randn(10).astype(np.float32), name="bias")
+            weights += [kernel, bias]
+            logits = tf.nn.bias_add(tf.matmul(h, kernel), bias)
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=labels, logits=logits))
+        tf.identity(loss, name="outputs/loss")
+        grads = tf.compat.v1.gradients(loss, weights, gate_gradients=gated)
+        for i, grad in enumerate(grads):
+            tf.identity(grad, name=f"outputs/grad_{i}")
+    fetches = [f"outputs/grad_{i}" for i in range(len(weights))] + ["outputs/loss"]
+    graph_def = tf.compat.v1.graph_util.extract_sub_graph(g.as_graph_def(), fetches)
+    path.write_bytes(graph_def.SerializeToString())
+    return fetches
+
+
+@pytest.mark.parametrize("gated", [True, False])
+def test_recomputed_gelu_mlp_gradients_are_grouped_as_in_the_original(tmp_path, gated):
+    """Recomputing the Gelus (memory mode keeps the layer outputs) regroups their gradients' Mul
+    chains unless the copies sort by name as their originals, no trigger keeps a tuple's
+    Identity, and Grappler knows the first layer's copies (which read the fed input) have
+    their originals' shapes; then every gradient is bitwise equal."""
+    source = tmp_path / "gelu_mlp.pb"
+    fetches = _gelu_mlp(source, gated)
+    model = io.load(source)
+    result = pipeline.optimize(model, "memory")
+    copies = [n for n in result.graph.nodes() if n.endswith(COPY_SUFFIX)]
+    assert "dense_0/Gelu/add" + COPY_SUFFIX in copies  # the first layer's Gelu, recomputed
+    rewritten = dataclasses.replace(model, graph=result.graph)
+    outcome = verify.verify(model, rewritten, fetches, runs=0, isolated=False)
+    assert outcome.match, outcome.to_json()

@@ -6,7 +6,9 @@ fusions), which would make a rewritten graph compute bitwise different values. S
 tensor left with fewer readers than its original had gets an IdentityN "pad" reading it the
 missing number of times, marked `_grappler_do_not_remove`: Grappler keeps it (and so sees the
 original counts) through all its iterations, and the session then prunes it with everything else
-no fetch needs, so it never runs.
+no fetch needs, so it never runs. Where a copy and its original both lack a reader of one
+output, a Pack of the two stands for both readers instead: its shape function tells Grappler
+the two have one shape (see `_same_shape_pad`).
 
 Control edges matter too: Grappler's grouping rewrites (AddOpsRewrite, MinimizeBroadcasts) do not
 absorb a node that drives a control dependency, so a trigger hung on an Add or a Mul would change
@@ -36,11 +38,13 @@ def can_gate(original: Graph, name: str) -> bool:
 
 def pad_readers(graph: Graph, original: Graph, analysis, original_of: dict[str, str]) -> int:
     """Give each live tensor of `graph` as many data readers as its original had in `original`
-    (`original_of` maps new nodes to the node they stand for); returns the pads added."""
+    (`original_of` maps new nodes to the node they stand for); returns the pads added. Where a
+    copy and its original both lack a reader of the same output, one pad reads both and tells
+    Grappler they have one shape (`_same_shape_pad`)."""
     fetch_nodes = [f.split(":")[0] for f in analysis.fetches]
     _, before = _live_readers(original, fetch_nodes)
     live, after = _live_readers(graph, fetch_nodes)
-    shapes, pads = analysis.shapes, 0
+    shapes, lacking = analysis.shapes, {}
     for name in [n for n in graph.nodes() if n in live]:
         source = original_of.get(name, name)
         if source not in original:
@@ -48,8 +52,14 @@ def pad_readers(graph: Graph, original: Graph, analysis, original_of: dict[str, 
         missing = [TensorRef(name, ref.port) for ref in shapes.outputs(source)
                    for _ in range(before[ref] - after[TensorRef(name, ref.port)])]
         dtypes = [shapes[TensorRef(source, r.port)].dtype for r in missing]
-        if not missing or not all(0 < t < 100 for t in dtypes):
-            continue  # nothing lost, or a dtype IdentityN cannot carry (a ref, unknown)
+        if missing and all(0 < t < 100 for t in dtypes):  # else a ref or unknown dtype
+            lacking[name] = missing
+    pads = sum(_same_shape_pad(graph, shapes, lacking, copy, source)
+               for copy, source in original_of.items())
+    for name, missing in lacking.items():
+        if not missing:
+            continue
+        dtypes = [shapes[TensorRef(original_of.get(name, name), r.port)].dtype for r in missing]
         types = attr_value_pb2.AttrValue.ListValue(type=dtypes)
         attrs = {"T": attr_value_pb2.AttrValue(list=types),
                  "_grappler_do_not_remove": attr_value_pb2.AttrValue(b=True)}
@@ -57,6 +67,30 @@ def pad_readers(graph: Graph, original: Graph, analysis, original_of: dict[str, 
                        device=graph.node_def(name).device)
         pads += 1
     return pads
+
+
+def _same_shape_pad(graph: Graph, shapes, lacking: dict, copy: str, source: str) -> int:
+    """A never-run Pack of the original's and the copy's output, standing for one missing
+    reader of each. Grappler's shape inference skips the shapes of tensors fed to the session
+    (graph inputs), so what is computed from one can get symbolic dimensions of its own: a copy
+    chain starting at a fed input (a first layer's) got shapes Grappler could not tell equal to
+    its original's, and MinimizeBroadcasts then refused to group the chain's Mul nodes as it did
+    in the original (the Gelu gradient of the first layer, issue 14).
+    Pack's shape function merges its inputs' shapes, and Grappler applies such merges to the
+    whole graph. Returns 1 if a pad was added."""
+    ports = [r.port for r in lacking.get(source, [])]
+    match = next((r for r in lacking.get(copy, []) if r.port in ports), None)
+    if match is None:
+        return 0
+    lacking[copy].remove(match)
+    lacking[source].remove(TensorRef(source, match.port))
+    attrs = {"T": attr_value_pb2.AttrValue(type=shapes[TensorRef(source, match.port)].dtype),
+             "N": attr_value_pb2.AttrValue(i=2), "axis": attr_value_pb2.AttrValue(i=0),
+             "_grappler_do_not_remove": attr_value_pb2.AttrValue(b=True)}
+    graph.add_node(graph.unique_name(f"{PAD_PREFIX}{copy}/same_shape"), "Pack",
+                   [TensorRef(source, match.port), match], attrs,
+                   device=graph.node_def(copy).device)
+    return 1
 
 
 def _live_readers(graph: Graph, fetch_nodes: list[str]) -> tuple[set[str], Counter]:

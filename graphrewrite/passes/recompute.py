@@ -20,8 +20,9 @@ Originals that lost backward readers, and copies that got only some of their ori
 readers, are given fan-out pads (see `pads.py`), so Grappler rewrites them as it would the
 originals and every output stays bitwise equal.
 
-Copies are named `graphrewrite/recompute/<original>` (`graphrewrite/recompute_ahead/<original>`
-when computed ahead), triggers
+Copies are named `<original>-graphrewrite_recompute` (`<original>-graphrewrite_recompute_ahead`
+when computed ahead: a suffix, so Grappler orders a copy's operands by name as it ordered the
+original's), triggers
 `graphrewrite/recompute_trigger/<first root>`, pads `graphrewrite/pad/<node>`. Original
 nodes are never removed or renamed.
 """
@@ -43,7 +44,7 @@ from ..context import Context
 from ..budget import parse_budget
 from ..errors import GraphRewriteError
 from ..graph import Graph
-from ..names import AHEAD_PREFIX, COPY_PREFIX, TRIGGER_PREFIX
+from ..names import AHEAD_SUFFIX, COPY_SUFFIX, TRIGGER_PREFIX
 from ..shapes import Shapes
 from ..split import reachable
 from ..tensor_ref import CONTROL, TensorRef
@@ -274,7 +275,7 @@ def apply(ctx: Context, checkpoints: set[str], ahead: frozenset = frozenset()) -
     reads = ctx.flow_reads()  # likewise
     worth = _worth_nodes(ctx, reads)
     boundary = [n for n in reads if n in worth and recomputable(n)]
-    copies = _copy(graph, _with_ancestors(ctx.graph, boundary, recomputable), order, COPY_PREFIX)
+    copies = _copy(graph, _with_ancestors(ctx.graph, boundary, recomputable), order, COPY_SUFFIX)
     for name, copy in copies.items():
         for ref in reads[name]:
             readers = [v for v, _ in graph.consumers(ref) if v in flow]
@@ -326,11 +327,12 @@ def _with_ancestors(graph: Graph, starts, include) -> set[str]:
     return found
 
 
-def _copy(graph: Graph, names: set[str], order: list[str], prefix: str) -> dict[str, str]:
-    """Copy `names` under `prefix`, in `order`, each copy reading the copies of its inputs."""
+def _copy(graph: Graph, names: set[str], order: list[str], suffix: str) -> dict[str, str]:
+    """Copy `names` as `<name><suffix>`, in `order`, each copy reading the copies of its inputs
+    (the suffix keeps each copy where its original sorts by name, see `names.py`)."""
     copies = {}
     for name in (n for n in order if n in names):
-        copies[name] = graph.copy_node(name, graph.unique_name(prefix + name))
+        copies[name] = graph.copy_node(name, graph.unique_name(name + suffix))
         for ref in graph.data_inputs(copies[name]):
             if ref.node in copies:
                 graph.replace_uses(ref, TensorRef(copies[ref.node], ref.port), [copies[name]])
@@ -349,7 +351,7 @@ def _recompute_ahead(graph: Graph, ctx, ahead, copies, gate_of, recomputable, or
         return {}
     flow = ctx.analysis.split.gradient_flow
     members = _with_ancestors(ctx.graph, ahead, lambda n: n in ahead or recomputable(n))
-    early = _copy(graph, members, order, AHEAD_PREFIX)
+    early = _copy(graph, members, order, AHEAD_SUFFIX)
     copy_names = set(copies.values())
     for name in ahead:
         for ref in ctx.analysis.shapes.outputs(name):
@@ -388,7 +390,8 @@ def _add_triggers(graph: Graph, ctx, copies: dict[str, str], flow, order):
         members = {copies[n] for n in component}
         targets = {v for c in members for v in graph.successors(c) if v not in all_copies}
         downstream = reachable(graph.nx, members)
-        waits = sorted({r.node for t in targets for r in graph.data_inputs(t)
+        waits = sorted({_wait_of(graph, r.node, flow) for t in targets
+                        for r in graph.data_inputs(t)
                         if r.node in flow and r.node not in downstream})
         if not waits:
             ungated += 1
@@ -403,6 +406,24 @@ def _add_triggers(graph: Graph, ctx, copies: dict[str, str], flow, order):
         triggers[trigger] = waits
         gate_of.update(dict.fromkeys(members, trigger))
     return triggers, gate_of, ungated
+
+
+FORWARDING_OPS = ("Identity", "IdentityN", "Snapshot")
+
+
+def _wait_of(graph: Graph, name: str, flow) -> str:
+    """The node a trigger waits on for `name`: `name`, or, when it only forwards a value, the
+    gradient-flow node whose value it forwards. Grappler's dependency optimizer removes an
+    Identity only while its inputs times its readers are at most their sum; a trigger reading
+    it would keep it (and a tf.tuple's control_dependency Identity is what the gradient flow
+    reads), so its readers would keep a data input instead of the control input the original
+    forwards to them, which MinimizeBroadcasts then groups differently (issue 14)."""
+    while graph.op(name) in FORWARDING_OPS:
+        inputs = [r.node for r in graph.data_inputs(name)[:1] if r.node in flow]
+        if not inputs:
+            break
+        name = inputs[0]
+    return name
 
 
 def _result(best: Rewrite, note: str) -> RecomputeResult:
