@@ -3,6 +3,7 @@
 import tensorflow as tf
 
 from graphrewrite import io
+from graphrewrite.graph import Graph
 from graphrewrite.split import split
 
 from conftest import fixture_path
@@ -79,3 +80,31 @@ def test_backward_scope_override():
     assert all(n.startswith("gradients/dense_5") for n in result.seeds)
     assert "gradients/dense_4/Relu_grad/ReluGrad" in result.gradient_flow
     assert "gradients/logits/MatMul_grad/MatMul" not in result.gradient_flow
+
+
+def test_a_tf2_gelu_step_is_split_at_the_tapes_seed():
+    """GELU's `1 + erf` constant is a ones tensor that reaches every gradient too; and every
+    node reaches the step's returned Identity by its control edges. By data edges the tape's
+    seed is the only candidate reaching no more sinks than another."""
+    model = tf.keras.Sequential([tf.keras.layers.Dense(32, activation="gelu")
+                                 for _ in range(3)] + [tf.keras.layers.Dense(4)])
+    model.build((None, 16))
+    opt = tf.keras.optimizers.SGD(0.1, momentum=0.9)
+    opt.build(model.trainable_variables)
+
+    @tf.function(input_signature=[tf.TensorSpec([8, 16], tf.float32, name="x"),
+                                  tf.TensorSpec([8], tf.int32, name="y")])
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(
+                y, model(x, training=True), from_logits=True))
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                model.trainable_variables))
+        return loss
+
+    graph = Graph.from_graph_def(step.get_concrete_function().graph.as_graph_def(add_shapes=True))
+    found = split(graph)
+    assert [graph.op(s) for s in found.seeds] in (["Const"], ["Fill"], ["OnesLike"])
+    assert not any("Gelu" in s for s in found.seeds)
+    matmuls = [n for n in graph.nodes() if graph.op(n) == "MatMul" and "gradient" not in n]
+    assert len(matmuls) == 4 and all(n in found.forward for n in matmuls)
