@@ -143,11 +143,16 @@ def schedule(graph: Graph, fetches: list[str]) -> list[str]:
         order.append(name)
         if name in loops_back:
             continue
-        consumers = succ[name]
-        for consumer in sorted([v for v in consumers if v in needed], key=order_index.get):
-            pending[consumer] -= len(consumers[consumer])
-            if pending[consumer] == 0:
-                ready.append(consumer)
+        # The consumers this node made ready join in file order (only those are sorted: a
+        # moving-average update can have a thousand control consumers).
+        now_ready = []
+        for consumer, edges in succ[name].items():
+            if consumer in needed:
+                pending[consumer] -= len(edges)
+                if pending[consumer] == 0:
+                    now_ready.append(consumer)
+        now_ready.sort(key=order_index.get)
+        ready.extend(now_ready)
     return order
 
 
