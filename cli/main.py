@@ -464,6 +464,7 @@ def format_optimize(facts: dict) -> str:
         ("wrote", f"{facts['output']} ({facts['format']}) in {facts['seconds']:.1f} s"),
         ("mode", f"{facts['mode']}: {facts['pipeline'] or '(no passes)'}"),
         ("modelled peak", f"{format_bytes(before)} -> {format_bytes(after)}{ratio}"),
+        *_as_run_row(facts["peak_bytes_as_run"]),
         ("nodes", f"{facts['nodes_before']} -> {facts['nodes_after']} "
                   f"(+{facts['nodes_added']})"),
     ]
@@ -503,6 +504,14 @@ def format_optimize(facts: dict) -> str:
     if facts["note"]:
         rows.append(("note", facts["note"]))
     return "\n".join(f"{key:<15} {value}" for key, value in rows)
+
+
+def _as_run_row(peaks: dict) -> list[tuple[str, str]]:
+    """The peaks of the step after Grappler, when it could process both graphs."""
+    if not peaks["before"] or peaks["after"] is None:
+        return []
+    return [("as run", f"{format_bytes(peaks['before'])} -> {format_bytes(peaks['after'])} "
+                       f"({peaks['after'] / peaks['before']:.2f}x, after Grappler)")]
 
 
 def format_summary(facts: dict) -> str:

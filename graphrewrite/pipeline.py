@@ -51,6 +51,7 @@ class OptimizeResult:
     peak_after: int
     seconds: float
     results: dict[str, PassResult] = field(default_factory=dict)  # pass -> what it did
+    run_peaks: tuple = (None, None)  # (before, after) as TensorFlow runs them, after Grappler
 
     def of(self, kind: type[PassResult]):
         """The result of the pass that returns `kind` (its runs combined), else an empty one."""
@@ -205,6 +206,7 @@ def optimize(model: Model, mode: str, input_shapes: dict | None = None,
     graph = model.graph.copy()
     found = analysis_mod.analyse(model, graph, input_shapes, backward_scope, fetches)
     peak_before = found.memory.peak()
+    original = found
     results: dict[str, PassResult] = {}
     for index, (name, pass_opts) in enumerate(steps):
         if getattr(pass_opts, "budget", None):
@@ -225,5 +227,12 @@ def optimize(model: Model, mode: str, input_shapes: dict | None = None,
             graph = result.graph
             found = analysis_mod.analyse(model, graph, input_shapes, backward_scope,
                                          found.fetches, shapes=result.shapes)
+    run_peaks = tuple(_run_peak(model, g, a, input_shapes)
+                      for g, a in ((model.graph, original), (graph, found)))
     return OptimizeResult(graph, mode, text, len(model.graph), len(graph), peak_before,
-                          found.memory.peak(), time.perf_counter() - start, results)
+                          found.memory.peak(), time.perf_counter() - start, results, run_peaks)
+
+
+def _run_peak(model: Model, graph: Graph, found, input_shapes) -> int | None:
+    report = analysis_mod.as_run(model, graph, found, input_shapes)
+    return None if report is None else report.peak()

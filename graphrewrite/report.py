@@ -23,6 +23,7 @@ def optimize_report(source, output, fmt, result: OptimizeResult) -> dict:
         "nodes_after": result.nodes_after,
         "nodes_added": result.nodes_after - result.nodes_before,
         "peak_bytes": {"before": result.peak_before, "after": result.peak_after},
+        "peak_bytes_as_run": dict(zip(("before", "after"), result.run_peaks)),
         "checkpoints": recompute.checkpoints,
         "recomputed": recompute.recomputed,
         "recomputed_ahead": recompute.recomputed_ahead,

@@ -23,6 +23,7 @@ BATCH, FEATURES, CLASSES = 32, 8, 4
 def keras_step(tmp_path_factory):
     """A Keras Dense+BatchNormalization+Dropout step with Adam: the GraphDef exported with and
     without shapes, and how many variables the step captures (TensorFlow's own count)."""
+    tf.keras.backend.clear_session()  # Keras names layers by a process-wide count
     tf.random.set_seed(1)  # seeds the dropout op, so two sessions draw the same masks
     model = tf.keras.Sequential([
         tf.keras.Input(shape=(FEATURES,)),
