@@ -9,6 +9,7 @@ commands that need them, so `--help` and `--version` are quick.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -203,6 +204,9 @@ def optimize(model_path, output, in_place, mode, checkpoints, swap_tensors, swap
                             swap_options={"form": swap_form, "bandwidth": bandwidth,
                                           "tensors": swap_tensors})
     model = io.load(model_path, tag=tag)
+    # TensorFlow's objects live as long as the process; the rewrite allocates and drops many
+    # small ones, and every automatic collection would walk TensorFlow's heap again.
+    gc.freeze()
     result = pipeline.optimize(model, mode, input_shapes=input_shapes,
                                backward_scope=backward_scope, fetches=outputs, composed=text)
     for name in explain:
