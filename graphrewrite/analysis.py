@@ -80,11 +80,36 @@ def analyse(model: Model, graph: Graph | None = None, input_shapes: dict | None 
     if blind:
         log.warning("%d captured variables have no recorded value shape and count 0 bytes "
                     "(e.g. %s); %s", len(blind), blind[0], bind.EXPORT_HINT)
-    if report.unknown:
+    by_data = _sized_by_data(graph, report.unknown)
+    if by_data:
+        log.info("%d tensors have a size only the data decides (e.g. %s) and count 0 bytes",
+                 len(by_data), by_data[0])
+    unknown = [r for r in report.unknown if r not in by_data]
+    if unknown:
         log.warning("%d tensors have an unknown size and count 0 bytes (e.g. %s); fix input "
-                    "dimensions with --input-shape", len(report.unknown),
-                    ", ".join(str(r) for r in report.unknown[:3]))
+                    "dimensions with --input-shape", len(unknown),
+                    ", ".join(str(r) for r in unknown[:3]))
     return Analysis(fetch_nodes, shapes, split, report, total)
+
+
+# Ops whose output size depends on the values they read, not on shapes (an embedding's sparse
+# gradient: the ids it saw, once each); no --input-shape can fix those.
+SIZED_BY_DATA = frozenset({"Unique", "UniqueV2", "UniqueWithCounts", "Where", "ListDiff",
+                           "SetDiff1D", "NonMaxSuppressionV3", "NonMaxSuppressionV4",
+                           "NonMaxSuppressionV5", "SparseFillEmptyRows", "DynamicPartition"})
+
+
+def _sized_by_data(graph: Graph, unknown: list) -> list:
+    """The unknown-size tensors produced by a SIZED_BY_DATA op or computed from one."""
+    names = {r.node for r in unknown}
+    found = {n for n in names if graph.op(n) in SIZED_BY_DATA}
+    grown = True
+    while grown:
+        more = {n for n in names - found
+                if any(r.node in found for r in graph.data_inputs(n))}
+        grown = bool(more)
+        found |= more
+    return [r for r in unknown if r.node in found]
 
 
 def as_run(model: Model, graph: Graph, found: Analysis,

@@ -56,3 +56,26 @@ def test_recorded_output_shapes_fill_gaps():
     for size in (32, 8):
         attr.dim.add(size=size)
     assert shapes.infer(graph)[TensorRef("r")].shape == (32, 8)
+
+
+def test_sizes_only_the_data_decides_are_not_blamed_on_the_inputs(tmp_path, caplog):
+    """`Unique`'s output length depends on the ids' values: no --input-shape can fix it, so the
+    warning that suggests one is kept for sizes the shapes could give."""
+    import logging
+
+    from graphrewrite import analysis, io
+
+    def ids_and_their_sum():
+        ids = tf.compat.v1.placeholder(tf.int32, [64], name="ids")
+        values = tf.compat.v1.placeholder(tf.float32, [64, 8], name="values")
+        unique, index = tf.unique(ids)
+        tf.math.unsorted_segment_sum(values, index, tf.size(unique), name="summed")
+
+    path = tmp_path / "unique.pb"
+    path.write_bytes(build(ids_and_their_sum).to_graph_def().SerializeToString())
+    with caplog.at_level(logging.INFO, logger="graphrewrite"):
+        found = analysis.analyse(io.load(path))
+    assert found.memory.unknown
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("only the data decides" in m for m in messages)
+    assert not any("--input-shape" in m for m in messages)
