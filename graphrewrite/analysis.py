@@ -51,8 +51,7 @@ def default_fetches(model: Model, graph: Graph | None = None,
     in_loop = split_mod.loop_frame_nodes(graph)
     found = [n for n in sinks(graph) if n not in in_loop]
     returned = [n for n in found if graph.op(n) == "Identity" and graph.control_inputs(n)]
-    if returned and any(graph.op(n) == "Placeholder" and parameters.is_variable(graph, n)
-                        for n in graph.nodes()):
+    if returned and bind.resource_placeholders(graph):
         # A TF2 step: it returns these, and they wait on its updates; the other sinks are
         # values the function computed and dropped (TensorFlow prunes them).
         return returned

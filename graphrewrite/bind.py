@@ -20,16 +20,14 @@ import zlib
 from dataclasses import dataclass
 
 import numpy as np
-from tensorflow.core.framework import types_pb2
 
-from . import ops
+from . import dtypes, ops
 from .errors import GraphRewriteError
 from .graph import Graph
 from .tensor_ref import TensorRef
 
 log = logging.getLogger(__name__)
 
-RESOURCE = types_pb2.DT_RESOURCE
 PLACEHOLDERS = ("Placeholder", "PlaceholderV2")
 # Ops that pass a handle through unchanged: the readers behind them read the same variable.
 HANDLE_FORWARDERS = frozenset({"Identity", "IdentityN"})
@@ -50,10 +48,14 @@ class ValueSpec:
     shape: tuple
 
 
+def is_resource_placeholder(node) -> bool:
+    """A NodeDef that is a placeholder of dtype resource: a TF2 step's captured variable."""
+    return node.op in PLACEHOLDERS and node.attr["dtype"].type == dtypes.RESOURCE
+
+
 def resource_placeholders(graph: Graph) -> list[str]:
     """Names of the graph's placeholders of dtype resource, sorted."""
-    return sorted(n for n in graph.nodes() if graph.op(n) in PLACEHOLDERS
-                  and graph.node_def(n).attr["dtype"].type == RESOURCE)
+    return sorted(n for n in graph.nodes() if is_resource_placeholder(graph.node_def(n)))
 
 
 def value_spec(graph: Graph, shapes, name: str) -> ValueSpec:
@@ -154,8 +156,7 @@ class Bound:
 
 def resource_placeholder_names(graph_def) -> set[str]:
     """`resource_placeholders` on a GraphDef message, without building a Graph."""
-    return {n.name for n in graph_def.node
-            if n.op in PLACEHOLDERS and n.attr["dtype"].type == RESOURCE}
+    return {n.name for n in graph_def.node if is_resource_placeholder(n)}
 
 
 def bind(graph_def, values: dict[str, np.ndarray]) -> Bound:

@@ -257,18 +257,18 @@ def _output_buffer(op: str, ref: TensorRef, inputs: list[TensorRef],
         source = _alias_source(op, ref, inputs)
         return buffer_of.get(source) if source is not None else None
     index = FORWARDED_INPUT.get(op, {}).get(ref.port)
-    if index is not None and index < len(inputs):
-        buffer = buffer_of[inputs[index]]
-        dies_here = buffer.uses_left - inputs.count(inputs[index]) <= 0
-        if dies_here and not buffer.pinned and buffer.size == shapes.nbytes(ref):
-            return buffer
     if op in FORWARDING_OPS and ref.port == 0:
-        size = shapes.nbytes(ref)
-        for source in inputs:
-            buffer = buffer_of[source]
-            dies_here = buffer.uses_left - inputs.count(source) <= 0
-            if dies_here and not buffer.pinned and buffer.size == size and size:
-                return buffer
+        sources = inputs
+    elif index is not None and index < len(inputs):
+        sources = [inputs[index]]
+    else:
+        return None
+    size = shapes.nbytes(ref)
+    for source in sources:
+        buffer = buffer_of[source]
+        dies_here = buffer.uses_left - inputs.count(source) <= 0
+        if dies_here and not buffer.pinned and buffer.size == size and size:
+            return buffer
     return None
 
 

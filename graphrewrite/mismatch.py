@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import logging
 
-import numpy as np
-
 from . import measure
 
 log = logging.getLogger(__name__)
@@ -63,30 +61,17 @@ def grappler_off_config():
     return config
 
 
-def diagnose(original, rewritten, feeds: dict, fetches: list[str], isolated: bool = True) -> str:
+def diagnose(original, rewritten, feeds: dict, fetches: list[str], agree,
+             isolated: bool = True) -> str:
     """The cause of a mismatch (see the module docstring), or "" when none was found.
-    `original` and `rewritten` are runnable messages (`Model.runnable()`)."""
+    `original` and `rewritten` are runnable messages (`Model.runnable()`); `agree(first,
+    second)` says whether two step measurements are bitwise equal (verify's comparison)."""
     run = measure.run_step_isolated if isolated else measure.run_step
     for cause, config in ((ARITHMETIC_CAUSE, arithmetic_off_config()),
                           (GRAPPLER_CAUSE, grappler_off_config())):
         first = run(original, feeds, fetches, 0, config)
         second = run(rewritten, feeds, fetches, 0, config)
-        if bitwise_equal(first, second):
+        if agree(first, second):
             log.warning("verify: the outputs differ only through %s", cause)
             return cause
     return ""
-
-
-def bitwise_equal(first: measure.StepMeasurement, second: measure.StepMeasurement) -> bool:
-    """Every output of every compared step, and every variable after them, bitwise equal."""
-    if len(first.step_outputs) != len(second.step_outputs) or (
-            set(first.variables) != set(second.variables)):
-        return False
-    pairs = [(a.get(name), b.get(name)) for a, b in zip(first.step_outputs, second.step_outputs)
-             for name in set(a) | set(b)]
-    pairs += [(first.variables[name], second.variables[name]) for name in first.variables]
-    return all(a is not None and b is not None and _same(a, b) for a, b in pairs)
-
-
-def _same(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()

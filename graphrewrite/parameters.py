@@ -28,9 +28,7 @@ READ_OPS = frozenset({"ReadVariableOp", "VariableShape"})
 def is_variable(graph: Graph, name: str) -> bool:
     """A TF1 or resource variable, or a TF2 function's captured-variable placeholder."""
     node = graph.node_def(name)
-    if node.op in VARIABLE_OPS:
-        return True
-    return node.op in bind.PLACEHOLDERS and node.attr["dtype"].type == dtypes.RESOURCE
+    return node.op in VARIABLE_OPS or bind.is_resource_placeholder(node)
 
 
 def variables(graph: Graph) -> list[str]:
@@ -77,6 +75,5 @@ def value_info(graph: Graph, shapes: Shapes, name: str) -> TensorInfo | None:
 
 def unknown_variables(graph: Graph, shapes: Shapes) -> list[str]:
     """Captured-variable placeholders whose value shape nothing in the graph gives."""
-    return [n for n in variables(graph) if graph.op(n) in bind.PLACEHOLDERS
-            and value_info(graph, shapes, n) is None]
+    return [n for n in bind.resource_placeholders(graph) if value_info(graph, shapes, n) is None]
 

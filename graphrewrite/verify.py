@@ -111,16 +111,23 @@ def verify(original: Model, rewritten: Model, fetches: list[str] | None = None,
         first.step_seconds, second.step_seconds = measure.time_interleaved(
             [(original.runnable(), None), (rewritten.runnable(), None)], inputs, fetches, runs,
             isolated)
-    comparisons = [_compare(name, a[name], b[name], rtol, atol, step)
-                   for step, (a, b) in enumerate(zip(first.step_outputs, second.step_outputs), 1)
-                   for name in a]
-    comparisons += _compare_variables(first.variables, second.variables, rtol, atol)
+    comparisons = compare(first, second, rtol, atol)
     match = all(c.equal for c in comparisons)
     # A bitwise mismatch is run again under other Grappler settings, to name its cause.
     cause = "" if match or rtol or atol else mismatch.diagnose(
-        original.runnable(), rewritten.runnable(), inputs, fetches, isolated)
+        original.runnable(), rewritten.runnable(), inputs, fetches,
+        lambda a, b: all(c.equal for c in compare(a, b, 0.0, 0.0)), isolated)
     return VerifyResult(match, comparisons, first, second, fetches, len(first.step_outputs),
                         cause)
+
+
+def compare(first: measure.StepMeasurement, second: measure.StepMeasurement, rtol: float,
+            atol: float) -> list[Comparison]:
+    """Every output of every compared step, then every variable after them."""
+    comparisons = [_compare(name, a[name], b[name], rtol, atol, step)
+                   for step, (a, b) in enumerate(zip(first.step_outputs, second.step_outputs), 1)
+                   for name in a]
+    return comparisons + _compare_variables(first.variables, second.variables, rtol, atol)
 
 
 def _compare_variables(first: dict, second: dict, rtol: float, atol: float) -> list[Comparison]:
