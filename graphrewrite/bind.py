@@ -159,6 +159,18 @@ def resource_placeholder_names(graph_def) -> set[str]:
     return {n.name for n in graph_def.node if is_resource_placeholder(n)}
 
 
+def fed_copy(bound: Bound, value: np.ndarray, name: str):
+    """A tensor holding `value`, fed through a new placeholder (added to `bound.init_feeds`) and
+    copied by TensorFlow. A fed array lends its own memory to the tensor, outside TensorFlow's
+    allocator; a variable assigned from it would keep that buffer, and its bytes would be missing
+    from every measured peak (a whole model's weights and optimizer slots)."""
+    import tensorflow as tf
+
+    initial = tf.compat.v1.placeholder(tf.dtypes.as_dtype(value.dtype), value.shape, name=name)
+    bound.init_feeds[initial] = value
+    return tf.raw_ops.DeepCopy(x=initial, name=name + "_copy")
+
+
 def bind(graph_def, values: dict[str, np.ndarray]) -> Bound:
     """Make one variable per `values` entry in the current default tf.Graph, before `graph_def`
     is imported into it; their names stay clear of the graph's own."""
@@ -173,11 +185,10 @@ def bind(graph_def, values: dict[str, np.ndarray]) -> Bound:
     with tf.name_scope(scope + "/"):
         for i, (name, value) in enumerate(sorted(values.items())):
             dtype = tf.dtypes.as_dtype(value.dtype)
-            initial = tf.compat.v1.placeholder(dtype, value.shape, name=f"initial_{i}")
             handle = tf.raw_ops.VarHandleOp(dtype=dtype, shape=value.shape,
                                             shared_name=f"{scope}/var_{i}", name=f"var_{i}")
+            initial = fed_copy(bound, value, f"initial_{i}")
             bound.init_ops.append(tf.raw_ops.AssignVariableOp(resource=handle, value=initial))
-            bound.init_feeds[initial] = value
             bound.reads[name] = tf.raw_ops.ReadVariableOp(resource=handle, dtype=dtype)
             bound.input_map[f"{name}:0"] = handle
     log.info("bound %d captured variables", len(values))

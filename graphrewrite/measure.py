@@ -12,8 +12,9 @@ What the peak includes: everything the session holds at the step's high point th
 hold before it existed: the step's transient tensors, the feeds, constants, and every variable
 (a MetaGraphDef's weights, optimizer slots and batch-norm statistics, created by its initialisers;
 the fresh variables bound to a TF2 step's resource placeholders, see `bind.py`). Both kinds of
-variable are made after the base is read, so they count alike, once (a bound variable is assigned
-from a fed value, which is freed after the assignment). Not included: what importing the graph
+variable are made after the base is read, so they count alike, once: each is assigned a copy of
+its fed initial value made by the allocator (`bind.fed_copy`; TensorFlow borrows an aligned fed
+array's own memory, which the allocator never sees). Not included: what importing the graph
 allocated (shape inference evaluates small constants).
 
 Training steps change state: outputs are kept for the first STEPS_COMPARED steps (the warm-up and
@@ -193,10 +194,8 @@ def _assigned_from_initial_values(graph, variables):
     bound = bind.Bound({}, [], {}, {v.op.name: v.read_value() for v in variables})
     with tf.name_scope(bind.BIND_SCOPE + "_initial/"):
         for i, (variable, value) in enumerate(zip(variables, values)):
-            initial = tf.compat.v1.placeholder(variable.dtype.base_dtype, value.shape,
-                                               name=f"initial_{i}")
+            initial = bind.fed_copy(bound, value, f"initial_{i}")
             bound.init_ops.append(tf.compat.v1.assign(variable, initial))
-            bound.init_feeds[initial] = value
     return bound
 
 

@@ -207,3 +207,28 @@ def test_tf1_adam_metagraph_compares_every_variable_after_two_steps(tf1_adam, tm
     assert "variable:dense/kernel" in mismatched and "variable:out/bias/Adam" in mismatched
     assert "variable:bn/moving_mean" in mismatched  # the second step's batch saw new weights
     assert "variable:global_step" not in mismatched and "variable:beta1_power" not in mismatched
+
+
+
+def test_bound_variable_holds_its_bytes_in_the_allocator():
+    """TensorFlow borrows the memory of a fed array that is 64-byte aligned instead of copying
+    it: a variable assigned straight from the feed would hold NumPy's buffer, and its bytes
+    would be missing from every measured peak. The bound variable holds a copy."""
+    from tensorflow.core.framework import graph_pb2
+
+    from graphrewrite import measure
+
+    raw = np.empty(4 * 2**20 + 64, np.uint8)
+    offset = (-raw.ctypes.data) % 64
+    value = raw[offset:offset + 4 * 2**20].view(np.float32)
+    value[:] = 1.0
+    graph = tf.Graph()
+    with graph.as_default():
+        bound = bind.bind(graph_pb2.GraphDef(), {"w": value})
+    before = measure._allocator_in_use("/device:CPU:0")
+    with tf.compat.v1.Session(graph=graph) as session:
+        session.run(bound.init_ops, bound.init_feeds)
+        held = measure._allocator_in_use("/device:CPU:0") - before
+        assert session.run(bound.reads["w"]).tobytes() == value.tobytes()
+    assert value.nbytes <= held < value.nbytes + 2**20
+
