@@ -539,7 +539,8 @@ def format_summary(facts: dict) -> str:
         rows += [
             ("peak memory", f"{format_bytes(facts['peak_bytes'])} (modelled "
                             f"{'after Grappler' if facts['modelled_as'] == 'run' else 'as written'}"
-                            f", {format_bytes(facts['peak_bytes_as_written'])} as written; persistent "
+                            f", {format_bytes(facts['peak_bytes_as_written'])} as written; "
+                            f"{format_bytes(facts['live_peak_bytes'])} of live tensors; persistent "
                             f"{format_bytes(facts['persistent_bytes'])}, peak at "
                             f"{facts['peak_node']})"),
             ("host peak", format_bytes(facts["host_peak_bytes"])

@@ -19,7 +19,14 @@ Each output tensor gets a buffer when its node runs and loses it after its last 
 A node's inputs and outputs are live together while it runs; the peak is taken at that moment.
 Nodes pinned to `/device:CPU:0` are host memory when the compute device is something else (see
 `cpu_is_host`).
-Kernel workspaces (convolution scratch space) are not modelled.
+On the CPU, a kernel's scratch (`scratch.py`: the convolution gradients' column buffers) is
+held while it runs: the allocator's peak counts it, the liveness peak does not (it is the same
+whatever is recomputed, and a GPU's cuDNN workspace, not modelled, differs).
+
+Two peaks come out: the liveness peak (the bytes of the live tensors, what the planner
+minimises) and the allocator's (`allocated_peak`): the same allocations and frees replayed for
+two steps through a model of TensorFlow's BFC allocator (`bfc.py`), whose `bytes_in_use` counts
+rounded, sometimes oversized chunks. The second is what TensorFlow measures.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-from . import parameters
+from . import bfc, parameters, scratch
 from .graph import Graph
 from .shapes import Shapes, TensorInfo
 from .split import reachable
@@ -65,6 +72,9 @@ FEED_OPS = frozenset({"Placeholder", "PlaceholderV2"})
 ACCELERATOR_MARKERS = ("GPU", "TPU", "gpu", "tpu", "XLA_")
 HOST_OUTPUT_OPS = frozenset({"_CopyFromGpuToHost"})
 HOST_BANDWIDTH = 16e9  # bytes/s each way between host and device (Grappler's PCIe assumption)
+# What a buffer lives for: the whole session (constants, variables), one step (feeds, made
+# before it starts), or part of a step.
+STATE, FEED, STEP = "state", "feed", "step"
 
 
 @dataclass(eq=False)
@@ -78,6 +88,7 @@ class Buffer:
     end: int | None = None      # step after which it was freed (None: live to the end)
     uses_left: int = 0
     pinned: bool = False        # persistent, fed or fetched: never freed during the step
+    lifetime: str = STEP
 
 
 @dataclass
@@ -93,9 +104,53 @@ class MemoryReport:
     buffer_of: dict[TensorRef, Buffer]              # tensor -> the buffer holding it
     transfer_bytes: int                             # copied between host and device per step
     unknown: list[TensorRef] = field(default_factory=list)
+    accelerator: bool = False  # the device is a GPU-like one (its allocator has one region)
+    scratch: dict[int, int] = field(default_factory=dict)  # step -> CPU kernel scratch bytes
+    _allocated: dict = field(default_factory=dict, repr=False)
 
     def peak(self, place: str = DEVICE) -> int:
+        """The liveness peak: the most bytes of live tensors at once."""
         return self.peak_bytes.get(place, 0)
+
+    def allocated_peak(self, place: str = DEVICE) -> int:
+        """The BFC allocator's `bytes_in_use` peak in the second of two steps (the first one
+        grows its regions), as TensorFlow reports it."""
+        if place not in self._allocated:
+            growth = place == HOST or not self.accelerator
+            self._allocated[place] = replay([b for b in self.buffers if b.place == place],
+                                            bfc.Allocator(growth),
+                                            self.scratch if place == DEVICE else {})
+        return self._allocated[place]
+
+
+def replay(buffers: list[Buffer], allocator: bfc.Allocator, scratch: dict[int, int],
+           steps: int = 2) -> int:
+    """Allocate and free `buffers` (in the order `simulate` made them) through `allocator`:
+    the state once, then `steps` steps, each with its feeds first and every output it still
+    holds (fetched) freed at its end; a step's kernel scratch comes after its outputs and goes
+    before its inputs. The peak of the last step."""
+    for buffer in buffers:
+        if buffer.lifetime == STATE:
+            allocator.allocate(buffer.size)
+    feeds = [b for b in buffers if b.lifetime == FEED]
+    events = sorted([(b.start, 0, i) for i, b in enumerate(buffers) if b.lifetime == STEP]
+                    + [(step, 1, size) for step, size in scratch.items()]
+                    + [(b.end, 2, i) for i, b in enumerate(buffers)
+                       if b.lifetime == STEP and b.end is not None])
+    for _ in range(steps):
+        allocator.peak = allocator.in_use
+        fed = [allocator.allocate(b.size) for b in feeds]
+        chunks = {}
+        for _, kind, index in events:
+            if kind == 0:
+                chunks[index] = allocator.allocate(buffers[index].size)
+            elif kind == 1:
+                allocator.free(allocator.allocate(index))  # index: the scratch's bytes
+            else:
+                allocator.free(chunks.pop(index))
+        for chunk in list(chunks.values()) + fed:
+            allocator.free(chunk)
+    return allocator.peak
 
 
 def placement(graph: Graph, name: str, cpu_is_host: bool) -> str:
@@ -172,6 +227,7 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None) -> 
                       for n in order if parameters.is_variable(graph, n)}
 
     transfers: set[tuple[TensorRef, str]] = set()  # (tensor, place it was copied to)
+    scratch_at: dict[int, int] = {}
     reads = {name: graph.data_inputs(name) for name in order}
     outputs = {name: shapes.outputs(name) for name in order}
     uses = Counter(ref for name in order for ref in reads[name])
@@ -180,14 +236,15 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None) -> 
         buffer.uses_left += uses[ref]
         buffer_of[ref] = buffer
 
-    def allocate(ref: TensorRef, place: str, step: int, pinned: bool) -> Buffer:
+    def allocate(ref: TensorRef, place: str, step: int, pinned: bool,
+                 lifetime: str = STEP) -> Buffer:
         size = shapes.nbytes(ref)
         if ref.node in variable_sizes:  # its value, not its handle
             size = variable_sizes[ref.node]
         if size is None:
             unknown.append(ref)
             size = 0
-        buffer = Buffer(size, place, ref, start=step, pinned=pinned)
+        buffer = Buffer(size, place, ref, start=step, pinned=pinned, lifetime=lifetime)
         buffers.append(buffer)
         in_use[place] = in_use.get(place, 0) + size
         return buffer
@@ -202,8 +259,10 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None) -> 
     for name in order:
         if graph.op(name) in preexisting:
             place = placement(graph, name, host_split)
+            fed = graph.op(name) in FEED_OPS and name not in variable_sizes
             for ref in outputs[name]:
-                add_output(ref, allocate(ref, place, 0, pinned=True))
+                add_output(ref, allocate(ref, place, 0, pinned=True,
+                                         lifetime=FEED if fed else STATE))
     persistent = {}
     for buffer in buffers:
         if graph.op(buffer.owner.node) in PERSISTENT_OPS or buffer.owner.node in variable_sizes:
@@ -223,6 +282,9 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None) -> 
                     buffer = allocate(ref, place, step, pinned=False)
                 buffer.pinned |= name in fetched
                 add_output(ref, buffer)
+        extra = 0 if host_split else scratch.cpu_bytes(graph, shapes, name)
+        if extra:
+            scratch_at[step] = extra
         for where, value in in_use.items():
             if value > peak.get(where, (-1, 0))[0]:
                 peak[where] = (value, step)
@@ -243,7 +305,7 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None) -> 
     return MemoryReport(order, {w: v for w, (v, _) in peak.items()},
                         {w: order[at] for w, (_, at) in peak.items()}, live_at_peak, persistent,
                         buffers, buffer_of, sum(shapes.nbytes(r) or 0 for r, _ in transfers),
-                        sorted(set(unknown)))
+                        sorted(set(unknown)), host_split, scratch_at)
 
 
 def _nbytes(info: TensorInfo | None) -> int | None:

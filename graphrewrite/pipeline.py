@@ -51,7 +51,8 @@ class OptimizeResult:
     peak_after: int
     seconds: float
     results: dict[str, PassResult] = field(default_factory=dict)  # pass -> what it did
-    run_peaks: tuple = (None, None)  # (before, after) as TensorFlow runs them, after Grappler
+    run_peaks: tuple = (None, None)  # (before, after) as TensorFlow runs them: after Grappler,
+    # through its allocator
 
     def of(self, kind: type[PassResult]):
         """The result of the pass that returns `kind` (its runs combined), else an empty one."""
@@ -235,4 +236,4 @@ def optimize(model: Model, mode: str, input_shapes: dict | None = None,
 
 def _run_peak(model: Model, graph: Graph, found, input_shapes) -> int | None:
     report = analysis_mod.as_run(model, graph, found, input_shapes)
-    return None if report is None else report.peak()
+    return None if report is None else report.allocated_peak()

@@ -44,12 +44,14 @@ def summarize(model: Model) -> dict:
 
 def memory_facts(analysis: Analysis, top: int = 10, as_run=None) -> dict:
     """The memory-model keys of `inspect --json`: the step as TensorFlow runs it (`as_run`, the
-    graph after Grappler) when given, else as written; `peak_bytes_as_written` either way."""
+    graph after Grappler) when given, else as written; `peak_bytes_as_written` either way. Peaks
+    are the allocator's (`MemoryReport.allocated_peak`); `live_peak_bytes` is the tensors'."""
     report = as_run or analysis.memory
     unknown = analysis.memory.unknown
     return {
-        "peak_bytes": report.peak(DEVICE),
-        "peak_bytes_as_written": analysis.memory.peak(DEVICE),
+        "peak_bytes": report.allocated_peak(DEVICE),
+        "live_peak_bytes": report.peak(DEVICE),
+        "peak_bytes_as_written": analysis.memory.allocated_peak(DEVICE),
         "modelled_as": "run" if as_run else "written",
         "host_peak_bytes": report.peak(HOST),
         "bytes_moved": report.transfer_bytes,

@@ -100,7 +100,7 @@ def test_cli_swap_report(tmp_path):
     assert facts["transfer_seconds"] == pytest.approx(facts["bytes_moved"] / 16e9)
     inspected = json.loads(run_cli("inspect", "--json", out).stdout)
     assert inspected["host_peak_bytes"] > 0
-    assert inspected["peak_bytes"] <= 0.6 * facts["peak_bytes"]["before"]
+    assert inspected["live_peak_bytes"] <= 0.6 * facts["peak_bytes"]["before"]
 
 
 @pytest.mark.tf
