@@ -7,7 +7,11 @@ forward pass (shape computations), keep the originals, which are then freed earl
 reads only tiny side outputs of (a batch norm's batch statistics) is not copied: those are read
 from the original. Copies are grouped into connected segments; each segment's root copies wait on a
 trigger NoOp whose control inputs are the gradient-flow nodes feeding the segment's consumers, so
-the recomputation runs when back-propagation reaches the segment. A trigger input is only taken if
+the recomputation runs when back-propagation reaches the segment. A backward shape reader
+(`ShapeN` of a convolution's input) reads the copy too: it needs no value, but it holds the
+original's buffer until it runs, and a TF1 optimizer's `minimize` under
+`control_dependencies(model.updates)` makes it wait for every batch-norm update, the end of the
+forward pass. A trigger input is only taken if
 it does not itself depend on the segment's copies (checked on the graph as it grows), so no cycle
 can form.
 
@@ -276,9 +280,11 @@ def apply(ctx: Context, checkpoints: set[str], ahead: frozenset = frozenset()) -
     worth = _worth_nodes(ctx, reads)
     boundary = [n for n in reads if n in worth and recomputable(n)]
     copies = _copy(graph, _with_ancestors(ctx.graph, boundary, recomputable), order, COPY_SUFFIX)
+    backward = split.backward
     for name, copy in copies.items():
         for ref in reads[name]:
-            readers = [v for v, _ in graph.consumers(ref) if v in flow]
+            readers = [v for v, _ in graph.consumers(ref)
+                       if v in flow or (v in backward and graph.op(v) in SHAPE_READERS)]
             graph.replace_uses(ref, TensorRef(copy, ref.port), readers)
     triggers, gate_of, ungated = _add_triggers(graph, ctx, copies, flow, order)
     early = _recompute_ahead(graph, ctx, ahead, copies, gate_of, recomputable, order)
@@ -289,6 +295,9 @@ def apply(ctx: Context, checkpoints: set[str], ahead: frozenset = frozenset()) -
     return Rewrite(graph, set(checkpoints), copies, triggers, ungated, blocked, shapes,
                    ahead=early)
 
+
+# Ops that read only their input's shape.
+SHAPE_READERS = frozenset({"Shape", "ShapeN", "Size", "Rank"})
 
 # The last Context `_worth_nodes` answered for (weakly held) and its answer.
 _worth_memo: list = [None, frozenset()]
