@@ -223,8 +223,10 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None) -> 
     in_use: dict[str, int] = {}
     peak: dict[str, tuple[int, int]] = {}  # place -> (bytes, step)
     unknown: list[TensorRef] = []
-    variable_sizes = {n: _nbytes(parameters.value_info(graph, shapes, n))
-                      for n in order if parameters.is_variable(graph, n)}
+    op_of = {name: graph.op(name) for name in order}
+    maybe_variable = parameters.VARIABLE_OPS | FEED_OPS
+    variable_sizes = {n: _nbytes(parameters.value_info(graph, shapes, n)) for n in order
+                      if op_of[n] in maybe_variable and parameters.is_variable(graph, n)}
 
     transfers: set[tuple[TensorRef, str]] = set()  # (tensor, place it was copied to)
     scratch_at: dict[int, int] = {}
@@ -257,19 +259,19 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None) -> 
     # Constants, variables and fed inputs exist before the step starts.
     preexisting = PERSISTENT_OPS | FEED_OPS
     for name in order:
-        if graph.op(name) in preexisting:
+        if op_of[name] in preexisting:
             place = placement(graph, name, host_split)
-            fed = graph.op(name) in FEED_OPS and name not in variable_sizes
+            fed = op_of[name] in FEED_OPS and name not in variable_sizes
             for ref in outputs[name]:
                 add_output(ref, allocate(ref, place, 0, pinned=True,
                                          lifetime=FEED if fed else STATE))
     persistent = {}
     for buffer in buffers:
-        if graph.op(buffer.owner.node) in PERSISTENT_OPS or buffer.owner.node in variable_sizes:
+        if op_of[buffer.owner.node] in PERSISTENT_OPS or buffer.owner.node in variable_sizes:
             persistent[buffer.place] = persistent.get(buffer.place, 0) + buffer.size
 
     for step, name in enumerate(order):
-        op = graph.op(name)
+        op = op_of[name]
         place = placement(graph, name, host_split)
         inputs = [r for r in reads[name] if r in buffer_of]
         transfers.update((r, place) for r in inputs if buffer_of[r].place != place)
@@ -282,7 +284,8 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None) -> 
                     buffer = allocate(ref, place, step, pinned=False)
                 buffer.pinned |= name in fetched
                 add_output(ref, buffer)
-        extra = 0 if host_split else scratch.cpu_bytes(graph, shapes, name)
+        extra = 0 if host_split or op not in scratch.CPU_CONV_GRADIENTS else \
+            scratch.cpu_bytes(graph, shapes, name)
         if extra:
             scratch_at[step] = extra
         for where, value in in_use.items():
@@ -300,7 +303,7 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None) -> 
     live_at_peak = {
         where: sorted(((b.owner, b.size) for b in buffers
                        if b.place == where and b.start <= at and (b.end is None or b.end >= at)),
-                      key=lambda item: (-item[1], str(item[0])))
+                      key=lambda item: (-item[1], item[0]))
         for where, (_, at) in peak.items()}
     return MemoryReport(order, {w: v for w, (v, _) in peak.items()},
                         {w: order[at] for w, (_, at) in peak.items()}, live_at_peak, persistent,
