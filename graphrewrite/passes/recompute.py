@@ -8,10 +8,11 @@ reads only tiny side outputs of (a batch norm's batch statistics) is not copied:
 from the original. Copies are grouped into connected segments; each segment's root copies wait on a
 trigger NoOp whose control inputs are the gradient-flow nodes feeding the segment's consumers, so
 the recomputation runs when back-propagation reaches the segment. A backward shape reader
-(`ShapeN` of a convolution's input) reads the copy too: it needs no value, but it holds the
-original's buffer until it runs, and a TF1 optimizer's `minimize` under
+(`ShapeN` of a convolution's input) with control inputs reads the copy too: it needs no value,
+but it holds the original's buffer until it runs, and a TF1 optimizer's `minimize` under
 `control_dependencies(model.updates)` makes it wait for every batch-norm update, the end of the
-forward pass. A trigger input is only taken if
+forward pass. Without control inputs it runs as soon as the original exists and keeps it: read
+from the copy, it would hold the input gradient back until the recomputation. A trigger input is only taken if
 it does not itself depend on the segment's copies (checked on the graph as it grows), so no cycle
 can form.
 
@@ -284,7 +285,7 @@ def apply(ctx: Context, checkpoints: set[str], ahead: frozenset = frozenset()) -
     for name, copy in copies.items():
         for ref in reads[name]:
             readers = [v for v, _ in graph.consumers(ref)
-                       if v in flow or (v in backward and graph.op(v) in SHAPE_READERS)]
+                       if v in flow or _gated_shape_reader(graph, v, backward)]
             graph.replace_uses(ref, TensorRef(copy, ref.port), readers)
     triggers, gate_of, ungated = _add_triggers(graph, ctx, copies, flow, order)
     early = _recompute_ahead(graph, ctx, ahead, copies, gate_of, recomputable, order)
@@ -298,6 +299,12 @@ def apply(ctx: Context, checkpoints: set[str], ahead: frozenset = frozenset()) -
 
 # Ops that read only their input's shape.
 SHAPE_READERS = frozenset({"Shape", "ShapeN", "Size", "Rank"})
+
+
+def _gated_shape_reader(graph: Graph, name: str, backward) -> bool:
+    """A backward node that reads only shapes and waits on control inputs (see the module's
+    docstring)."""
+    return name in backward and graph.op(name) in SHAPE_READERS and bool(graph.control_inputs(name))
 
 # The last Context `_worth_nodes` answered for (weakly held) and its answer.
 _worth_memo: list = [None, frozenset()]
