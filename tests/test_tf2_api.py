@@ -35,6 +35,7 @@ def _step(with_signature=True):
         return {"loss": loss}
 
     step = tf.function(train_step, input_signature=SPECS if with_signature else None)
+    step.keras_model = model
     return step, model.variables + optimizer.variables(), optimizer
 
 
@@ -101,3 +102,26 @@ def test_unknown_batch_size_is_refused():
 def test_not_a_function_is_refused():
     with pytest.raises(tf2.StepError, match="tf.function"):
         tf2.rewrite(lambda x: x)
+
+
+def test_keras_fit_trains_with_the_rewritten_step_as_with_the_original():
+    """`model.fit` calls `model.train_step` inside its own tf.function: set it to the rewritten
+    step (the batches must have the traced shape: drop_remainder=True)."""
+    step, state, optimizer = _step()
+    rewritten = tf2.rewrite(step)
+    model = step.keras_model
+    model.compile(optimizer=optimizer)
+    x, y = _batch()
+    data = tf.data.Dataset.from_tensor_slices((x, y)).repeat(3).batch(BATCH, drop_remainder=True)
+    start = [v.numpy() for v in state]
+    trained = {}
+    for name, train in (("original", step), ("rewritten", rewritten)):
+        for variable, value in zip(state, start):
+            variable.assign(value)
+        tf.random.set_seed(7)
+        model.train_step = lambda batch, train=train: train(*batch)
+        model.make_train_function(force=True)
+        history = model.fit(data, epochs=1, verbose=0).history
+        trained[name] = (history["loss"], [v.numpy().tobytes() for v in state])
+    assert int(optimizer.iterations.numpy()) == 3
+    assert trained["original"] == trained["rewritten"]
