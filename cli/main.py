@@ -182,12 +182,14 @@ mode_option = click.option("--mode", default="memory", show_default=True, metava
               help="Also write the report as JSON to this file.")
 @click.option("--explain", metavar="NODE", multiple=True,
               help="Say why this node's output was kept, recomputed or swapped (repeatable).")
+@click.option("--plot", "plot_path", type=click.Path(), metavar="FILE",
+              help="Draw the original's and the rewritten step's modelled memory on one chart (.png, .svg or .pdf; needs pip install 'graphrewrite[plot]').")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @analysis_options
 @tag_option
 def optimize(model_path, output, in_place, mode, checkpoints, swap_tensors, swap_checkpoints,
-             swap_form, budget, bandwidth, passes, report_path, explain, as_json, input_shapes,
-             outputs, backward_scope, tag):
+             swap_form, budget, bandwidth, passes, report_path, explain, plot_path, as_json,
+             input_shapes, outputs, backward_scope, tag):
     """Rewrite model IN with MODE and write it to OUT in the same format.
 
     IN is a GraphDef (.pb, .pbtxt), a MetaGraphDef (.meta, .meta.txt) or a SavedModel directory;
@@ -223,6 +225,13 @@ def optimize(model_path, output, in_place, mode, checkpoints, swap_tensors, swap
         click.echo(format_optimize(facts))
     for name in explain:
         click.echo(report.explain(result, model.graph, name.split(":")[0]))
+    if plot_path:
+        from graphrewrite import plot, split
+
+        flow = plot.gradient_flow(model.graph, split.split(model.graph, backward_scope))
+        curves = [curve for label, found in zip(("original", "rewritten"), result.run_reports)
+                  if found is not None for curve in plot.modelled(found, label, flow)]
+        plot.draw(plot_path, curves, f"{model_path}: one step, modelled ({mode})")
 
 
 def _parse_feeds(ctx, param, values):
@@ -247,10 +256,12 @@ def _parse_feeds(ctx, param, values):
 @click.option("--int-high", default=10, show_default=True,
               help="Integer inputs are drawn from [0, INT_HIGH) (class ids, token ids).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object (keys in the README).")
+@click.option("--plot", "plot_path", type=click.Path(), metavar="FILE",
+              help="Draw both graphs' measured allocator bytes in use over a traced step (.png, .svg or .pdf; needs pip install 'graphrewrite[plot]').")
 @analysis_options
 @tag_option
 def verify(original_path, rewritten_path, rtol, atol, feeds, runs, seed, int_high, as_json,
-           input_shapes, outputs, backward_scope, tag):
+           plot_path, input_shapes, outputs, backward_scope, tag):
     """Run ORIGINAL and REWRITTEN on the same seeded inputs and compare every output.
 
     Each runs two steps: the outputs of both steps and every variable after them (weights,
@@ -272,6 +283,13 @@ def verify(original_path, rewritten_path, rtol, atol, feeds, runs, seed, int_hig
         click.echo(json.dumps(facts, indent=2))
     else:
         click.echo(format_verify(facts))
+    if plot_path:
+        from graphrewrite import plot
+
+        plot.draw(plot_path, [plot.measured(result.original.timeline, "original (measured)"),
+                              plot.measured(result.rewritten.timeline, "rewritten (measured)")],
+                  f"{original_path} vs {rewritten_path}: one traced step on "
+                  f"{result.original.device}")
     if not result.match:
         click.get_current_context().exit(EXIT_CHECK_FAILED)
 
@@ -426,9 +444,11 @@ def dump(model_path, tag):
 @click.option("--json", "as_json", is_flag=True, help="One JSON object (keys in the README).")
 @click.option("--top", default=10, show_default=True, help="How many tensors live at the peak "
                                                            "to list.")
+@click.option("--plot", "plot_path", type=click.Path(), metavar="FILE",
+              help="Draw the step's modelled memory over its schedule, the peak and its largest tensors labelled (.png, .svg or .pdf; needs pip install 'graphrewrite[plot]').")
 @analysis_options
 @tag_option
-def inspect(model_path, as_json, top, input_shapes, outputs, backward_scope, tag):
+def inspect(model_path, as_json, top, plot_path, input_shapes, outputs, backward_scope, tag):
     """Summarize model IN: nodes, ops, inputs, outputs, control flow, variables, and the modelled
     memory of one training step (peak, what is live at the peak), FLOPs, forward/backward split.
     """
@@ -438,8 +458,14 @@ def inspect(model_path, as_json, top, input_shapes, outputs, backward_scope, tag
     facts = summary.summarize(model)
     found = analysis.analyse(model, input_shapes=input_shapes, backward_scope=backward_scope,
                              fetches=outputs)
-    facts.update(summary.memory_facts(found, top, analysis.as_run(model, model.graph, found,
-                                                                    input_shapes)))
+    as_run = analysis.as_run(model, model.graph, found, input_shapes)
+    facts.update(summary.memory_facts(found, top, as_run))
+    if plot_path:
+        from graphrewrite import plot
+
+        plot.draw(plot_path, plot.modelled(as_run or found.memory, "modelled",
+                                           plot.gradient_flow(model.graph, found.split)),
+                  f"{model_path}: one step, modelled")
     if as_json:
         click.echo(json.dumps(facts, indent=2))
     else:

@@ -65,6 +65,8 @@ class StepMeasurement:
     device: str = ""
     step_outputs: list[dict[str, np.ndarray]] = field(default_factory=list)  # steps 1, 2
     variables: dict[str, np.ndarray] = field(default_factory=dict)  # after the compared steps
+    # The first traced step's allocator_bytes_in_use over time: (microseconds, bytes above base)
+    timeline: list[tuple[float, int]] = field(default_factory=list)
 
     @property
     def median_seconds(self) -> float:
@@ -251,7 +253,7 @@ def run_step(message, feeds: dict[str, np.ndarray], fetches: list[str],
     with session:
         keep(session.run(run_list, feed_dict))
         options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
-        peaks = []
+        peaks, timeline = [], []
         for _ in range(TRACED_STEPS):
             metadata = tf.compat.v1.RunMetadata()
             traced = session.run(run_list, feed_dict, options=options, run_metadata=metadata)
@@ -260,13 +262,14 @@ def run_step(message, feeds: dict[str, np.ndarray], fetches: list[str],
             del traced
             in_use, records = _peaks(metadata, device)
             peaks.append(records if in_use is None else in_use - (base or 0))
+            timeline = timeline or _in_use_over_time(metadata, device, base or 0)
         seconds = []
         for _ in range(runs):
             start = time.perf_counter()
             session.run(run_list, feed_dict)
             seconds.append(time.perf_counter() - start)
     return StepMeasurement(steps[-1], int(statistics.median(peaks)), seconds, device, steps,
-                           variables)
+                           variables, timeline)
 
 
 def random_feeds(graph, shapes, seed: int = 0, int_high: int = 10,
@@ -330,6 +333,16 @@ def _allocator_in_use(device: str) -> int | None:
         return tf.config.experimental.get_memory_info(device.replace("/device:", ""))["current"]
     except (ValueError, tf.errors.OpError):
         return None
+
+
+def _in_use_over_time(metadata, device: str, base: int) -> list[tuple[float, int]]:
+    """(start microseconds, allocator_bytes_in_use - base) of each traced node on `device`."""
+    wanted = device.replace("/device:", "").upper()
+    points = [(node.all_start_micros, memory.allocator_bytes_in_use - base)
+              for dev in metadata.step_stats.dev_stats if wanted in dev.device.upper()
+              for node in dev.node_stats for memory in node.memory
+              if memory.allocator_bytes_in_use and "host" not in memory.allocator_name]
+    return sorted(points)
 
 
 def _peaks(metadata, device: str) -> tuple[int | None, int]:

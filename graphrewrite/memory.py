@@ -106,6 +106,7 @@ class MemoryReport:
     unknown: list[TensorRef] = field(default_factory=list)
     accelerator: bool = False  # the device is a GPU-like one (its allocator has one region)
     scratch: dict[int, int] = field(default_factory=dict)  # step -> CPU kernel scratch bytes
+    timeline: list[int] = field(default_factory=list)  # device bytes of live tensors per step
     _allocated: dict = field(default_factory=dict, repr=False)
 
     def peak(self, place: str = DEVICE) -> int:
@@ -122,13 +123,27 @@ class MemoryReport:
                                             self.scratch if place == DEVICE else {})
         return self._allocated[place]
 
+    def allocated_timeline(self, place: str = DEVICE) -> list[int]:
+        """The allocator's `bytes_in_use` at each step of the schedule (its most during the
+        step), in the second of two steps, as `allocated_peak` replays it."""
+        per_step: dict[int, int] = {}
+        replay([b for b in self.buffers if b.place == place],
+               bfc.Allocator(place == HOST or not self.accelerator),
+               self.scratch if place == DEVICE else {}, timeline=per_step)
+        timeline, in_use = [], per_step.get(-1, 0)
+        for step in range(len(self.order)):
+            in_use = per_step.get(step, in_use)  # a step that allocates nothing holds as before
+            timeline.append(in_use)
+        return timeline
+
 
 def replay(buffers: list[Buffer], allocator: bfc.Allocator, scratch: dict[int, int],
-           steps: int = 2) -> int:
+           steps: int = 2, timeline: dict[int, int] | None = None) -> int:
     """Allocate and free `buffers` (in the order `simulate` made them) through `allocator`:
     the state once, then `steps` steps, each with its feeds first and every output it still
     holds (fetched) freed at its end; a step's kernel scratch comes after its outputs and goes
-    before its inputs. The peak of the last step."""
+    before its inputs. The peak of the last step; `timeline` (schedule step -> the most bytes
+    in use during it; -1: before the first) is filled in for the last step when given."""
     for buffer in buffers:
         if buffer.lifetime == STATE:
             allocator.allocate(buffer.size)
@@ -137,16 +152,23 @@ def replay(buffers: list[Buffer], allocator: bfc.Allocator, scratch: dict[int, i
                     + [(step, 1, size) for step, size in scratch.items()]
                     + [(b.end, 2, i) for i, b in enumerate(buffers)
                        if b.lifetime == STEP and b.end is not None])
-    for _ in range(steps):
+    for round_ in range(steps):
         allocator.peak = allocator.in_use
         fed = [allocator.allocate(b.size) for b in feeds]
         chunks = {}
-        for _, kind, index in events:
+        record = timeline if round_ == steps - 1 else None
+        if record is not None:
+            record[-1] = allocator.in_use  # state and feeds, before the first node runs
+        for step, kind, index in events:
             if kind == 0:
                 chunks[index] = allocator.allocate(buffers[index].size)
             elif kind == 1:
-                allocator.free(allocator.allocate(index))  # index: the scratch's bytes
-            else:
+                scratch_chunk = allocator.allocate(index)  # index: the scratch's bytes
+            if record is not None:
+                record[step] = max(record.get(step, 0), allocator.in_use)
+            if kind == 1:
+                allocator.free(scratch_chunk)
+            elif kind == 2:
                 allocator.free(chunks.pop(index))
         for chunk in list(chunks.values()) + fed:
             allocator.free(chunk)
@@ -230,6 +252,7 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None) -> 
 
     transfers: set[tuple[TensorRef, str]] = set()  # (tensor, place it was copied to)
     scratch_at: dict[int, int] = {}
+    timeline: list[int] = []
     reads = {name: graph.data_inputs(name) for name in order}
     outputs = {name: shapes.outputs(name) for name in order}
     uses = Counter(ref for name in order for ref in reads[name])
@@ -288,6 +311,7 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None) -> 
             scratch.cpu_bytes(graph, shapes, name)
         if extra:
             scratch_at[step] = extra
+        timeline.append(in_use.get(DEVICE, 0))
         for where, value in in_use.items():
             if value > peak.get(where, (-1, 0))[0]:
                 peak[where] = (value, step)
@@ -308,7 +332,7 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None) -> 
     return MemoryReport(order, {w: v for w, (v, _) in peak.items()},
                         {w: order[at] for w, (_, at) in peak.items()}, live_at_peak, persistent,
                         buffers, buffer_of, sum(shapes.nbytes(r) or 0 for r, _ in transfers),
-                        sorted(set(unknown)), host_split, scratch_at)
+                        sorted(set(unknown)), host_split, scratch_at, timeline)
 
 
 def _nbytes(info: TensorInfo | None) -> int | None:

@@ -51,8 +51,13 @@ class OptimizeResult:
     peak_after: int
     seconds: float
     results: dict[str, PassResult] = field(default_factory=dict)  # pass -> what it did
-    run_peaks: tuple = (None, None)  # (before, after) as TensorFlow runs them: after Grappler,
-    # through its allocator
+    run_reports: tuple = (None, None)  # (before, after) memory reports of the steps as
+    # TensorFlow runs them, after Grappler (None where Grappler failed)
+
+    @property
+    def run_peaks(self) -> tuple:
+        """(before, after) allocator peaks of `run_reports`."""
+        return tuple(None if r is None else r.allocated_peak() for r in self.run_reports)
 
     def of(self, kind: type[PassResult]):
         """The result of the pass that returns `kind` (its runs combined), else an empty one."""
@@ -228,12 +233,7 @@ def optimize(model: Model, mode: str, input_shapes: dict | None = None,
             graph = result.graph
             found = analysis_mod.analyse(model, graph, input_shapes, backward_scope,
                                          found.fetches, shapes=result.shapes)
-    run_peaks = tuple(_run_peak(model, g, a, input_shapes)
-                      for g, a in ((model.graph, original), (graph, found)))
+    run_reports = tuple(analysis_mod.as_run(model, g, a, input_shapes)
+                        for g, a in ((model.graph, original), (graph, found)))
     return OptimizeResult(graph, mode, text, len(model.graph), len(graph), peak_before,
-                          found.memory.peak(), time.perf_counter() - start, results, run_peaks)
-
-
-def _run_peak(model: Model, graph: Graph, found, input_shapes) -> int | None:
-    report = analysis_mod.as_run(model, graph, found, input_shapes)
-    return None if report is None else report.allocated_peak()
+                          found.memory.peak(), time.perf_counter() - start, results, run_reports)
