@@ -54,6 +54,7 @@ def rewrite(fn, *input_signature, mode: str = "memory", budget: str | None = Non
 
     concrete = _concrete(fn, input_signature)
     graph = concrete.graph
+    name = concrete.name.decode() if isinstance(concrete.name, bytes) else concrete.name
     captured = {id(t) for t in graph.internal_captures}
     inputs = [t for t in graph.inputs if id(t) not in captured]
     unknown = [t.name for t in inputs if not t.shape.is_fully_defined()]
@@ -62,10 +63,10 @@ def rewrite(fn, *input_signature, mode: str = "memory", budget: str | None = Non
                         "trace the step with fully defined tf.TensorSpec shapes (the memory "
                         "model needs every size)")
     graph_def = graph.as_graph_def(add_shapes=True)
-    model = io.Model(Path(f"<{concrete.name}>"), io.Format(io.GRAPHDEF), graph_def,
+    model = io.Model(Path(f"<{name}>"), io.Format(io.GRAPHDEF), graph_def,
                      Graph.from_graph_def(graph_def))
     if not split_mod.split(model.graph).seeds:
-        raise StepError(f"'{concrete.name}' computes no gradient: there is no training step to "
+        raise StepError(f"'{name}' computes no gradient: there is no training step to "
                         "rewrite (an inference function keeps no activations for a backward "
                         "pass)")
     text = pipeline.compose(mode, budget=budget, **options)
@@ -89,7 +90,7 @@ def rewrite(fn, *input_signature, mode: str = "memory", budget: str | None = Non
     # still orders one step's updates before the next step's reads.
     function = tf.function(imported, input_signature=specs, autograph=False)
     facts = report_mod.optimize_report(model.path, "<in memory>", model.format, result)
-    log.info("rewrote %s: %d -> %d nodes", concrete.name, result.nodes_before,
+    log.info("rewrote %s: %d -> %d nodes", name, result.nodes_before,
              result.nodes_after)
     return RewrittenStep(function, concrete.structured_outputs, rewritten, facts)
 

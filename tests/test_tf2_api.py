@@ -88,7 +88,7 @@ def test_inference_function_is_refused():
     model = tf.keras.Sequential([tf.keras.layers.Dense(4)])
     model.build((None, FEATURES))
     predict = tf.function(lambda x: model(x), input_signature=SPECS[:1])
-    with pytest.raises(tf2.StepError, match="computes no gradient"):
+    with pytest.raises(tf2.StepError, match=r"^'__inference_\S+' computes no gradient"):
         tf2.rewrite(predict)
 
 
