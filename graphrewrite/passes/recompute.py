@@ -406,9 +406,16 @@ def _add_triggers(graph: Graph, ctx, copies: dict[str, str], flow, order):
         members = {copies[n] for n in component}
         targets = {v for c in members for v in graph.successors(c) if v not in all_copies}
         downstream = reachable(graph.nx, members)
-        waits = sorted({_wait_of(graph, r.node, flow) for t in targets
-                        for r in graph.data_inputs(t)
-                        if r.node in flow and r.node not in downstream})
+        waits = {_wait_of(graph, r.node, flow) for t in targets
+                 for r in graph.data_inputs(t)
+                 if r.node in flow and r.node not in downstream}
+        # Also wait for the other readers of the gradients the waits read (a layer's weight
+        # gradient beside its input gradient): run beside them, the recomputation would
+        # overlap the large gradient they hold.
+        waits |= {v for w in waits for r in graph.data_inputs(w) if r.node in flow
+                  for v, _ in graph.consumers(r) if v in flow and v not in downstream
+                  and v not in all_copies}
+        waits = sorted(waits)
         if not waits:
             ungated += 1
             continue
