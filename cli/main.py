@@ -183,7 +183,8 @@ mode_option = click.option("--mode", default="memory", show_default=True, metava
 @click.option("--explain", metavar="NODE", multiple=True,
               help="Say why this node's output was kept, recomputed or swapped (repeatable).")
 @click.option("--plot", "plot_path", type=click.Path(), metavar="FILE",
-              help="Draw the original's and the rewritten step's modelled memory on one chart (.png, .svg or .pdf; needs pip install 'graphrewrite[plot]').")
+              help="Draw the original's and the rewritten step's modelled memory on one chart (.png, "
+                   ".svg or .pdf; needs pip install 'graphrewrite[plot]').")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @analysis_options
 @tag_option
@@ -257,11 +258,17 @@ def _parse_feeds(ctx, param, values):
               help="Integer inputs are drawn from [0, INT_HIGH) (class ids, token ids).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object (keys in the README).")
 @click.option("--plot", "plot_path", type=click.Path(), metavar="FILE",
-              help="Draw both graphs' measured allocator bytes in use over a traced step (.png, .svg or .pdf; needs pip install 'graphrewrite[plot]').")
+              help="Draw both graphs' measured allocator bytes in use over a traced step (.png, .svg "
+                   "or .pdf; needs pip install 'graphrewrite[plot]').")
+@click.option("--trace", "trace_dir", type=click.Path(file_okay=False), metavar="DIR",
+              help="Write each graph's traced step to DIR: original.trace.json and "
+                   "rewritten.trace.json (Chrome trace with memory counters: Perfetto, "
+                   "chrome://tracing) and the TensorBoard runs original/ and rewritten/ "
+                   "(tensorboard --logdir DIR: the graphs with per-node memory and time).")
 @analysis_options
 @tag_option
 def verify(original_path, rewritten_path, rtol, atol, feeds, runs, seed, int_high, as_json,
-           plot_path, input_shapes, outputs, backward_scope, tag):
+           plot_path, trace_dir, input_shapes, outputs, backward_scope, tag):
     """Run ORIGINAL and REWRITTEN on the same seeded inputs and compare every output.
 
     Each runs two steps: the outputs of both steps and every variable after them (weights,
@@ -290,6 +297,12 @@ def verify(original_path, rewritten_path, rtol, atol, feeds, runs, seed, int_hig
                               plot.measured(result.rewritten.timeline, "rewritten (measured)")],
                   f"{original_path} vs {rewritten_path}: one traced step on "
                   f"{result.original.device}")
+    if trace_dir:
+        from graphrewrite import trace
+
+        for label, model, measured in (("original", original, result.original),
+                                       ("rewritten", rewritten, result.rewritten)):
+            trace.write(trace_dir, label, measured.run_metadata, model.graph.to_graph_def())
     if not result.match:
         click.get_current_context().exit(EXIT_CHECK_FAILED)
 
@@ -445,7 +458,8 @@ def dump(model_path, tag):
 @click.option("--top", default=10, show_default=True, help="How many tensors live at the peak "
                                                            "to list.")
 @click.option("--plot", "plot_path", type=click.Path(), metavar="FILE",
-              help="Draw the step's modelled memory over its schedule, the peak and its largest tensors labelled (.png, .svg or .pdf; needs pip install 'graphrewrite[plot]').")
+              help="Draw the step's modelled memory over its schedule, the peak and its largest "
+                   "tensors labelled (.png, .svg or .pdf; needs pip install 'graphrewrite[plot]').")
 @analysis_options
 @tag_option
 def inspect(model_path, as_json, top, plot_path, input_shapes, outputs, backward_scope, tag):

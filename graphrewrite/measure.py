@@ -67,6 +67,7 @@ class StepMeasurement:
     variables: dict[str, np.ndarray] = field(default_factory=dict)  # after the compared steps
     # The first traced step's allocator_bytes_in_use over time: (microseconds, bytes above base)
     timeline: list[tuple[float, int]] = field(default_factory=list)
+    run_metadata: bytes = b""  # the first traced step's RunMetadata, serialized
 
     @property
     def median_seconds(self) -> float:
@@ -253,7 +254,7 @@ def run_step(message, feeds: dict[str, np.ndarray], fetches: list[str],
     with session:
         keep(session.run(run_list, feed_dict))
         options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
-        peaks, timeline = [], []
+        peaks, timeline, traced_metadata = [], [], b""
         for _ in range(TRACED_STEPS):
             metadata = tf.compat.v1.RunMetadata()
             traced = session.run(run_list, feed_dict, options=options, run_metadata=metadata)
@@ -262,14 +263,16 @@ def run_step(message, feeds: dict[str, np.ndarray], fetches: list[str],
             del traced
             in_use, records = _peaks(metadata, device)
             peaks.append(records if in_use is None else in_use - (base or 0))
-            timeline = timeline or _in_use_over_time(metadata, device, base or 0)
+            if not timeline:
+                timeline = _in_use_over_time(metadata, device, base or 0)
+                traced_metadata = metadata.SerializeToString()
         seconds = []
         for _ in range(runs):
             start = time.perf_counter()
             session.run(run_list, feed_dict)
             seconds.append(time.perf_counter() - start)
     return StepMeasurement(steps[-1], int(statistics.median(peaks)), seconds, device, steps,
-                           variables, timeline)
+                           variables, timeline, traced_metadata)
 
 
 def random_feeds(graph, shapes, seed: int = 0, int_high: int = 10,
