@@ -52,13 +52,3 @@ def test_without_matplotlib_the_error_names_the_extra(tmp_path, monkeypatch):
     assert shown.exit_code == 2
     assert "graphrewrite[plot]" in shown.stderr and len(shown.stderr.strip().splitlines()) == 1
 
-
-@pytest.mark.tf
-def test_verify_plot_draws_both_measured_steps(tmp_path):
-    rewritten = tmp_path / "mlp_opt.pbtxt"
-    assert run_cli("optimize", fixture_path("mlp"), "-o", rewritten).exit_code == 0
-    out = tmp_path / "measured.svg"
-    shown = run_cli("verify", fixture_path("mlp"), rewritten, "--runs", "1", "--plot", out)
-    assert shown.exit_code == 0, shown.stderr
-    svg = out.read_text()
-    assert "original (measured)" in svg and "rewritten (measured)" in svg

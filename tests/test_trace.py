@@ -1,4 +1,5 @@
-"""`verify --trace DIR`: a Chrome trace and a TensorBoard run per graph, that the tools load."""
+"""`verify --trace DIR` and `--plot FILE`: a Chrome trace and a TensorBoard run per graph, that
+the tools load, and a chart of both measured steps."""
 
 import json
 
@@ -9,12 +10,16 @@ from conftest import fixture_path, run_cli
 pytestmark = pytest.mark.tf
 
 
-def test_verify_trace_writes_chrome_traces_and_tensorboard_runs(tmp_path):
+def test_verify_writes_traces_and_a_plot_of_both_measured_steps(tmp_path):
     rewritten = tmp_path / "mlp_opt.pbtxt"
     assert run_cli("optimize", fixture_path("mlp"), "-o", rewritten).exit_code == 0
     traces = tmp_path / "traces"
-    shown = run_cli("verify", fixture_path("mlp"), rewritten, "--runs", "1", "--trace", traces)
+    chart = tmp_path / "measured.svg"
+    shown = run_cli("verify", fixture_path("mlp"), rewritten, "--runs", "1", "--trace", traces,
+                    "--plot", chart)
     assert shown.exit_code == 0, shown.stderr
+    svg = chart.read_text()
+    assert "original (measured)" in svg and "rewritten (measured)" in svg
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     for label in ("original", "rewritten"):
