@@ -183,8 +183,8 @@ mode_option = click.option("--mode", default="memory", show_default=True, metava
 @click.option("--explain", metavar="NODE", multiple=True,
               help="Say why this node's output was kept, recomputed or swapped (repeatable).")
 @click.option("--plot", "plot_path", type=click.Path(), metavar="FILE",
-              help="Draw the original's and the rewritten step's modelled memory on one chart (.png, "
-                   ".svg or .pdf; needs pip install 'graphrewrite[plot]').")
+              help="Draw the original's and the rewritten step's modelled memory on one "
+                   "chart (.png, .svg or .pdf; needs pip install 'graphrewrite[plot]').")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @analysis_options
 @tag_option
@@ -258,8 +258,8 @@ def _parse_feeds(ctx, param, values):
               help="Integer inputs are drawn from [0, INT_HIGH) (class ids, token ids).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object (keys in the README).")
 @click.option("--plot", "plot_path", type=click.Path(), metavar="FILE",
-              help="Draw both graphs' measured allocator bytes in use over a traced step (.png, .svg "
-                   "or .pdf; needs pip install 'graphrewrite[plot]').")
+              help="Draw both graphs' measured allocator bytes in use over a traced step "
+                   "(.png, .svg or .pdf; needs pip install 'graphrewrite[plot]').")
 @click.option("--trace", "trace_dir", type=click.Path(file_okay=False), metavar="DIR",
               help="Write each graph's traced step to DIR: original.trace.json and "
                    "rewritten.trace.json (Chrome trace with memory counters: Perfetto, "

@@ -57,11 +57,11 @@ def rewrite(fn, *input_signature, mode: str = "memory", budget: str | None = Non
     name = concrete.name.decode() if isinstance(concrete.name, bytes) else concrete.name
     captured = {id(t) for t in graph.internal_captures}
     inputs = [t for t in graph.inputs if id(t) not in captured]
-    unknown = [t.name for t in inputs if not t.shape.is_fully_defined()]
+    unknown = [t for t in inputs if not t.shape.is_fully_defined()]
     if unknown:
-        raise StepError(f"argument '{unknown[0]}' has shape {graph.get_tensor_by_name(unknown[0]).shape}; "
-                        "trace the step with fully defined tf.TensorSpec shapes (the memory "
-                        "model needs every size)")
+        raise StepError(f"argument '{unknown[0].name}' has shape {unknown[0].shape}; trace the "
+                        "step with fully defined tf.TensorSpec shapes (the memory model needs "
+                        "every size)")
     graph_def = graph.as_graph_def(add_shapes=True)
     model = io.Model(Path(f"<{name}>"), io.Format(io.GRAPHDEF), graph_def,
                      Graph.from_graph_def(graph_def))

@@ -12,9 +12,11 @@ the recomputation runs when back-propagation reaches the segment. A backward sha
 but it holds the original's buffer until it runs, and a TF1 optimizer's `minimize` under
 `control_dependencies(model.updates)` makes it wait for every batch-norm update, the end of the
 forward pass. Without control inputs it runs as soon as the original exists and keeps it: read
-from the copy, it would hold the input gradient back until the recomputation. A trigger input is only taken if
-it does not itself depend on the segment's copies (checked on the graph as it grows), so no cycle
-can form.
+from the copy, it would hold the input gradient back until the recomputation. A trigger input
+is only taken if it does not itself depend on the segment's copies (checked on the graph as it
+grows), so no cycle can form. A trigger also waits for the other gradient-flow readers of what
+its inputs read (a layer's weight gradient beside its input gradient), so a recomputation does
+not start beside the large gradient they hold.
 
 In memory mode the first few checkpoints may be recomputed ahead (`_recompute_ahead`): copied
 too, and computed when back-propagation reaches the first segment reading them, rather than held
@@ -304,7 +306,9 @@ SHAPE_READERS = frozenset({"Shape", "ShapeN", "Size", "Rank"})
 def _gated_shape_reader(graph: Graph, name: str, backward) -> bool:
     """A backward node that reads only shapes and waits on control inputs (see the module's
     docstring)."""
-    return name in backward and graph.op(name) in SHAPE_READERS and bool(graph.control_inputs(name))
+    return (name in backward and graph.op(name) in SHAPE_READERS
+            and bool(graph.control_inputs(name)))
+
 
 # The last Context `_worth_nodes` answered for (weakly held) and its answer.
 _worth_memo: list = [None, frozenset()]
