@@ -338,29 +338,31 @@ def _allocator_in_use(device: str) -> int | None:
         return None
 
 
+def _device_memory(metadata, device: str):
+    """(node stats, memory stats) of each traced node's allocations on `device`, the pinned
+    host allocators (cuda_host, gpu_host) left out."""
+    wanted = device.replace("/device:", "").upper()
+    for dev in metadata.step_stats.dev_stats:
+        if wanted in dev.device.upper():
+            for node in dev.node_stats:
+                for memory in node.memory:
+                    if "host" not in memory.allocator_name:
+                        yield node, memory
+
+
 def _in_use_over_time(metadata, device: str, base: int) -> list[tuple[float, int]]:
     """(start microseconds, allocator_bytes_in_use - base) of each traced node on `device`."""
-    wanted = device.replace("/device:", "").upper()
-    points = [(node.all_start_micros, memory.allocator_bytes_in_use - base)
-              for dev in metadata.step_stats.dev_stats if wanted in dev.device.upper()
-              for node in dev.node_stats for memory in node.memory
-              if memory.allocator_bytes_in_use and "host" not in memory.allocator_name]
-    return sorted(points)
+    return sorted((node.all_start_micros, memory.allocator_bytes_in_use - base)
+                  for node, memory in _device_memory(metadata, device)
+                  if memory.allocator_bytes_in_use)
 
 
 def _peaks(metadata, device: str) -> tuple[int | None, int]:
     """(max allocator_bytes_in_use, peak of the summed allocation records) on `device`."""
-    wanted = device.replace("/device:", "").upper()
     in_use, records = 0, []
-    for dev in metadata.step_stats.dev_stats:
-        if wanted not in dev.device.upper():
-            continue
-        for node in dev.node_stats:
-            for memory in node.memory:
-                if "cuda_host" in memory.allocator_name or "gpu_host" in memory.allocator_name:
-                    continue
-                in_use = max(in_use, memory.allocator_bytes_in_use)
-                records.extend((r.alloc_micros, r.alloc_bytes) for r in memory.allocation_records)
+    for _, memory in _device_memory(metadata, device):
+        in_use = max(in_use, memory.allocator_bytes_in_use)
+        records.extend((r.alloc_micros, r.alloc_bytes) for r in memory.allocation_records)
     current = peak = 0
     for _, delta in sorted(records):
         current += delta

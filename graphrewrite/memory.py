@@ -117,25 +117,26 @@ class MemoryReport:
         """The BFC allocator's `bytes_in_use` peak in the second of two steps (the first one
         grows its regions), as TensorFlow reports it."""
         if place not in self._allocated:
-            growth = place == HOST or not self.accelerator
-            self._allocated[place] = replay([b for b in self.buffers if b.place == place],
-                                            bfc.Allocator(growth),
-                                            self.scratch if place == DEVICE else {})
+            self._allocated[place] = self._replay(place)
         return self._allocated[place]
 
     def allocated_timeline(self, place: str = DEVICE) -> list[int]:
         """The allocator's `bytes_in_use` at each step of the schedule (its most during the
         step), in the second of two steps, as `allocated_peak` replays it."""
         per_step: dict[int, int] = {}
-        replay([b for b in self.buffers if b.place == place],
-               bfc.Allocator(place == HOST or not self.accelerator),
-               self.scratch if place == DEVICE else {}, timeline=per_step)
+        self._allocated[place] = self._replay(place, per_step)
         timeline, in_use = [], per_step.get(-1, 0)
         for step in range(len(self.order)):
             in_use = per_step.get(step, in_use)  # a step that allocates nothing holds as before
             timeline.append(in_use)
         return timeline
 
+    def _replay(self, place: str, timeline: dict[int, int] | None = None) -> int:
+        """`replay` of this step's buffers at `place` through the allocator that place has: a
+        CPU's or a host's grows regions, an accelerator's holds one."""
+        return replay([b for b in self.buffers if b.place == place],
+                      bfc.Allocator(growth=place == HOST or not self.accelerator),
+                      self.scratch if place == DEVICE else {}, timeline=timeline)
 
 def replay(buffers: list[Buffer], allocator: bfc.Allocator, scratch: dict[int, int],
            steps: int = 2, timeline: dict[int, int] | None = None) -> int:
