@@ -413,13 +413,7 @@ def _add_triggers(graph: Graph, ctx, copies: dict[str, str], flow, order):
         waits = {_wait_of(graph, r.node, flow) for t in targets
                  for r in graph.data_inputs(t)
                  if r.node in flow and r.node not in downstream}
-        # Also wait for the other readers of the gradients the waits read (a layer's weight
-        # gradient beside its input gradient): run beside them, the recomputation would
-        # overlap the large gradient they hold.
-        waits |= {v for w in waits for r in graph.data_inputs(w) if r.node in flow
-                  for v, _ in graph.consumers(r) if v in flow and v not in downstream
-                  and v not in all_copies}
-        waits = sorted(waits)
+        waits = sorted(waits | _unfinished_readers(graph, waits, flow, downstream, all_copies))
         if not waits:
             ungated += 1
             continue
@@ -432,7 +426,63 @@ def _add_triggers(graph: Graph, ctx, copies: dict[str, str], flow, order):
             graph.add_control(trigger, root)
         triggers[trigger] = waits
         gate_of.update(dict.fromkeys(members, trigger))
+        triggers.update(_gate_late_copies(graph, [copies[n] for n in component], all_copies,
+                                          flow, set(waits)))
     return triggers, gate_of, ungated
+
+
+def _gate_late_copies(graph: Graph, members: list[str], all_copies: set[str], flow,
+                      segment_waits: set[str]) -> dict[str, list[str]]:
+    """Triggers for the copies of a segment that back-propagation reads later than its first:
+    each waits for the gradients its readers read, as the segment's roots do. Without them
+    the executor computes the whole segment as soon as the roots' trigger fires, beside the
+    large gradient of the layer above (the model's one-at-a-time schedule would not show it).
+    A group of copies is only given the waits not reachable from it, checked on the graph as
+    it grows, so no cycle can form. Returns the new triggers with their waits."""
+    groups: dict[tuple, list[str]] = {}
+    for copy in members:
+        targets = {v for v in graph.successors(copy) if v in flow and v not in all_copies}
+        waits = {_wait_of(graph, r.node, flow) for t in targets for r in graph.data_inputs(t)
+                 if r.node in flow and r.node not in all_copies} - segment_waits
+        if waits:
+            groups.setdefault(tuple(sorted(waits)), []).append(copy)
+    triggers = {}
+    for waits, gated in groups.items():
+        downstream = reachable(graph.nx, gated)
+        waits = {w for w in waits if w not in downstream}
+        waits = sorted(waits | _unfinished_readers(graph, waits, flow, downstream, all_copies))
+        if not waits:
+            continue
+        trigger = graph.add_node(graph.unique_name(TRIGGER_PREFIX + gated[0]), "NoOp",
+                                 [TensorRef(w, CONTROL) for w in waits],
+                                 device=graph.node_def(gated[0]).device)
+        for copy in gated:
+            graph.add_control(trigger, copy)
+        triggers[trigger] = waits
+    return triggers
+
+
+def _unfinished_readers(graph: Graph, waits, flow, downstream: set[str],
+                        all_copies: set[str]) -> set[str]:
+    """The gradient-flow nodes that read what back-propagation computed before `waits` but
+    that `waits` do not depend on (a layer's weight gradient beside its input gradient, which
+    holds the large gradient of the layer above until it ends). A recomputation started before
+    they finish would overlap that gradient; the model, one node at a time, would not show it.
+    Nodes `downstream` of the copies are left out (waiting on them would be a cycle), and so are
+    readers that only feed other such readers (a Reshape before the MatMul) and Identities
+    (see `_wait_of`)."""
+    ancestors: set[str] = set()
+    stack = list(waits)
+    while stack:
+        name = stack.pop()
+        if name not in ancestors:
+            ancestors.add(name)
+            stack.extend(p for p in graph.nx._pred[name] if p not in ancestors and (
+                p in flow or p in all_copies or p.startswith(TRIGGER_PREFIX)))
+    readers = {v for a in ancestors if a in flow for v in graph.successors(a)
+               if v in flow and v not in ancestors and v not in downstream
+               and v not in all_copies and graph.op(v) not in FORWARDING_OPS}
+    return {v for v in readers if not any(s in readers for s in graph.successors(v))}
 
 
 FORWARDING_OPS = ("Identity", "IdentityN", "Snapshot")
