@@ -255,6 +255,7 @@ class Graph:
         payload = node_def_pb2.NodeDef(name=name, op=op, device=self.node_def(name).device)
         for key, value in attrs.items():
             payload.attr[key].CopyFrom(value)
+        self._own(name)  # a node without inputs owns no pair: its dicts may still be shared
         for u in list(self.nx._pred[name]):
             self._own_pair(u, name)
         self.nx.remove_edges_from(list(self.nx.in_edges(name, keys=True)))

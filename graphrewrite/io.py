@@ -90,6 +90,10 @@ class Model:
             return graph_def
         target = out if self.format.kind == METAGRAPH else out.meta_graphs[self.meta_graph_index]
         target.graph_def.CopyFrom(graph_def)
+        if graph is not None:  # collections naming removed or new variables (diet's slots)
+            from . import metagraph
+
+            metagraph.sync(target, self.graph, graph)
         return out
 
 

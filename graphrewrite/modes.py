@@ -8,6 +8,7 @@ MODES: dict[str, str] = {
     "collection": "recompute(policy=collection)",
     "manual": "recompute(policy=manual) swap(policy=manual)",
     "swap": "swap",
+    "diet": "diet",
 }
 MODE_HELP = {
     "none": "load, check and save; nothing rewritten",
@@ -16,4 +17,9 @@ MODE_HELP = {
     "collection": "keep what --checkpoints selects (or the 'checkpoints' collection)",
     "manual": "recompute what _recompute_hint marks, swap what _swap_to_host marks (or --swap)",
     "swap": "move long-lived activations to host memory and back (--swap-form, --budget)",
+    "diet": "16-bit variables dequantized where read, a lean Adam/momentum state (factored "
+            "second moment, no first moment), stochastic rounding; frozen graphs: 16-bit "
+            "constants. Lossy: check with verify --steps N --rtol R. Options: --passes "
+            "'diet(format=int16|bfloat16, scale=0.000305, momentum=drop|keep, factored=true, "
+            "rounding=stochastic|nearest, min_size=1024)'",
 }

@@ -1,0 +1,724 @@
+"""Diet pass: 16-bit variables and a lean optimizer state, as an offline rewrite of the step.
+
+With Adam every float32 parameter costs 16 bytes of persistent memory: the value and two
+moments (the gradient is transient). Diet variables (after tensor2tensor's, which changes the
+model code instead) bring that to a little over 2 bytes:
+
+- the variable holds 16 bits: `int16` fixed point (value = int * `scale`, one global scale) or
+  `bfloat16`; every read of the old value reads a dequantized float32 tensor instead (the read
+  node keeps its name and becomes the dequantization, so readers, savers and fetches are
+  untouched);
+- its optimizer update becomes the diet update: Adam's second moment is kept factored for 2-D
+  weights (a row and a column accumulator, Adafactor's rank-1 estimate `r c / mean(c)`), full
+  otherwise; the first moment is dropped (beta1 = 0; momentum optimizers then step with
+  `lr / (1 - momentum)`, momentum's steady-state step) unless `momentum=keep`; the new value
+  is quantized with stochastic rounding (a random op: unbiased, so updates smaller than one
+  quantum still move the weight on average; recomputation never copies random ops) or to
+  nearest;
+- slots no longer read are removed with their initializers and checkpoint entries; new slots
+  are added to the Saver and (through `metagraph.sync`) to the `variables` collection;
+- initial values are quantized once, in the initializer, and so are values a Saver restores:
+  a checkpoint holds the dequantized weights as float32 under their own names, so it reads like
+  the original's (see the README).
+
+Supported updates: `tf.compat.v1.train` Adam, Momentum and GradientDescent on resource
+(`ResourceApply*`) and ref (`Apply*`) variables. Anything else (Keras optimizers' decomposed
+updates in TF2 steps, shared slots, unusual readers) stays float32, and one warning lists those
+variables and why. A graph without variables (a frozen graph) has its large float constants
+stored in 16 bits instead, dequantized where read.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from dataclasses import dataclass, field
+
+import numpy as np
+from tensorflow.core.framework import attr_value_pb2, tensor_shape_pb2, types_pb2, variable_pb2
+
+from .. import bind, dtypes, parameters
+from ..analysis import Analysis
+from ..errors import GraphRewriteError
+from ..graph import Graph
+from ..metagraph import NEW_VARIABLE_ATTR
+from ..saver import NewEntry, drop_control, edit as edit_saver, entry_variable
+from ..tensor_ref import TensorRef
+from .base import PassOptions, PassResult
+
+log = logging.getLogger(__name__)
+
+INT16_MAX = 32767
+SMALL = "fewer than"  # the reason small variables stay float32
+DEFAULT_SCALE = 10.0 / INT16_MAX  # the seed's: values in [-10, 10], quantum 3.05e-4
+PREFIX = "graphrewrite_diet"
+FORMATS = {"int16": types_pb2.DT_INT16, "bfloat16": types_pb2.DT_BFLOAT16}
+# Optimizer update ops the pass rewrites, with the input position of each operand.
+ADAM = {"var": 0, "m": 1, "v": 2, "beta1_power": 3, "beta2_power": 4, "lr": 5, "beta1": 6,
+        "beta2": 7, "epsilon": 8, "grad": 9}
+MOMENTUM = {"var": 0, "accum": 1, "lr": 2, "grad": 3, "momentum": 4}
+SGD = {"var": 0, "lr": 1, "grad": 2}
+APPLY_OPS = {"ResourceApplyAdam": ADAM, "ApplyAdam": ADAM,
+             "ResourceApplyMomentum": MOMENTUM, "ApplyMomentum": MOMENTUM,
+             "ResourceApplyGradientDescent": SGD, "ApplyGradientDescent": SGD}
+RESOURCE_VARIABLE, REF_VARIABLES = "VarHandleOp", ("VariableV2", "Variable")
+# What may touch a dieted variable besides its update: reads (rewritten to dequantize), writes
+# of whole values (initializers, restores: rewritten to quantize) and harmless queries.
+RESOURCE_READS = ("ReadVariableOp", "ResourceGather")
+RESOURCE_QUERIES = ("VarIsInitializedOp", "VariableShape")
+REF_READERS = ("Identity", "SaveV2", "IsVariableInitialized")
+# What may touch a removed slot: its reads, initializer and restore, and queries.
+SLOT_USERS = ("ReadVariableOp", "Identity", "AssignVariableOp", "Assign", "VarIsInitializedOp",
+              "IsVariableInitialized", "SaveV2")
+
+
+@dataclass(frozen=True)
+class DietOptions(PassOptions):
+    """format: int16 (fixed point, x scale) or bfloat16; scale: the int16 quantum; momentum:
+    drop (beta1 = 0) or keep the first moment; factored: a row and a column second-moment
+    accumulator for 2-D weights; rounding: stochastic or nearest when the update is written;
+    min_size: variables (and frozen constants) with fewer elements stay float32."""
+
+    format: str = "int16"
+    scale: float = DEFAULT_SCALE
+    momentum: str = "drop"
+    factored: bool = True
+    rounding: str = "stochastic"
+    min_size: int = 1024
+
+    def __post_init__(self):
+        for key, allowed in (("format", tuple(FORMATS)), ("momentum", ("drop", "keep")),
+                             ("rounding", ("stochastic", "nearest"))):
+            if getattr(self, key) not in allowed:
+                raise GraphRewriteError(f"pass 'diet': option '{key}' expects "
+                                        f"{' or '.join(allowed)}, not '{getattr(self, key)}'")
+        if not self.scale > 0:
+            raise GraphRewriteError(f"pass 'diet': option 'scale' expects a positive number, "
+                                    f"not '{self.scale}'")
+        if self.min_size < 0:
+            raise GraphRewriteError("pass 'diet': option 'min_size' expects a count >= 0")
+
+
+@dataclass
+class DietResult(PassResult):
+    dieted: list[str] = field(default_factory=list)          # variables now 16-bit
+    constants: list[str] = field(default_factory=list)       # frozen constants now 16-bit
+    slots_removed: list[str] = field(default_factory=list)
+    slots_added: list[str] = field(default_factory=list)
+    kept_float: dict[str, list[str]] = field(default_factory=dict)  # reason -> variables
+    bytes_saved: int = 0  # modelled persistent bytes, values and slots
+
+
+def run(graph: Graph, analysis: Analysis, options: DietOptions, model=None) -> DietResult:
+    """Diet every supported variable; in a graph without variables, its large constants."""
+    if not parameters.variables(graph):
+        return _diet_constants(graph, options)
+    graph = graph.copy()
+    diet = _Diet(graph, options)
+    kept: dict[str, list[str]] = {}
+    for name in list(graph.nodes()):
+        if name not in graph or graph.op(name) not in APPLY_OPS:
+            continue
+        reason = diet.refusal(name)
+        if reason:
+            kept.setdefault(reason, []).append(graph.data_inputs(name)[0].node)
+            continue
+        diet.rewrite(name)
+    for name in _other_float_variables(graph, analysis.shapes, options, diet):
+        kept.setdefault(_why_not(graph, name), []).append(name)
+    kept = {reason: sorted(set(names)) for reason, names in kept.items()}
+    # Small variables stay float32 by design (min_size); the others are worth a warning.
+    unexpected = {r: v for r, v in kept.items() if not r.startswith(SMALL)}
+    if unexpected:
+        log.warning("diet: %d variables stay float32: %s", sum(map(len, unexpected.values())),
+                    "; ".join(f"{', '.join(v[:4])}{' ...' if len(v) > 4 else ''} ({r})"
+                              for r, v in unexpected.items()))
+    if not diet.dieted:
+        return DietResult(graph, False, note="diet: no variable with a supported optimizer "
+                                             "update was rewritten", kept_float=kept)
+    diet.finish()
+    return DietResult(graph, True, dieted=diet.dieted, slots_removed=sorted(diet.removed),
+                      slots_added=[e.variable for e in diet.added], kept_float=kept,
+                      bytes_saved=diet.bytes_saved)
+
+
+# --------------------------------------------------------------------------- attributes
+
+def _type(dtype: int) -> attr_value_pb2.AttrValue:
+    return attr_value_pb2.AttrValue(type=dtype)
+
+
+def _bool(value: bool) -> attr_value_pb2.AttrValue:
+    return attr_value_pb2.AttrValue(b=value)
+
+
+def _int(value: int) -> attr_value_pb2.AttrValue:
+    return attr_value_pb2.AttrValue(i=value)
+
+
+def _shape(dims) -> attr_value_pb2.AttrValue:
+    return attr_value_pb2.AttrValue(shape=tensor_shape_pb2.TensorShapeProto(
+        dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=d) for d in dims]))
+
+
+def _tensor(value: np.ndarray) -> attr_value_pb2.AttrValue:
+    from tensorflow.python.framework import tensor_util
+
+    return attr_value_pb2.AttrValue(tensor=tensor_util.make_tensor_proto(value))
+
+
+def _known_shape(node) -> tuple | None:
+    shape = node.attr["shape"].shape
+    if shape.unknown_rank or any(d.size < 0 for d in shape.dim):
+        return None
+    return tuple(d.size for d in shape.dim)
+
+
+# --------------------------------------------------------------------------- building
+
+class _Builder:
+    """Adds nodes under one name prefix, on one device, and hands back their outputs."""
+
+    def __init__(self, graph: Graph, prefix: str, device: str = ""):
+        self.graph, self.prefix, self.device = graph, prefix, device
+
+    def op(self, name: str, op: str, inputs, **attrs) -> TensorRef:
+        node = self.graph.unique_name(f"{self.prefix}/{name}")
+        self.graph.add_node(node, op, inputs, attrs, self.device)
+        return TensorRef(node)
+
+    def const(self, name: str, value, dtype=np.float32) -> TensorRef:
+        array = np.asarray(value, dtype)
+        return self.op(name, "Const", [], dtype=_type(_dtype_enum(array.dtype)),
+                       value=_tensor(array))
+
+    def binary(self, op: str, a: TensorRef, b: TensorRef, name: str | None = None) -> TensorRef:
+        return self.op(name or op.lower(), op, [a, b], T=_type(types_pb2.DT_FLOAT))
+
+    def unary(self, op: str, a: TensorRef, name: str | None = None) -> TensorRef:
+        return self.op(name or op.lower(), op, [a], T=_type(types_pb2.DT_FLOAT))
+
+    def cast(self, value: TensorRef, src: int, dst: int, name: str = "cast") -> TensorRef:
+        return self.op(name, "Cast", [value], SrcT=_type(src), DstT=_type(dst),
+                       Truncate=_bool(False))
+
+
+def _dtype_enum(dtype) -> int:
+    import tensorflow as tf
+
+    return tf.dtypes.as_dtype(dtype).as_datatype_enum
+
+
+def dequantize(b: _Builder, raw: TensorRef, fmt: int, scale: float) -> tuple[str, list]:
+    """(op, inputs) of the node that turns 16-bit `raw` into float32, so a caller can give
+    that node a name of its choice (`Graph.redefine`): Cast for bfloat16, Cast x scale for
+    int16."""
+    if fmt == types_pb2.DT_BFLOAT16:
+        return "Cast", [raw]
+    cast = b.cast(raw, fmt, types_pb2.DT_FLOAT, "dequantize")
+    return "Mul", [cast, b.const("scale", scale)]
+
+
+def _dequantize_attrs(fmt: int) -> dict:
+    if fmt == types_pb2.DT_BFLOAT16:
+        return {"SrcT": _type(fmt), "DstT": _type(types_pb2.DT_FLOAT), "Truncate": _bool(False)}
+    return {"T": _type(types_pb2.DT_FLOAT)}
+
+
+def quantize(b: _Builder, value: TensorRef, shape: tuple, fmt: int, scale: float,
+             stochastic: bool, seed: int) -> TensorRef:
+    """`value` (float32 of `shape`) as 16 bits. Stochastic rounding rounds up with probability
+    equal to the fraction it drops, so its mean is the value: for int16, floor(x / scale + u)
+    with u ~ U[0, 1); for bfloat16, a uniform integer below 2^16 added to the float's bits
+    before the low 16 bits are cut (rounding the magnitude, so both signs are unbiased)."""
+    float_type = types_pb2.DT_FLOAT
+    if fmt == types_pb2.DT_BFLOAT16:
+        if stochastic:
+            bits = b.op("bits", "Bitcast", [value], T=_type(float_type),
+                        type=_type(types_pb2.DT_INT32))
+            noise = b.op("noise", "RandomUniformInt",
+                         [b.const("shape", shape, np.int32), b.const("low", 0, np.int32),
+                          b.const("high", 1 << 16, np.int32)],
+                         T=_type(types_pb2.DT_INT32), Tout=_type(types_pb2.DT_INT32),
+                         seed=_int(seed), seed2=_int(_seed2(b.prefix)))
+            added = b.op("add_noise", "AddV2", [bits, noise], T=_type(types_pb2.DT_INT32))
+            cut = b.op("cut", "BitwiseAnd", [added, b.const("mask", -(1 << 16), np.int32)],
+                       T=_type(types_pb2.DT_INT32))
+            value = b.op("rounded", "Bitcast", [cut], T=_type(types_pb2.DT_INT32),
+                         type=_type(float_type))
+        return b.cast(value, float_type, fmt, "quantize")
+    scaled = b.binary("Mul", value, b.const("inverse_scale", 1.0 / scale), "scaled")
+    if stochastic:
+        noise = b.op("noise", "RandomUniform", [b.const("shape", shape, np.int32)],
+                     T=_type(types_pb2.DT_INT32), dtype=_type(float_type), seed=_int(seed),
+                     seed2=_int(_seed2(b.prefix)))
+        rounded = b.unary("Floor", b.binary("AddV2", scaled, noise, "add_noise"), "rounded")
+    else:
+        rounded = b.unary("Round", scaled, "rounded")
+    clipped = b.op("clip", "ClipByValue", [rounded, b.const("low", -INT16_MAX),
+                                           b.const("high", INT16_MAX)], T=_type(float_type))
+    return b.cast(clipped, float_type, fmt, "quantize")
+
+
+SEED = 1729  # op-level seeds make the rounding noise repeatable from run to run
+
+
+def _seed2(prefix: str) -> int:
+    return zlib.crc32(prefix.encode()) & 0x7FFFFFFF
+
+
+# --------------------------------------------------------------------------- variables
+
+class _Diet:
+    """The rewrite of one graph's variables, one update op at a time, then the slots."""
+
+    def __init__(self, graph: Graph, options: DietOptions):
+        self.graph, self.options = graph, options
+        self.fmt = FORMATS[options.format]
+        self.dieted: list[str] = []
+        self.removed: set[str] = set()       # slot variables to remove
+        self.added: list[NewEntry] = []      # new slot variables
+        self.orphans: set[str] = set()       # inputs of rewritten updates, maybe unused now
+        self.bytes_saved = 0
+
+    # ---------------------------------------------------------------- eligibility
+
+    def refusal(self, apply: str) -> str | None:
+        """Why the variable `apply` updates must stay float32, or None."""
+        graph, op = self.graph, self.graph.op(apply)
+        positions = APPLY_OPS[op]
+        inputs = graph.data_inputs(apply)
+        if len(inputs) != len(positions):
+            return f"{op} with {len(inputs)} inputs"
+        var = inputs[0].node
+        node = graph.node_def(var)
+        if node.op not in (RESOURCE_VARIABLE, *REF_VARIABLES):
+            return f"{op} updates a {node.op}, not a variable"
+        if node.attr["dtype"].type != types_pb2.DT_FLOAT:
+            return "not float32"
+        shape = _known_shape(node)
+        if shape is None:
+            return "unknown shape"
+        if int(np.prod(shape)) < self.options.min_size:
+            return f"{SMALL} min_size={self.options.min_size} elements"
+        if any(graph.op(u) in APPLY_OPS for u, s in graph.consumers(TensorRef(var))
+               if u != apply and s == 0):
+            return "updated by more than one optimizer op"
+        if graph.consumers(TensorRef(apply)):
+            return "the update's output is read"
+        resource = node.op == RESOURCE_VARIABLE
+        for user, slot in graph.consumers(TensorRef(var)):
+            user_op = graph.op(user)
+            if user == apply:
+                continue
+            if resource and not (user_op in RESOURCE_READS + RESOURCE_QUERIES
+                                 or (user_op == "AssignVariableOp" and slot == 0)):
+                return f"its handle is also used by {user_op}"
+            if not resource and not (user_op in REF_READERS
+                                     or (user_op == "Assign" and slot == 0)):
+                return f"also used by {user_op}"
+        for slot in self._slots(apply):
+            if graph.op(slot) not in (RESOURCE_VARIABLE, *REF_VARIABLES):
+                return f"its optimizer slot {slot} is a {graph.op(slot)}"
+            users = {u for u, _ in graph.consumers(TensorRef(slot))} - {apply}
+            if any(graph.op(u) not in SLOT_USERS for u in users) or any(
+                    graph.op(u) in APPLY_OPS for u in users):
+                return f"its optimizer slot {slot} is shared or read elsewhere"
+        return None
+
+    def _slots(self, apply: str) -> list[str]:
+        positions = APPLY_OPS[self.graph.op(apply)]
+        inputs = self.graph.data_inputs(apply)
+        return [inputs[positions[k]].node for k in ("m", "v", "accum") if k in positions]
+
+    # ---------------------------------------------------------------- rewriting
+
+    def rewrite(self, apply: str) -> None:
+        graph, options = self.graph, self.options
+        positions = APPLY_OPS[graph.op(apply)]
+        inputs = {k: graph.data_inputs(apply)[i] for k, i in positions.items()}
+        var = inputs["var"].node
+        node = graph.node_def(var)
+        resource = node.op == RESOURCE_VARIABLE
+        shape = _known_shape(node)
+        attrs = dict(graph.node_def(apply).attr)
+        controls = [TensorRef(c, -1) for c in graph.control_inputs(apply)]
+        self.orphans.update(r.node for r in graph.data_inputs(apply)[1:])
+        graph.set_attr(var, "dtype", _type(self.fmt))
+        if resource:
+            self._rewrite_resource_users(var, apply, shape)
+        else:
+            self._rewrite_ref_users(var, apply, shape)
+        b = _Builder(graph, f"{apply}/{PREFIX}", graph.node_def(apply).device)
+        current = self._read(b, var, resource)
+        kind = "adam" if positions is ADAM else "momentum" if positions is MOMENTUM else "sgd"
+        step, slot_writes = getattr(self, "_" + kind)(b, inputs, attrs, shape, resource, var)
+        new = b.binary("Sub", current, step, "new_value")
+        stochastic = options.rounding == "stochastic"
+        value = quantize(b, new, shape, self.fmt, options.scale, stochastic, SEED)
+        writes = [TensorRef(w, -1) for w in slot_writes]
+        if resource:
+            graph.redefine(apply, "AssignVariableOp", [inputs["var"], value, *controls, *writes],
+                           {"dtype": _type(self.fmt)})
+        else:
+            graph.redefine(apply, "Assign", [inputs["var"], value, *controls, *writes],
+                           {"T": _type(self.fmt), "use_locking": attrs.get("use_locking",
+                                                                           _bool(False)),
+                            "validate_shape": _bool(True)})
+        self.dieted.append(var)
+        self.bytes_saved += int(np.prod(shape)) * 2
+
+    def _read(self, b: _Builder, var: str, resource: bool) -> TensorRef:
+        """The variable's current value, dequantized, read where the update runs."""
+        if resource:
+            raw = b.op("read", "ReadVariableOp", [TensorRef(var)], dtype=_type(self.fmt))
+        else:
+            raw = TensorRef(var)
+        op, args = dequantize(b, raw, self.fmt, self.options.scale)
+        return b.op("current", op, args, **_dequantize_attrs(self.fmt))
+
+    def _rewrite_resource_users(self, var: str, apply: str, shape: tuple) -> None:
+        graph = self.graph
+        for user, slot in graph.consumers(TensorRef(var)):
+            if user == apply or slot < 0:
+                continue
+            op = graph.op(user)
+            node = graph.node_def(user)
+            b = _Builder(graph, f"{user}/{PREFIX}", node.device)
+            inputs = graph.inputs(user)
+            if op in RESOURCE_READS:
+                attrs = dict(node.attr)
+                attrs["dtype"] = _type(self.fmt)
+                attrs.pop("_output_shapes", None)
+                raw_name = graph.unique_name(f"{user}/{PREFIX}/raw")
+                graph.add_node(raw_name, op, inputs, attrs, node.device)
+                deq_op, args = dequantize(b, TensorRef(raw_name), self.fmt, self.options.scale)
+                graph.redefine(user, deq_op, args, _dequantize_attrs(self.fmt))
+            elif op == "AssignVariableOp":
+                self._quantize_write(b, user, inputs, shape, {"dtype": _type(self.fmt),
+                                                              "validate_shape": node.attr[
+                                                                  "validate_shape"]})
+
+    def _rewrite_ref_users(self, var: str, apply: str, shape: tuple) -> None:
+        graph = self.graph
+        readers = []
+        for user, slot in graph.consumers(TensorRef(var)):
+            if user == apply or slot < 0:
+                continue
+            op = graph.op(user)
+            node = graph.node_def(user)
+            if op == "Assign" and slot == 0:
+                b = _Builder(graph, f"{user}/{PREFIX}", node.device)
+                self._quantize_write(b, user, graph.inputs(user), shape, {
+                    "T": _type(self.fmt), "use_locking": node.attr["use_locking"],
+                    "validate_shape": node.attr["validate_shape"]})
+            elif op == "IsVariableInitialized":
+                graph.set_attr(user, "dtype", _type(self.fmt))
+            else:
+                readers.append(user)
+        if readers:
+            b = _Builder(graph, f"{var}/{PREFIX}", graph.node_def(var).device)
+            op, args = dequantize(b, TensorRef(var), self.fmt, self.options.scale)
+            value = b.op("value", op, args, **_dequantize_attrs(self.fmt))
+            graph.replace_uses(TensorRef(var), value, readers)
+
+    def _quantize_write(self, b: _Builder, user: str, inputs: list[TensorRef], shape: tuple,
+                        attrs: dict) -> None:
+        """An initializer or restore writes its value quantized to nearest."""
+        data = [r for r in inputs if not r.is_control]
+        controls = [r for r in inputs if r.is_control]
+        value = quantize(b, data[1], shape, self.fmt, self.options.scale, False, 0)
+        self.graph.redefine(user, self.graph.op(user), [data[0], value, *controls], attrs)
+
+    # ---------------------------------------------------------------- updates
+
+    def _scalar(self, b: _Builder, value: float, name: str) -> TensorRef:
+        return b.const(name, value)
+
+    def _adam(self, b, inputs, attrs, shape, resource, var):
+        """Adam without the first moment (unless kept) and with a factored second moment for
+        matrices; the same bias corrections as tf.compat.v1.train.AdamOptimizer."""
+        grad, lr, beta2 = inputs["grad"], inputs["lr"], inputs["beta2"]
+        one = self._scalar(b, 1.0, "one")
+        squared = b.unary("Square", grad, "grad_squared")
+        decay = b.binary("Sub", one, beta2, "one_minus_beta2")
+        writes = []
+        if self.options.factored and len(shape) == 2:
+            rows = self._new_slot(var, "diet_rows", (shape[0], 1), resource)
+            cols = self._new_slot(var, "diet_cols", (1, shape[1]), resource)
+            row_mean = b.op("row_mean", "Mean", [squared, b.const("axis_1", 1, np.int32)],
+                            T=_type(types_pb2.DT_FLOAT), Tidx=_type(types_pb2.DT_INT32),
+                            keep_dims=_bool(True))
+            col_mean = b.op("col_mean", "Mean", [squared, b.const("axis_0", 0, np.int32)],
+                            T=_type(types_pb2.DT_FLOAT), Tidx=_type(types_pb2.DT_INT32),
+                            keep_dims=_bool(True))
+            r, w1 = self._accumulate(b, rows, beta2, decay, row_mean, resource, "rows")
+            c, w2 = self._accumulate(b, cols, beta2, decay, col_mean, resource, "cols")
+            writes += [w1, w2]
+            c_mean = b.op("cols_mean", "Mean", [c, b.const("axes", [0, 1], np.int32)],
+                          T=_type(types_pb2.DT_FLOAT), Tidx=_type(types_pb2.DT_INT32),
+                          keep_dims=_bool(False))
+            second = b.binary("RealDiv", b.binary("Mul", r, c, "outer"), c_mean, "second")
+            self.removed.add(inputs["v"].node)
+        else:
+            second, w = self._accumulate(b, inputs["v"].node, beta2, decay, squared, resource,
+                                         "second")
+            writes.append(w)
+        power2 = b.binary("Sub", one, inputs["beta2_power"], "one_minus_beta2_power")
+        rate = b.binary("Mul", lr, b.unary("Sqrt", power2, "correction"), "rate")
+        if self.options.momentum == "keep":
+            beta1 = inputs["beta1"]
+            first, w = self._accumulate(b, inputs["m"].node, beta1,
+                                        b.binary("Sub", one, beta1, "one_minus_beta1"), grad,
+                                        resource, "first")
+            writes.append(w)
+            power1 = b.binary("Sub", one, inputs["beta1_power"], "one_minus_beta1_power")
+            rate = b.binary("RealDiv", rate, power1, "rate_corrected")
+        else:
+            first = grad
+            self.removed.add(inputs["m"].node)
+        denominator = b.binary("AddV2", b.unary("Sqrt", second, "root"), inputs["epsilon"],
+                               "denominator")
+        step = b.binary("Mul", rate, b.binary("RealDiv", first, denominator, "direction"),
+                        "step")
+        return step, writes
+
+    def _momentum(self, b, inputs, attrs, shape, resource, var):
+        grad, lr, momentum = inputs["grad"], inputs["lr"], inputs["momentum"]
+        if self.options.momentum == "keep":
+            one = self._scalar(b, 1.0, "one")
+            accum, w = self._accumulate(b, inputs["accum"].node, momentum, one, grad, resource,
+                                        "accum")
+            if attrs.get("use_nesterov") is not None and attrs["use_nesterov"].b:
+                direction = b.binary("AddV2", grad, b.binary("Mul", momentum, accum), "nesterov")
+            else:
+                direction = accum
+            return b.binary("Mul", lr, direction, "step"), [w]
+        self.removed.add(inputs["accum"].node)
+        one = self._scalar(b, 1.0, "one")
+        rate = b.binary("RealDiv", lr, b.binary("Sub", one, momentum, "one_minus_momentum"),
+                        "rate")
+        return b.binary("Mul", rate, grad, "step"), []
+
+    def _sgd(self, b, inputs, attrs, shape, resource, var):
+        return b.binary("Mul", inputs["lr"], inputs["grad"], "step"), []
+
+    def _accumulate(self, b, slot: str, keep: TensorRef, take: TensorRef, value: TensorRef,
+                    resource: bool, name: str) -> tuple[TensorRef, str]:
+        """slot = keep * slot + take * value; returns (the new value, the write)."""
+        if resource:
+            old = b.op(f"{name}_old", "ReadVariableOp", [TensorRef(slot)],
+                       dtype=_type(types_pb2.DT_FLOAT))
+        else:
+            old = TensorRef(slot)
+        new = b.binary("AddV2", b.binary("Mul", keep, old, f"{name}_kept"),
+                       b.binary("Mul", take, value, f"{name}_taken"), f"{name}_new")
+        if resource:
+            write = b.op(f"{name}_write", "AssignVariableOp", [TensorRef(slot), new],
+                         dtype=_type(types_pb2.DT_FLOAT))
+        else:
+            write = b.op(f"{name}_write", "Assign", [TensorRef(slot), new],
+                         T=_type(types_pb2.DT_FLOAT), use_locking=_bool(False),
+                         validate_shape=_bool(True))
+        return new, write.node
+
+    def _new_slot(self, var: str, suffix: str, shape: tuple, resource: bool) -> str:
+        """A zero-initialised float32 variable beside `var`, with its initializer, a read for
+        the Saver, and a VariableDef for the `variables` collection."""
+        graph = self.graph
+        name = graph.unique_name(f"{var}/{suffix}")
+        device = graph.node_def(var).device
+        b = _Builder(graph, name, device)
+        zeros = b.const("Initializer/zeros", np.zeros(shape, np.float32))
+        flt = _type(types_pb2.DT_FLOAT)
+        if resource:
+            graph.add_node(name, RESOURCE_VARIABLE, [], {
+                "dtype": flt, "shape": _shape(shape), "container": attr_value_pb2.AttrValue(s=b""),
+                "shared_name": attr_value_pb2.AttrValue(s=name.encode())}, device)
+            init = b.op("Assign", "AssignVariableOp", [TensorRef(name), zeros], dtype=flt)
+            read = b.op("Read/ReadVariableOp", "ReadVariableOp", [TensorRef(name)], dtype=flt)
+        else:
+            graph.add_node(name, "VariableV2", [], {
+                "dtype": flt, "shape": _shape(shape), "container": attr_value_pb2.AttrValue(s=b""),
+                "shared_name": attr_value_pb2.AttrValue(s=b"")}, device)
+            init = b.op("Assign", "Assign", [TensorRef(name), zeros], T=flt,
+                        use_locking=_bool(True), validate_shape=_bool(True))
+            read = b.op("read", "Identity", [TensorRef(name)], T=flt)
+        definition = variable_pb2.VariableDef(
+            variable_name=f"{name}:0", initial_value_name=f"{zeros.node}:0",
+            initializer_name=init.node, snapshot_name=f"{read.node}:0", is_resource=resource,
+            trainable=False)
+        graph.set_attr(name, NEW_VARIABLE_ATTR,
+                       attr_value_pb2.AttrValue(s=definition.SerializeToString()))
+        self.added.append(NewEntry(name, read, name, types_pb2.DT_FLOAT, resource))
+        self.bytes_saved -= int(np.prod(shape)) * 4
+        return name
+
+    # ---------------------------------------------------------------- slots
+
+    def finish(self) -> None:
+        """Saver entries follow the slots; removed slots go with everything that served only
+        them (reads, initializers, restores); inputs of the old updates nothing reads go too."""
+        graph = self.graph
+        edit_saver(graph, self.removed, self.added)
+        for slot in sorted(self.removed):
+            node = graph.node_def(slot)
+            shape = _known_shape(node)
+            if shape is not None:
+                self.bytes_saved += int(np.prod(shape)) * 4
+            self._remove_variable(slot)
+        self._prune(self.orphans)
+
+    def _remove_variable(self, var: str) -> None:
+        graph = self.graph
+        doomed, todo = set(), [var]
+        while todo:
+            name = todo.pop()
+            if name in doomed:
+                continue
+            doomed.add(name)
+            todo.extend(u for u, slot in graph.consumers(name) if slot >= 0)
+        strangers = sorted(n for n in doomed - {var} if graph.op(n) not in SLOT_USERS)
+        if strangers:  # its value flows further than its own reads and writes: keep it
+            log.warning("diet: slot %s is not removed: %s reads it", var, strangers[0])
+            self.removed.discard(var)
+            return
+        producers = {r.node for n in doomed for r in graph.data_inputs(n)} - doomed
+        for name in doomed:
+            for user in graph.successors(name):
+                if user not in doomed:
+                    drop_control(graph, user, name)
+        for name in sorted(doomed, key=lambda n: -len(_ancestors_in(graph, n, doomed))):
+            graph.remove_node(name)
+        self._prune(producers)
+
+    def _prune(self, candidates) -> None:
+        """Remove candidates nothing reads that compute a value (no variables, no feeds, no
+        stateful ops other than reads), and then their inputs likewise."""
+        graph, todo = self.graph, list(candidates)
+        while todo:
+            name = todo.pop()
+            if name not in graph or graph.successors(name):
+                continue
+            op = graph.op(name)
+            node = graph.node_def(name)
+            if parameters.is_variable(graph, name) or bind.is_resource_placeholder(node) or \
+                    op in ("Placeholder", "PlaceholderWithDefault", "NoOp") or (
+                    op not in parameters.READ_OPS and _stateful(op)):
+                continue
+            inputs = [r.node for r in graph.inputs(name)]
+            graph.remove_node(name)
+            todo.extend(inputs)
+
+
+def _ancestors_in(graph: Graph, name: str, within: set[str]) -> set[str]:
+    found, todo = set(), [name]
+    while todo:
+        for ref in graph.inputs(todo.pop()):
+            if ref.node in within and ref.node not in found:
+                found.add(ref.node)
+                todo.append(ref.node)
+    return found
+
+
+def _stateful(op: str) -> bool:
+    from .. import ops
+
+    return ops.is_stateful(op)
+
+
+def _other_float_variables(graph: Graph, shapes, options: DietOptions,
+                           diet: _Diet) -> list[str]:
+    """Float variables of at least min_size elements that the step writes and the pass did not
+    diet (and that are not slots it removed or added): what the warning lists."""
+    out = []
+    done = set(diet.dieted) | diet.removed | {e.variable for e in diet.added}
+    for name in parameters.variables(graph):
+        if name in done:
+            continue
+        node = graph.node_def(name)
+        if node.op in bind.PLACEHOLDERS:
+            spec = _placeholder_spec(graph, shapes, name)
+            if spec is None:
+                continue
+            dtype, size = spec
+        else:
+            shape = _known_shape(node)
+            dtype = node.attr["dtype"].type
+            size = None if shape is None else int(np.prod(shape))
+        if dtypes.base(dtype) != types_pb2.DT_FLOAT or size is None or size < options.min_size:
+            continue
+        if _writers(graph, name):
+            out.append(name)
+    return out
+
+
+def _placeholder_spec(graph: Graph, shapes, name: str):
+    try:
+        spec = bind.value_spec(graph, shapes, name)
+    except GraphRewriteError:  # no shape recorded: not listed
+        return None
+    return spec.dtype, int(np.prod(spec.shape))
+
+
+def _writers(graph: Graph, var: str) -> list[str]:
+    """Ops that change the variable in the step (not initializers, restores or reads)."""
+    out = []
+    for user, slot in graph.consumers(TensorRef(var)):
+        op = graph.op(user)
+        if slot == 0 and (op in APPLY_OPS or op.startswith(("ResourceApply", "Apply",
+                                                            "AssignAdd", "AssignSub",
+                                                            "ResourceScatter", "Scatter"))):
+            out.append(user)
+    return out
+
+
+def _why_not(graph: Graph, var: str) -> str:
+    ops_seen = sorted({graph.op(w) for w in _writers(graph, var)})
+    if any(o.startswith(("AssignAdd", "AssignSub")) for o in ops_seen):
+        return ("updated by " + "/".join(ops_seen) + " (a Keras optimizer's decomposed update: "
+                "not supported yet)")
+    return "updated by " + "/".join(ops_seen) + " (not a supported optimizer update)"
+
+
+# --------------------------------------------------------------------------- frozen graphs
+
+FLOAT_CONST = types_pb2.DT_FLOAT
+
+
+def _diet_constants(graph: Graph, options: DietOptions) -> DietResult:
+    """Large float32 constants stored in 16 bits: int16 with a per-constant scale (its largest
+    magnitude over 32767: no constant clips) or bfloat16, dequantized where read; the constant
+    keeps its name, as the dequantization."""
+    from tensorflow.python.framework import tensor_util
+
+    graph = graph.copy()
+    fmt = FORMATS[options.format]
+    done, saved = [], 0
+    for name in list(graph.nodes()):
+        node = graph.node_def(name)
+        if node.op != "Const" or node.attr["dtype"].type != FLOAT_CONST:
+            continue
+        value = tensor_util.MakeNdarray(node.attr["value"].tensor)
+        if value.size < max(options.min_size, 1) or not np.all(np.isfinite(value)):
+            continue
+        b = _Builder(graph, f"{name}/{PREFIX}", node.device)
+        if fmt == types_pb2.DT_BFLOAT16:
+            import tensorflow as tf
+
+            raw = b.const("raw", value.astype(tf.bfloat16.as_numpy_dtype),
+                          tf.bfloat16.as_numpy_dtype)
+            scale = 1.0
+        else:
+            peak = float(np.max(np.abs(value))) or 1.0
+            scale = peak / INT16_MAX
+            raw = b.const("raw", np.clip(np.round(value / scale), -INT16_MAX, INT16_MAX),
+                          np.int16)
+        op, args = dequantize(b, raw, fmt, scale)
+        graph.redefine(name, op, args, _dequantize_attrs(fmt))
+        done.append(name)
+        saved += value.size * 2
+    if not done:
+        return DietResult(graph, False, note=f"diet: no variables, and no float32 constant of "
+                                             f"at least min_size={options.min_size} elements")
+    return DietResult(graph, True, constants=done, bytes_saved=saved)

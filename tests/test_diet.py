@@ -1,0 +1,335 @@
+"""The diet pass: 16-bit variables, the diet optimizer update, slots, savers, frozen constants.
+
+The training graphs are built here as TF1 code builds them (tf.compat.v1 layers and optimizers,
+a Saver, the train_op and losses collections), small enough that a session runs 50 steps in a
+second or two.
+"""
+
+import numpy as np
+import pytest
+
+from graphrewrite import io, names, pipeline
+from graphrewrite.errors import GraphRewriteError
+from graphrewrite.passes import diet
+from graphrewrite.passes.base import RecomputeResult
+
+FEATURES, HIDDEN, CLASSES, BATCH = 32, 128, 4, 256
+
+
+# --------------------------------------------------------------------------- options (fast)
+
+def test_options_have_the_documented_defaults_and_refuse_bad_values():
+    options = diet.DietOptions()
+    assert (options.format, options.momentum, options.factored, options.rounding,
+            options.min_size) == ("int16", "drop", True, "stochastic", 1024)
+    assert abs(options.scale - 10 / 32767) < 1e-12
+    parsed = pipeline.pass_options("diet", {"format": "bfloat16", "factored": "false",
+                                            "momentum": "keep", "rounding": "nearest",
+                                            "min_size": "0", "scale": "0.001"})
+    assert (parsed.format, parsed.factored, parsed.momentum, parsed.rounding,
+            parsed.min_size, parsed.scale) == ("bfloat16", False, "keep", "nearest", 0, 0.001)
+    for bad in ({"format": "int8"}, {"momentum": "half"}, {"rounding": "up"},
+                {"scale": "0"}, {"scale": "-1"}, {"min_size": "-3"}):
+        with pytest.raises(GraphRewriteError, match="diet"):
+            pipeline.pass_options("diet", bad)
+
+
+def test_mode_and_help_name_the_options():
+    from graphrewrite.modes import MODE_HELP, MODES
+
+    assert MODES["diet"] == "diet"
+    for option in ("format=int16|bfloat16", "momentum=drop|keep", "factored=true",
+                   "rounding=stochastic|nearest", "min_size=1024", "scale="):
+        assert option in MODE_HELP["diet"]
+    assert pipeline.compose("diet", "diet recompute(policy=memory)") == \
+        "diet recompute(policy=memory)"
+
+
+# --------------------------------------------------------------------------- graphs
+
+def _build(path, optimizer="adam", resource=True, seed=3, lr=None):
+    """A 3-layer MLP training MetaGraphDef: kernels 32x128 and 128x128 (dieted by default),
+    128x4 and the biases (below min_size: float32)."""
+    import tensorflow as tf
+
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.set_random_seed(seed)
+        x = tf.compat.v1.placeholder(tf.float32, [BATCH, FEATURES], name="x")
+        y = tf.compat.v1.placeholder(tf.int32, [BATCH], name="labels")
+        with tf.compat.v1.variable_scope("mlp", use_resource=resource):
+            h = tf.compat.v1.layers.dense(x, HIDDEN, activation=tf.nn.relu, name="dense")
+            h = tf.compat.v1.layers.dense(h, HIDDEN, activation=tf.nn.relu, name="dense_1")
+            logits = tf.compat.v1.layers.dense(h, CLASSES, name="logits")
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=y, logits=logits), name="loss")
+        step = tf.compat.v1.train.get_or_create_global_step()
+        make = {"adam": lambda: tf.compat.v1.train.AdamOptimizer(lr or 3e-4),
+                "momentum": lambda: tf.compat.v1.train.MomentumOptimizer(lr or 0.01, 0.9),
+                "sgd": lambda: tf.compat.v1.train.GradientDescentOptimizer(lr or 0.1)}
+        train = make[optimizer]().minimize(loss, global_step=step)
+        tf.compat.v1.add_to_collection("train_op", train)
+        tf.compat.v1.add_to_collection("losses", loss)
+        saver = tf.compat.v1.train.Saver()
+        meta = tf.compat.v1.train.export_meta_graph(saver_def=saver.as_saver_def())
+    path.write_bytes(meta.SerializeToString())
+    return path
+
+
+@pytest.fixture(scope="module")
+def graphs(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("diet")
+    built = {}
+    for optimizer, resource in (("adam", True), ("adam", False), ("momentum", True),
+                                ("momentum", False), ("sgd", True)):
+        key = f"{optimizer}_{'resource' if resource else 'ref'}"
+        built[key] = _build(directory / f"{key}.meta", optimizer, resource)
+    return built
+
+
+def _diet(path, out, passes="diet"):
+    model = io.load(path)
+    result = pipeline.optimize(model, "diet", composed=passes)
+    io.save(model, result.graph, out)
+    return result, io.load(out)
+
+
+def _data(seed=0):
+    """A fixed batch with labels the model cannot fit quickly (a noisy rule), so the loss falls
+    slowly and two optimizers can be compared on it."""
+    rng = np.random.RandomState(seed)
+    x = rng.standard_normal([BATCH, FEATURES]).astype(np.float32)
+    rule = x[:, :CLASSES].argmax(1)
+    noise = rng.randint(0, CLASSES, BATCH)
+    y = np.where(rng.uniform(size=BATCH) < 0.3, rule, noise).astype(np.int32)
+    return x, y
+
+
+def _train(path, steps, checkpoint=None):
+    """Losses of `steps` steps from the graph's initializers; optionally saves a checkpoint
+    with the graph's own Saver and returns every global variable's value too."""
+    import tensorflow as tf
+
+    graph = tf.Graph()
+    x, y = _data()
+    with graph.as_default():
+        saver = tf.compat.v1.train.import_meta_graph(str(path))
+        init = tf.compat.v1.global_variables_initializer()
+        train_op = tf.compat.v1.get_collection("train_op")[0]
+        loss = graph.get_tensor_by_name("loss:0")
+        variables = tf.compat.v1.global_variables()
+        with tf.compat.v1.Session(graph=graph) as session:
+            session.run(init)
+            losses = [session.run([loss, train_op], {"x:0": x, "labels:0": y})[0]
+                      for _ in range(steps)]
+            values = {}
+            if checkpoint:
+                saver.save(session, str(checkpoint))
+                values = dict(zip([v.op.name for v in variables], session.run(variables)))
+    return losses, values
+
+
+# --------------------------------------------------------------------------- structure
+
+@pytest.mark.tf
+def test_adam_weights_become_int16_with_factored_slots_and_no_adam_slots(graphs, tmp_path):
+    from tensorflow.core.framework import types_pb2, variable_pb2
+
+    result, model = _diet(graphs["adam_resource"], tmp_path / "diet.meta")
+    facts = result.results["diet"]
+    assert sorted(facts.dieted) == ["mlp/dense/kernel", "mlp/dense_1/kernel"]
+    graph = model.graph
+    for kernel, rows in (("mlp/dense/kernel", FEATURES), ("mlp/dense_1/kernel", HIDDEN)):
+        assert graph.node_def(kernel).attr["dtype"].type == types_pb2.DT_INT16
+        assert kernel + "/Adam" not in graph and kernel + "/Adam_1" not in graph
+        dims = [d.size for d in graph.node_def(kernel + "/diet_rows").attr["shape"].shape.dim]
+        assert dims == [rows, 1]
+        dims = [d.size for d in graph.node_def(kernel + "/diet_cols").attr["shape"].shape.dim]
+        assert dims == [1, HIDDEN]
+        # every read of the int16 value is dequantized; the old read names are float32 now
+        reads = [u for u, _ in graph.consumers(kernel) if graph.op(u) == "ReadVariableOp"]
+        assert reads and all(graph.node_def(r).attr["dtype"].type == types_pb2.DT_INT16
+                             for r in reads)
+        assert graph.op(kernel + "/Read/ReadVariableOp") == "Mul"
+    # small variables keep their Adam slots
+    assert "mlp/logits/kernel/Adam" in graph and "mlp/dense/bias/Adam_1" in graph
+    assert not graph.check()
+    # the collections list the new slots and not the removed ones
+    listed = set()
+    for data in model.meta_graph.collection_def["variables"].bytes_list.value:
+        definition = variable_pb2.VariableDef()
+        definition.ParseFromString(data)
+        listed.add(definition.variable_name.split(":")[0])
+    assert "mlp/dense/kernel/diet_rows" in listed and "mlp/dense/kernel/Adam" not in listed
+    # stochastic rounding: one random op per dieted update, inside the update
+    randoms = [n for n in graph.nodes() if graph.op(n) == "RandomUniform"
+               and diet.PREFIX in n]
+    assert len(randoms) == 2
+
+
+@pytest.mark.tf
+@pytest.mark.parametrize("options,expect", [
+    ("format=bfloat16", "bfloat16"),
+    ("momentum=keep", "keep"),
+    ("factored=false", "full"),
+    ("rounding=nearest", "nearest"),
+    ("format=bfloat16, rounding=nearest", "bfloat16"),
+    ("min_size=100000", "nothing"),
+])
+def test_each_option_rewrites_as_documented_and_still_trains(graphs, tmp_path, options, expect):
+    from tensorflow.core.framework import types_pb2
+
+    result, model = _diet(graphs["adam_resource"], tmp_path / "diet.meta", f"diet({options})")
+    graph = model.graph
+    kernel = "mlp/dense_1/kernel"
+    if expect == "nothing":
+        assert not result.results["diet"].dieted and "no variable" in result.results["diet"].note
+        return
+    dtype = graph.node_def(kernel).attr["dtype"].type
+    assert dtype == (types_pb2.DT_BFLOAT16 if expect == "bfloat16" else types_pb2.DT_INT16)
+    assert (kernel + "/Adam" in graph) == (expect == "keep")          # first moment
+    assert (kernel + "/Adam_1" in graph) == (expect == "full")        # full second moment
+    assert (kernel + "/diet_rows" in graph) == (expect != "full")
+    randoms = [n for n in graph.nodes() if graph.op(n) in ("RandomUniform", "RandomUniformInt")]
+    assert bool(randoms) == ("nearest" not in options)
+    losses, _ = _train(tmp_path / "diet.meta", 20)
+    assert np.isfinite(losses).all() and losses[-1] < losses[0]
+
+
+@pytest.mark.tf
+def test_adam_diet_after_50_steps_is_within_10_percent_of_the_original(graphs, tmp_path):
+    _diet(graphs["adam_resource"], tmp_path / "diet.meta")
+    original, _ = _train(graphs["adam_resource"], 50)
+    dieted, _ = _train(tmp_path / "diet.meta", 50)
+    assert dieted[0] == pytest.approx(original[0], rel=1e-2)  # the same start, quantized
+    assert dieted[-1] < 0.8 * dieted[0]
+    assert abs(dieted[-1] - original[-1]) <= 0.1 * original[-1], (original[-1], dieted[-1])
+
+
+@pytest.mark.tf
+@pytest.mark.parametrize("key", ["adam_ref", "momentum_resource", "momentum_ref", "sgd_resource"])
+def test_other_optimizer_forms_are_dieted_and_train(graphs, tmp_path, key):
+    result, model = _diet(graphs[key], tmp_path / "diet.meta")
+    assert sorted(result.results["diet"].dieted) == ["mlp/dense/kernel", "mlp/dense_1/kernel"]
+    if key.startswith("momentum"):
+        assert "mlp/dense/kernel/Momentum" not in model.graph
+        assert "mlp/logits/kernel/Momentum" in model.graph
+    original, _ = _train(graphs[key], 30)
+    dieted, _ = _train(tmp_path / "diet.meta", 30)
+    assert dieted[-1] < dieted[0]
+    assert abs(dieted[-1] - original[-1]) <= 0.15 * original[-1], (original[-1], dieted[-1])
+
+
+@pytest.mark.tf
+def test_checkpoint_holds_float_weights_and_the_diet_slots_and_restores(graphs, tmp_path):
+    import tensorflow as tf
+
+    _diet(graphs["adam_resource"], tmp_path / "diet.meta")
+    _, saved = _train(tmp_path / "diet.meta", 5, checkpoint=tmp_path / "ckpt")
+    reader = tf.train.load_checkpoint(str(tmp_path / "ckpt"))
+    kinds = reader.get_variable_to_dtype_map()
+    assert kinds["mlp/dense/kernel"] == tf.float32  # the dequantized value
+    assert "mlp/dense/kernel/diet_rows" in kinds and "mlp/dense/kernel/Adam" not in kinds
+    assert "mlp/logits/kernel/Adam" in kinds
+    scale = diet.DietOptions().scale
+    assert np.array_equal(reader.get_tensor("mlp/dense/kernel"),
+                          saved["mlp/dense/kernel"].astype(np.float32) * np.float32(scale))
+    graph = tf.Graph()
+    with graph.as_default():
+        saver = tf.compat.v1.train.import_meta_graph(str(tmp_path / "diet.meta"))
+        variables = tf.compat.v1.global_variables()
+        with tf.compat.v1.Session(graph=graph) as session:
+            saver.restore(session, str(tmp_path / "ckpt"))
+            restored = dict(zip([v.op.name for v in variables], session.run(variables)))
+    assert set(restored) == set(saved)
+    for name, value in saved.items():
+        assert restored[name].dtype == value.dtype and np.array_equal(restored[name], value), name
+
+
+@pytest.mark.tf
+@pytest.mark.parametrize("fmt", ["int16", "bfloat16"])
+def test_stochastic_rounding_is_unbiased_and_nearest_is_not(fmt):
+    """10^5 draws of one value between two representable ones: stochastic rounding's mean is
+    the value; rounding to nearest always gives the same neighbour."""
+    import tensorflow as tf
+    from tensorflow.core.framework import graph_pb2
+
+    from graphrewrite.graph import Graph
+    from graphrewrite.tensor_ref import TensorRef
+
+    options = diet.DietOptions(format=fmt)
+    if fmt == "int16":  # grid points k * scale, as the graph computes them
+        q = options.scale
+        low = float(np.float32(3277) * np.float32(q))
+    else:  # bfloat16's spacing in [1, 2)
+        q, low = 2.0 ** -7, 1.0
+    value = float(np.float32(low + 0.3 * q))
+    shape = (100000,)
+    graph = Graph.from_graph_def(graph_pb2.GraphDef())
+    b = diet._Builder(graph, "t")
+    x = b.const("x", np.full(shape, value, np.float32))
+    outputs = []
+    for stochastic in (True, False):
+        raw = diet.quantize(b, x, shape, diet.FORMATS[fmt], options.scale, stochastic, 1)
+        op, args = diet.dequantize(b, raw, diet.FORMATS[fmt], options.scale)
+        outputs.append(b.op("out", op, args, **diet._dequantize_attrs(diet.FORMATS[fmt])))
+    with tf.Graph().as_default() as tf_graph:
+        tf.graph_util.import_graph_def(graph.to_graph_def(), name="")
+        with tf.compat.v1.Session(graph=tf_graph) as session:
+            stochastic, nearest = session.run([f"{r.node}:0" for r in outputs])
+    assert set(np.round((stochastic - low) / q).astype(int)) == {0, 1}
+    assert abs(stochastic.mean() - value) < 0.01 * q
+    assert np.all(nearest == np.float32(low))
+
+
+@pytest.mark.tf
+def test_recompute_after_diet_never_copies_its_random_ops(tmp_path):
+    import tensorflow as tf
+
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [BATCH, FEATURES], name="x")
+        y = tf.compat.v1.placeholder(tf.int32, [BATCH], name="labels")
+        h = x
+        for i in range(8):
+            h = tf.compat.v1.layers.dense(h, 64, activation=tf.nn.tanh, name=f"d{i}")
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=y, logits=tf.compat.v1.layers.dense(h, CLASSES, name="out")), name="loss")
+        train = tf.compat.v1.train.AdamOptimizer(1e-3).minimize(loss)
+        tf.compat.v1.add_to_collection("train_op", train)
+        tf.compat.v1.add_to_collection("losses", loss)
+        meta = tf.compat.v1.train.export_meta_graph()
+    (tmp_path / "deep.meta").write_bytes(meta.SerializeToString())
+    result, model = _diet(tmp_path / "deep.meta", tmp_path / "out.meta",
+                          "diet(min_size=1000) recompute(policy=memory)")
+    assert len(result.results["diet"].dieted) == 8  # d0..d7; out (64x4) is too small
+    assert result.of(RecomputeResult).recomputed, "recompute should rewrite this graph"
+    graph = model.graph
+    randoms = {n for n in graph.nodes() if graph.op(n) == "RandomUniform"}
+    assert len(randoms) == 8
+    copies = {names.copied_from(n) for n in graph.nodes()} - {None}
+    assert not copies & randoms
+    assert not any(names.copied_from(n) for n in graph.nodes()
+                   if graph.op(n) in ("RandomUniform", "RandomUniformInt"))
+    losses, _ = _train(tmp_path / "out.meta", 5)
+    assert np.isfinite(losses).all()
+
+
+@pytest.mark.tf
+def test_frozen_graph_constants_are_stored_in_16_bits(tmp_path):
+    from conftest import fixture_path
+
+    from graphrewrite import verify
+
+    model = io.load(fixture_path("mlp"))
+    result = pipeline.optimize(model, "diet", composed="diet")
+    facts = result.results["diet"]
+    assert facts.constants and facts.bytes_saved > 0
+    for name in facts.constants:
+        assert result.graph.op(name) == "Mul"  # the constant's name now reads the dequantized
+    io.save(model, result.graph, tmp_path / "mlp.pbtxt")
+    # the loss moves by the weights' quantization error (the gradients, of small magnitude
+    # and sums of many terms, move more in relative terms)
+    checked = verify.verify(model, io.load(tmp_path / "mlp.pbtxt"), ["outputs/loss"], runs=0,
+                            isolated=False, rtol=1e-2)
+    assert checked.match, checked.to_json()["mismatched"]
