@@ -177,7 +177,7 @@ mode_option = click.option("--mode", default="memory", show_default=True, metava
                    "options: e.g. 'recompute(policy=memory) accumulate relax_assign', "
                    "'recompute(policy=collection, checkpoints=\"op:Conv2D,scope:stem\")' "
                    "(quote a value holding a comma, space or parenthesis). Passes: recompute, "
-                   "swap, accumulate, relax_assign. The report's pipeline replays a run.")
+                   "swap, accumulate, relax_assign, diet. The report's pipeline replays a run.")
 @click.option("--report", "report_path", type=click.Path(),
               help="Also write the report as JSON to this file.")
 @click.option("--explain", metavar="NODE", multiple=True,
@@ -253,6 +253,10 @@ def _parse_feeds(ctx, param, values):
 @click.option("--feed", "feeds", multiple=True, metavar="NAME=FILE.npy", callback=_parse_feeds,
               help="Feed this array instead of a random one (repeatable).")
 @click.option("--runs", default=5, show_default=True, help="Timed steps per model.")
+@click.option("--steps", default=0, show_default=True, metavar="N",
+              help="For lossy rewrites (mode diet): run N training steps of both, step k on "
+                   "the same seeded batch, and compare the final losses within --rtol; the "
+                   "report shows both loss curves. 0: the bitwise two-step check.")
 @click.option("--seed", default=0, show_default=True, help="Seed of the random inputs.")
 @click.option("--int-high", default=10, show_default=True,
               help="Integer inputs are drawn from [0, INT_HIGH) (class ids, token ids).")
@@ -267,7 +271,7 @@ def _parse_feeds(ctx, param, values):
                    "(tensorboard --logdir DIR: the graphs with per-node memory and time).")
 @analysis_options
 @tag_option
-def verify(original_path, rewritten_path, rtol, atol, feeds, runs, seed, int_high, as_json,
+def verify(original_path, rewritten_path, rtol, atol, feeds, runs, steps, seed, int_high, as_json,
            plot_path, trace_dir, input_shapes, outputs, backward_scope, tag):
     """Run ORIGINAL and REWRITTEN on the same seeded inputs and compare every output.
 
@@ -284,7 +288,8 @@ def verify(original_path, rewritten_path, rtol, atol, feeds, runs, seed, int_hig
     original = io.load(original_path, tag=tag)
     rewritten = io.load(rewritten_path, tag=tag)
     result = verify_mod.verify(original, rewritten, outputs, input_shapes,
-                               verify_mod.load_feeds(feeds), rtol, atol, runs, seed, int_high)
+                               verify_mod.load_feeds(feeds), rtol, atol, runs, seed, int_high,
+                               steps=steps)
     facts = result.to_json()
     if as_json:
         click.echo(json.dumps(facts, indent=2))
@@ -310,6 +315,8 @@ def verify(original_path, rewritten_path, rtol, atol, feeds, runs, seed, int_hig
 def format_verify(facts: dict) -> str:
     """`verify`'s side-by-side table for people."""
     peak, step = facts["peak_bytes"], facts["step_seconds"]
+    if "loss_curves" in facts:
+        return _format_curves(facts)
 
     def ratio(a, b):
         return f"{b / a:.2f}x" if a and b else "-"
@@ -452,6 +459,27 @@ def dump(model_path, tag):
     click.echo(text.dump(model.graph, model.meta_graph), nl=False)
 
 
+def _format_curves(facts: dict) -> str:
+    """`verify --steps`: both loss curves and the verdict on the final losses."""
+    curves, final = facts["loss_curves"], facts["final_loss"]
+    peak = facts["peak_bytes"]
+    verdict = "MATCH" if facts["match"] else "MISMATCH"
+    change = (final["rewritten"] - final["original"]) / final["original"] \
+        if final["original"] else float("inf")
+    lines = [f"loss          {verdict}: final {final['original']:.4g} -> {final['rewritten']:.4g} "
+             f"({change:+.1%}; rtol {facts['rtol']:g}) after {facts['steps']} steps "
+             f"of {facts['loss']}",
+             f"{'step':>13} {'original':>12} {'rewritten':>12}"]
+    shown = sorted({0, len(curves["original"]) - 1,
+                    *range(0, len(curves["original"]), max(1, len(curves["original"]) // 8))})
+    lines += [f"{k + 1:>13} {curves['original'][k]:>12.5g} {curves['rewritten'][k]:>12.5g}"
+              for k in shown]
+    lines.append(f"{'peak memory':13} {format_bytes(peak['original'] or 0):>12} "
+                 f"{format_bytes(peak['rewritten'] or 0):>12}")
+    lines.append(f"device        {facts['device']}")
+    return "\n".join(lines)
+
+
 @main.command()
 @click.argument("model_path", metavar="IN", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="One JSON object (keys in the README).")
@@ -474,6 +502,9 @@ def inspect(model_path, as_json, top, plot_path, input_shapes, outputs, backward
                              fetches=outputs)
     as_run = analysis.as_run(model, model.graph, found, input_shapes)
     facts.update(summary.memory_facts(found, top, as_run))
+    from graphrewrite import state
+
+    facts.update(state.parameter_facts(model.graph, found.shapes))
     if plot_path:
         from graphrewrite import plot
 
@@ -591,6 +622,13 @@ def format_summary(facts: dict) -> str:
                         f"nodes; gradient seed {', '.join(facts['gradient_seeds']) or 'none'}"),
             ("FLOPs", f"{facts['flops'] / 1e9:.3f} GFLOP per step"),
         ]
+        if facts.get("bytes_per_parameter"):
+            rows.append(("parameters", f"{facts['trainable_parameters']} trainable, "
+                                       f"{facts['bytes_per_parameter']:.2f} bytes each with "
+                                       "optimizer state" + (
+                                           f" ({facts['bytes_per_parameter_2d']:.2f} for "
+                                           "matrices)" if facts["bytes_per_parameter_2d"]
+                                           else "")))
         unknown = facts["unknown_shapes"]
         if unknown["count"]:
             rows.append(("unknown sizes", f"{unknown['count']} tensors count 0 bytes (e.g. "

@@ -275,6 +275,26 @@ def run_step(message, feeds: dict[str, np.ndarray], fetches: list[str],
                            variables, timeline, traced_metadata)
 
 
+def loss_curve(message, batches: list[dict[str, np.ndarray]], fetches: list[str],
+               loss: str) -> list[float]:
+    """Run one training step per batch (variables initialised once, as `run_step` does) and
+    return the loss tensor's value after each: what `verify --steps` compares for lossy
+    rewrites. Resource placeholders are bound from the first batch's values."""
+    imported = _import(message, batches[0])
+    session, run_list, _, _ = _open_session(imported, batches[0], fetches, None)
+    graph = imported.graph
+    target = graph.get_tensor_by_name(loss)
+    bound = {k.split(":")[0] for k in imported.input_map}
+    losses = []
+    with session:
+        for batch in batches:
+            feed = {graph.get_tensor_by_name(_tensor_name(k)): v for k, v in batch.items()
+                    if k not in bound}
+            value = session.run([target] + [t for t in run_list if t is not target], feed)[0]
+            losses.append(float(value))
+    return losses
+
+
 def random_feeds(graph, shapes, seed: int = 0, int_high: int = 10,
                  given: set[str] = frozenset()) -> dict[str, np.ndarray]:
     """Seeded inputs for every placeholder not `given`: normal floats, integers in [0, int_high),

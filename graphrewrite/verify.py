@@ -45,12 +45,15 @@ class VerifyResult:
     fetches: list[str] = field(default_factory=list)
     steps: int = 0
     cause: str = ""  # why they differ, when a mismatch was traced to Grappler (mismatch.py)
+    curves: dict = field(default_factory=dict)  # --steps: {"loss", "original", "rewritten"}
 
     @property
     def max_abs_diff(self) -> float:
         return max((c.max_abs_diff for c in self.comparisons), default=0.0)
 
     def to_json(self) -> dict:
+        if self.curves:
+            return self._curves_json()
         return {
             "match": self.match,
             "max_abs_diff": self.max_abs_diff,
@@ -59,6 +62,24 @@ class VerifyResult:
             "variables_compared": sum(c.step is None for c in self.comparisons),
             "mismatched": list(dict.fromkeys(c.name for c in self.comparisons if not c.equal)),
             "cause": self.cause or None,
+            "peak_bytes": {"original": self.original.peak_bytes,
+                           "rewritten": self.rewritten.peak_bytes},
+            "step_seconds": {"original": self.original.median_seconds,
+                             "rewritten": self.rewritten.median_seconds},
+            "device": self.original.device,
+        }
+
+
+    def _curves_json(self) -> dict:
+        """A lossy rewrite's report: the loss after each of the N steps, for both graphs."""
+        first, second = self.curves["original"], self.curves["rewritten"]
+        return {
+            "match": self.match,
+            "steps": self.steps,
+            "loss": self.curves["loss"],
+            "loss_curves": {"original": first, "rewritten": second},
+            "final_loss": {"original": first[-1], "rewritten": second[-1]},
+            "rtol": self.curves["rtol"],
             "peak_bytes": {"original": self.original.peak_bytes,
                            "rewritten": self.rewritten.peak_bytes},
             "step_seconds": {"original": self.original.median_seconds,
@@ -81,9 +102,13 @@ def load_feeds(specs: dict[str, str]) -> dict[str, np.ndarray]:
 def verify(original: Model, rewritten: Model, fetches: list[str] | None = None,
            input_shapes: dict | None = None, feeds: dict[str, np.ndarray] | None = None,
            rtol: float = 0.0, atol: float = 0.0, runs: int = 5, seed: int = 0,
-           int_high: int = 10, isolated: bool = True) -> VerifyResult:
+           int_high: int = 10, isolated: bool = True, steps: int = 0) -> VerifyResult:
     """Run both models on equal inputs for two steps; compare every fetched output of each step
     and every variable after them, and measure both.
+
+    `steps` > 0 is for lossy rewrites (diet): both run that many training steps, step k on the
+    same seeded batch (seed + k), and match when their final losses agree within `rtol` (and
+    `atol`); the variables, of other dtypes now, are not compared.
 
     `isolated` runs each model in a fresh process, so both are measured from an empty allocator,
     and times them in a third; otherwise all of it runs in this process (faster, for tests).
@@ -105,6 +130,9 @@ def verify(original: Model, rewritten: Model, fetches: list[str] | None = None,
     _require_kernels(rewritten)
     log.info("verify: %d inputs, %d outputs, %d timed runs each", len(inputs), len(fetches), runs)
     run = measure.run_step_isolated if isolated else measure.run_step
+    if steps:
+        return _verify_steps(original, rewritten, fetches, shapes, given, inputs, rtol, atol,
+                             runs, seed, int_high, steps, run)
     first = run(original.runnable(), inputs, fetches, 0)
     second = run(rewritten.runnable(), inputs, fetches, 0)
     if runs:
@@ -119,6 +147,58 @@ def verify(original: Model, rewritten: Model, fetches: list[str] | None = None,
         lambda a, b: all(c.equal for c in compare(a, b, 0.0, 0.0)), isolated)
     return VerifyResult(match, comparisons, first, second, fetches, len(first.step_outputs),
                         cause)
+
+
+def _verify_steps(original, rewritten, fetches, shapes, given, inputs, rtol, atol, runs, seed,
+                  int_high, steps, run) -> VerifyResult:
+    loss = _loss_output(original, fetches, shapes)
+    batches = [inputs] + [{**measure.random_feeds(original.graph, shapes, seed + k, int_high,
+                                                  set(given)), **given}
+                          for k in range(1, steps)]
+    curves = {"loss": loss, "rtol": rtol}
+    import tensorflow as tf
+
+    for label, model in (("original", original), ("rewritten", rewritten)):
+        try:
+            curves[label] = measure.loss_curve(model.runnable(), batches, fetches, loss)
+        except tf.errors.OpError as err:
+            raise GraphRewriteError(f"--steps: the {label} graph failed at a training step: "
+                                    f"{_first_cause(err.message)}") from None
+    first = run(original.runnable(), inputs, fetches, runs)
+    second = run(rewritten.runnable(), inputs, fetches, runs)
+    a, b = curves["original"][-1], curves["rewritten"][-1]
+    match = bool(np.isfinite(b) and abs(a - b) <= atol + rtol * abs(a))
+    return VerifyResult(match, [], first, second, fetches, steps, "", curves)
+
+
+def _first_cause(message: str) -> str:
+    """The line of a TensorFlow error that says what went wrong (not where)."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    useful = [line for line in lines if not line.startswith(
+        ("Graph execution error", "Detected at", "File ", "[[", "Node:", "Original stack"))
+        and not line.endswith(":")]
+    return (useful or lines or ["unknown error"])[0]
+
+
+def _loss_output(model: Model, fetches: list[str], shapes) -> str:
+    """The loss: the first fetched float scalar (a MetaGraphDef's `losses`, a TF2 step's
+    returned value)."""
+    from .tensor_ref import TensorRef
+
+    for name in fetches:
+        ref = TensorRef.parse(name)
+        info = shapes[ref]
+        if info is not None and info.shape == () and np.issubdtype(
+                _numpy_dtype(info.dtype), np.floating):
+            return str(ref) if ":" in name else f"{ref.node}:0"
+    raise GraphRewriteError("--steps needs a scalar float loss among the fetched outputs "
+                            "(give it with --outputs)")
+
+
+def _numpy_dtype(dtype: int):
+    import tensorflow as tf
+
+    return tf.dtypes.as_dtype(dtype).as_numpy_dtype
 
 
 def compare(first: measure.StepMeasurement, second: measure.StepMeasurement, rtol: float,

@@ -333,3 +333,36 @@ def test_frozen_graph_constants_are_stored_in_16_bits(tmp_path):
     checked = verify.verify(model, io.load(tmp_path / "mlp.pbtxt"), ["outputs/loss"], runs=0,
                             isolated=False, rtol=1e-2)
     assert checked.match, checked.to_json()["mismatched"]
+
+
+@pytest.mark.tf
+def test_verify_steps_compares_loss_curves_and_inspect_counts_bytes(graphs, tmp_path):
+    from conftest import run_cli
+
+    out = tmp_path / "diet.meta"
+    _diet(graphs["adam_resource"], out)
+    from cli.main import format_verify
+
+    from graphrewrite import verify
+
+    original, rewritten = io.load(graphs["adam_resource"]), io.load(out)
+    outcome = verify.verify(original, rewritten, rtol=0.5, runs=1, int_high=CLASSES,
+                            isolated=False, steps=12)
+    facts = outcome.to_json()
+    curves = facts["loss_curves"]
+    assert facts["match"] and facts["steps"] == 12 and facts["loss"] == "loss:0"
+    assert len(curves["original"]) == len(curves["rewritten"]) == 12
+    assert curves["original"][0] == pytest.approx(curves["rewritten"][0], rel=1e-2)
+    assert curves["original"] != curves["rewritten"]  # lossy: the curves differ
+    strict = verify.verify(original, rewritten, rtol=1e-9, runs=0, int_high=CLASSES,
+                           isolated=False, steps=12)
+    shown = format_verify(strict.to_json())
+    assert not strict.match and "MISMATCH" in shown and "rewritten" in shown
+    import json
+
+    before = json.loads(run_cli("inspect", graphs["adam_resource"], "--json").stdout)
+    after = json.loads(run_cli("inspect", out, "--json").stdout)
+    assert before["bytes_per_parameter_2d"] == pytest.approx(12.0)  # value, m, v in float32
+    assert after["bytes_per_parameter_2d"] <= 2.5
+    assert after["trainable_parameters"] == before["trainable_parameters"]
+    assert after["persistent_bytes"] < 0.3 * before["persistent_bytes"]

@@ -52,6 +52,10 @@ INT16_MAX = 32767
 SMALL = "fewer than"  # the reason small variables stay float32
 DEFAULT_SCALE = 10.0 / INT16_MAX  # the seed's: values in [-10, 10], quantum 3.05e-4
 PREFIX = "graphrewrite_diet"
+# Marks for readers of the rewritten graph (`state.py`, checkpoints): a dieted variable's
+# format and scale, and an optimizer slot's variable.
+DIET_ATTR = "_graphrewrite_diet"        # "int16 0.000305..." or "bfloat16"
+SLOT_OF_ATTR = "_graphrewrite_slot_of"  # the variable a (new or kept) slot serves
 FORMATS = {"int16": types_pb2.DT_INT16, "bfloat16": types_pb2.DT_BFLOAT16}
 # Optimizer update ops the pass rewrites, with the input position of each operand.
 ADAM = {"var": 0, "m": 1, "v": 2, "beta1_power": 3, "beta2_power": 4, "lr": 5, "beta1": 6,
@@ -345,6 +349,10 @@ class _Diet:
         controls = [TensorRef(c, -1) for c in graph.control_inputs(apply)]
         self.orphans.update(r.node for r in graph.data_inputs(apply)[1:])
         graph.set_attr(var, "dtype", _type(self.fmt))
+        mark = options.format + (f" {options.scale!r}" if options.format == "int16" else "")
+        graph.set_attr(var, DIET_ATTR, attr_value_pb2.AttrValue(s=mark.encode()))
+        for slot in self._slots(apply):
+            graph.set_attr(slot, SLOT_OF_ATTR, attr_value_pb2.AttrValue(s=var.encode()))
         if resource:
             self._rewrite_resource_users(var, apply, shape)
         else:
@@ -550,6 +558,7 @@ class _Diet:
             trainable=False)
         graph.set_attr(name, NEW_VARIABLE_ATTR,
                        attr_value_pb2.AttrValue(s=definition.SerializeToString()))
+        graph.set_attr(name, SLOT_OF_ATTR, attr_value_pb2.AttrValue(s=var.encode()))
         self.added.append(NewEntry(name, read, name, types_pb2.DT_FLOAT, resource))
         self.bytes_saved -= int(np.prod(shape)) * 4
         return name
