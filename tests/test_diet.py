@@ -366,3 +366,17 @@ def test_verify_steps_compares_loss_curves_and_inspect_counts_bytes(graphs, tmp_
     assert after["bytes_per_parameter_2d"] <= 2.5
     assert after["trainable_parameters"] == before["trainable_parameters"]
     assert after["persistent_bytes"] < 0.3 * before["persistent_bytes"]
+
+
+@pytest.mark.tf
+def test_tf2_keras_step_is_left_float32_with_one_warning_naming_why(caplog):
+    from conftest import fixture_path
+
+    model = io.load(fixture_path("keras_step_tf2"))
+    with caplog.at_level("WARNING", logger="graphrewrite.passes.diet"):
+        result = pipeline.optimize(model, "diet", composed="diet(min_size=0)")
+    facts = result.results["diet"]
+    assert not facts.dieted and not result.results["diet"].modified
+    assert any("decomposed update" in reason for reason in facts.kept_float)
+    warnings = [r for r in caplog.records if "stay float32" in r.getMessage()]
+    assert len(warnings) == 1 and "AssignSubVariableOp" in warnings[0].getMessage()

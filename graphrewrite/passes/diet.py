@@ -185,6 +185,11 @@ class _Builder:
 
     def __init__(self, graph: Graph, prefix: str, device: str = ""):
         self.graph, self.prefix, self.device = graph, prefix, device
+        self.gate: TensorRef | None = None  # a control input for nodes reading no tensor
+
+    def gated(self, name: str, op: str, inputs, **attrs) -> TensorRef:
+        """`op` waiting for `gate` (when set): for reads and random draws."""
+        return self.op(name, op, [*inputs, *([self.gate] if self.gate else [])], **attrs)
 
     def op(self, name: str, op: str, inputs, **attrs) -> TensorRef:
         node = self.graph.unique_name(f"{self.prefix}/{name}")
@@ -240,7 +245,7 @@ def quantize(b: _Builder, value: TensorRef, shape: tuple, fmt: int, scale: float
         if stochastic:
             bits = b.op("bits", "Bitcast", [value], T=_type(float_type),
                         type=_type(types_pb2.DT_INT32))
-            noise = b.op("noise", "RandomUniformInt",
+            noise = b.gated("noise", "RandomUniformInt",
                          [b.const("shape", shape, np.int32), b.const("low", 0, np.int32),
                           b.const("high", 1 << 16, np.int32)],
                          T=_type(types_pb2.DT_INT32), Tout=_type(types_pb2.DT_INT32),
@@ -253,7 +258,7 @@ def quantize(b: _Builder, value: TensorRef, shape: tuple, fmt: int, scale: float
         return b.cast(value, float_type, fmt, "quantize")
     scaled = b.binary("Mul", value, b.const("inverse_scale", 1.0 / scale), "scaled")
     if stochastic:
-        noise = b.op("noise", "RandomUniform", [b.const("shape", shape, np.int32)],
+        noise = b.gated("noise", "RandomUniform", [b.const("shape", shape, np.int32)],
                      T=_type(types_pb2.DT_INT32), dtype=_type(float_type), seed=_int(seed),
                      seed2=_int(_seed2(b.prefix)))
         rounded = b.unary("Floor", b.binary("AddV2", scaled, noise, "add_noise"), "rounded")
@@ -358,6 +363,10 @@ class _Diet:
         else:
             self._rewrite_ref_users(var, apply, shape)
         b = _Builder(graph, f"{apply}/{PREFIX}", graph.node_def(apply).device)
+        # Reads and random draws have no input from the step: gated on the gradient, they run
+        # when the update can, instead of at the step's start holding a float32 copy of
+        # every weight (and its noise) through the forward and backward passes.
+        b.gate = TensorRef(inputs["grad"].node, -1)
         current = self._read(b, var, resource)
         kind = "adam" if positions is ADAM else "momentum" if positions is MOMENTUM else "sgd"
         step, slot_writes = getattr(self, "_" + kind)(b, inputs, attrs, shape, resource, var)
@@ -379,9 +388,9 @@ class _Diet:
     def _read(self, b: _Builder, var: str, resource: bool) -> TensorRef:
         """The variable's current value, dequantized, read where the update runs."""
         if resource:
-            raw = b.op("read", "ReadVariableOp", [TensorRef(var)], dtype=_type(self.fmt))
+            raw = b.gated("read", "ReadVariableOp", [TensorRef(var)], dtype=_type(self.fmt))
         else:
-            raw = TensorRef(var)
+            raw = b.gated("read", "Identity", [TensorRef(var)], T=_type(self.fmt))
         op, args = dequantize(b, raw, self.fmt, self.options.scale)
         return b.op("current", op, args, **_dequantize_attrs(self.fmt))
 
@@ -515,10 +524,11 @@ class _Diet:
                     resource: bool, name: str) -> tuple[TensorRef, str]:
         """slot = keep * slot + take * value; returns (the new value, the write)."""
         if resource:
-            old = b.op(f"{name}_old", "ReadVariableOp", [TensorRef(slot)],
-                       dtype=_type(types_pb2.DT_FLOAT))
+            old = b.gated(f"{name}_old", "ReadVariableOp", [TensorRef(slot)],
+                          dtype=_type(types_pb2.DT_FLOAT))
         else:
-            old = TensorRef(slot)
+            old = b.gated(f"{name}_old", "Identity", [TensorRef(slot)],
+                          T=_type(types_pb2.DT_FLOAT))
         new = b.binary("AddV2", b.binary("Mul", keep, old, f"{name}_kept"),
                        b.binary("Mul", take, value, f"{name}_taken"), f"{name}_new")
         if resource:
@@ -685,8 +695,9 @@ def _writers(graph: Graph, var: str) -> list[str]:
 def _why_not(graph: Graph, var: str) -> str:
     ops_seen = sorted({graph.op(w) for w in _writers(graph, var)})
     if any(o.startswith(("AssignAdd", "AssignSub")) for o in ops_seen):
-        return ("updated by " + "/".join(ops_seen) + " (a Keras optimizer's decomposed update: "
-                "not supported yet)")
+        return ("updated by " + "/".join(ops_seen) + " (a decomposed update: a Keras "
+                "optimizer's, or tf.compat.v1 Adam's sparse update of an embedding; not "
+                "supported yet)")
     return "updated by " + "/".join(ops_seen) + " (not a supported optimizer update)"
 
 
