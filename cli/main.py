@@ -177,7 +177,8 @@ mode_option = click.option("--mode", default="memory", show_default=True, metava
                    "options: e.g. 'recompute(policy=memory) accumulate relax_assign', "
                    "'recompute(policy=collection, checkpoints=\"op:Conv2D,scope:stem\")' "
                    "(quote a value holding a comma, space or parenthesis). Passes: recompute, "
-                   "swap, accumulate, relax_assign, diet. The report's pipeline replays a run.")
+                   "swap, defer, accumulate, relax_assign, diet. The report's pipeline replays "
+                   "a run.")
 @click.option("--report", "report_path", type=click.Path(),
               help="Also write the report as JSON to this file.")
 @click.option("--explain", metavar="NODE", multiple=True,
@@ -565,6 +566,9 @@ def format_optimize(facts: dict) -> str:
     if facts["accumulated"]:
         rows.append(("accumulated", f"{len(facts['accumulated'])} AddN sums now add as their "
                                     f"terms arrive ({_shorten(facts['accumulated'], 3)})"))
+    if facts["deferred"]:
+        rows.append(("deferred", f"{len(facts['deferred'])} parameter-only values computed when "
+                                 f"their gradient is ready ({_shorten(facts['deferred'], 3)})"))
     if facts["relaxed_assigns"]:
         rows.append(("relaxed", f"{len(facts['relaxed_assigns'])} Assigns may ignore allocator "
                                 "constraints"))

@@ -38,7 +38,7 @@ from . import bfc, parameters, scratch
 from .graph import Graph
 from .shapes import Shapes, TensorInfo
 from .split import reachable
-from .tensor_ref import TensorRef
+from .tensor_ref import CONTROL, TensorRef
 
 DEVICE, HOST = "device", "host"
 
@@ -201,12 +201,38 @@ def needed_nodes(graph: Graph, fetches: list[str]) -> set[str]:
     return reachable(graph.nx, fetches, upstream=True)
 
 
-def schedule(graph: Graph, fetches: list[str]) -> list[str]:
-    """Executor-like order: ready nodes first-come first-served, sources in file order."""
+KEEP_ATTR = "_grappler_do_not_remove"
+
+
+def bypassed_identities(graph: Graph, names, fetches) -> dict[str, list[TensorRef]]:
+    """The IdentityN nodes Grappler removes before the step runs, with their inputs: their
+    readers read those inputs directly. Modelled as written, a TF2 step's IdentityN over every
+    gradient is a barrier no gradient passes until back-propagation ends, so each optimizer
+    update would wait for all of them; as run, each starts when its own gradient is ready.
+    Kept: fetched ones, ones marked `_grappler_do_not_remove`, ones with control inputs."""
+    fetched = set(fetches)
+    return {n: graph.data_inputs(n) for n in names
+            if graph.op(n) == "IdentityN" and n not in fetched
+            and KEEP_ATTR not in graph.node_def(n).attr and not graph.control_inputs(n)}
+
+
+def schedule(graph: Graph, fetches: list[str],
+             bypassed: dict[str, list[TensorRef]] | None = None) -> list[str]:
+    """Executor-like order: ready nodes first-come first-served, sources in file order. A
+    reader of a `bypassed` IdentityN is ready when the IdentityN's input is."""
     needed = needed_nodes(graph, fetches)
     order_index = {n: i for i, n in enumerate(graph.nodes())}
     # networkx's adjacency dicts (producer -> consumer -> {key: edge data}), read directly.
     succ, pred = graph.nx._succ, graph.nx._pred
+    if bypassed is None:
+        bypassed = bypassed_identities(graph, needed, fetches)
+    # producer -> readers it frees through a bypassed IdentityN (one entry per edge)
+    through: dict[str, list[str]] = {}
+    for identity, inputs in bypassed.items():
+        for consumer, edges in succ[identity].items():
+            for edge in edges.values():
+                if edge["port"] != CONTROL and consumer in needed:
+                    through.setdefault(inputs[edge["port"]].node, []).append(consumer)
     loops_back = {n for n in needed if graph.loops_back(n)}
     # `needed` holds every producer of its nodes, so only loop back edges are not counted.
     if loops_back:
@@ -226,9 +252,17 @@ def schedule(graph: Graph, fetches: list[str]) -> list[str]:
         now_ready = []
         for consumer, edges in succ[name].items():
             if consumer in needed:
+                if name in bypassed:  # only its control edges: the data ones are `through`
+                    edges = [e for e in edges.values() if e["port"] == CONTROL]
+                    if not edges:
+                        continue
                 pending[consumer] -= len(edges)
                 if pending[consumer] == 0:
                     now_ready.append(consumer)
+        for consumer in through.get(name, ()):
+            pending[consumer] -= 1
+            if pending[consumer] == 0:
+                now_ready.append(consumer)
         now_ready.sort(key=order_index.get)
         ready.extend(now_ready)
     return order
@@ -239,7 +273,8 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None) -> 
     if fetches is None:
         fetches = [n for n in graph.nodes() if graph.nx.out_degree(n) == 0]
     fetched = set(fetches)
-    order = schedule(graph, fetches)
+    bypassed = bypassed_identities(graph, graph.nodes(), fetches)
+    order = schedule(graph, fetches, bypassed)
     host_split = cpu_is_host(graph)
     buffers: list[Buffer] = []
     buffer_of: dict[TensorRef, Buffer] = {}
@@ -254,8 +289,11 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None) -> 
     transfers: set[tuple[TensorRef, str]] = set()  # (tensor, place it was copied to)
     scratch_at: dict[int, int] = {}
     timeline: list[int] = []
-    reads = {name: graph.data_inputs(name) for name in order}
+    reads = {name: [bypassed[r.node][r.port] if r.node in bypassed else r
+                    for r in graph.data_inputs(name)] for name in order}
     outputs = {name: shapes.outputs(name) for name in order}
+    for identity in bypassed:  # its readers hold its inputs' buffers, it holds none
+        reads[identity], outputs[identity] = [], []
     uses = Counter(ref for name in order for ref in reads[name])
 
     def add_output(ref: TensorRef, buffer: Buffer) -> None:

@@ -3,8 +3,8 @@ TensorFlow) so that `graphrewrite --help` can list them without loading TensorFl
 
 MODES: dict[str, str] = {
     "none": "",
-    "memory": "recompute(policy=memory)",
-    "speed": "recompute(policy=speed)",
+    "memory": "defer recompute(policy=memory)",
+    "speed": "defer recompute(policy=speed)",
     "collection": "recompute(policy=collection)",
     "manual": "recompute(policy=manual) swap(policy=manual)",
     "swap": "swap",
@@ -12,8 +12,9 @@ MODES: dict[str, str] = {
 }
 MODE_HELP = {
     "none": "load, check and save; nothing rewritten",
-    "memory": "keep ~sqrt(N) bottleneck activations, recompute the rest (most memory saved)",
-    "speed": "keep outputs of MatMul/Conv/Einsum, recompute cheap ops (least slowdown)",
+    "memory": "keep ~sqrt(N) bottleneck activations, recompute the rest (most memory saved); "
+              "optimizer arithmetic on the parameters alone waits for its gradient (defer)",
+    "speed": "keep outputs of MatMul/Conv/Einsum, recompute cheap ops (least slowdown); defer",
     "collection": "keep what --checkpoints selects (or the 'checkpoints' collection)",
     "manual": "recompute what _recompute_hint marks, swap what _swap_to_host marks (or --swap)",
     "swap": "move long-lived activations to host memory and back (--swap-form, --budget)",

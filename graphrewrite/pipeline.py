@@ -166,7 +166,7 @@ def compose(mode: str, passes: str | None = None, checkpoints: str | None = None
     steps = parse_pipeline(MODES[mode] if passes is None else passes)
     names = [name for name, _ in steps]
     if swap_checkpoints:
-        if names[:1] != ["recompute"] or "swap" in names:
+        if "recompute" not in names or "swap" in names:
             raise GraphRewriteError(f"--swap-checkpoints needs a recompute mode "
                                     f"(memory, speed, collection), not '{mode}'")
         steps.append(("swap", {}))

@@ -139,7 +139,7 @@ def test_optimize_memory_reports_and_explains(tmp_path):
     result = run_cli("optimize", fixture_path("resnet_cnn"), "-o", out, "--json")
     assert result.exit_code == 0, result.stderr
     facts = json.loads(result.stdout)
-    assert facts["mode"] == "memory" and facts["pipeline"] == "recompute(policy=memory)"
+    assert facts["mode"] == "memory" and facts["pipeline"] == "defer recompute(policy=memory)"
     assert facts["peak_bytes"]["after"] < facts["peak_bytes"]["before"]
     as_run = facts["peak_bytes_as_run"]  # after Grappler, as inspect models the graphs
     assert 0 < as_run["after"] < as_run["before"]

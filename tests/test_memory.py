@@ -111,3 +111,21 @@ def test_cross_entropy_writes_the_logits_gradient_over_the_logits():
     xent = next(n for n in graph.nodes() if graph.op(n) == "SparseSoftmaxCrossEntropyWithLogits")
     owner = report.buffer_of[TensorRef(xent, 1)].owner
     assert owner == TensorRef("logits")
+
+
+def test_readers_of_an_identity_n_grappler_removes_wait_only_for_their_own_input():
+    """A TF2 step's IdentityN over every gradient: as run (Grappler removes it), each optimizer
+    update starts when its own gradient is ready, not when the last one is."""
+    def graph():
+        x = placeholder()
+        a = tf.negative(x, name="a")
+        c = tf.exp(tf.exp(tf.exp(a, name="c1"), name="c2"), name="c3")
+        both = tf.identity_n([a, c], name="both")
+        tf.negative(both[0], name="ra")
+        tf.negative(both[1], name="rc")
+    built = build(graph)
+    order = memory.schedule(built, ["ra", "rc"])
+    assert len(order) == len(set(order))
+    assert order.index("ra") < order.index("c3")
+    report = simulate(built, ["ra", "rc"])
+    assert not [b for b in report.buffers if b.owner.node == "both"]  # a view, no buffer

@@ -68,7 +68,8 @@ def test_command_line_options_become_pipeline_text():
         'recompute(policy=collection, checkpoints="op:Conv2D,scope:stem")')
     assert pipeline.compose("memory", budget="60%", swap_checkpoints=True,
                             swap_options={"form": "grappler", "bandwidth": 8e9}) == (
-        "recompute(policy=memory, budget=60%) swap(form=grappler, bandwidth=8000000000.0, "
+        "defer recompute(policy=memory, budget=60%) swap(form=grappler, "
+        "bandwidth=8000000000.0, "
         "budget=60%)")
     assert pipeline.compose("none") == ""
     with pytest.raises(GraphRewriteError, match="--swap-form needs a swap pass"):

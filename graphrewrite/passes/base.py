@@ -126,5 +126,10 @@ class AccumulateResult(PassResult):
 
 
 @dataclass
+class DeferResult(PassResult):
+    deferred: list[str] = field(default_factory=list)  # values made to wait for a gradient
+
+
+@dataclass
 class RelaxAssignResult(PassResult):
     relaxed_assigns: list[str] = field(default_factory=list)

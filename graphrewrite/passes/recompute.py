@@ -56,7 +56,7 @@ from ..shapes import Shapes
 from ..split import reachable
 from ..tensor_ref import CONTROL, TensorRef
 from .base import PassOptions, RecomputeResult
-from .pads import pad_readers
+from .pads import can_gate, pad_readers
 
 log = logging.getLogger(__name__)
 
@@ -413,7 +413,8 @@ def _add_triggers(graph: Graph, ctx, copies: dict[str, str], flow, order):
         waits = {_wait_of(graph, r.node, flow) for t in targets
                  for r in graph.data_inputs(t)
                  if r.node in flow and r.node not in downstream}
-        waits = sorted(waits | _unfinished_readers(graph, waits, flow, downstream, all_copies))
+        waits = sorted(waits | _unfinished_readers(graph, ctx.graph, waits, flow, downstream,
+                                                   all_copies))
         if not waits:
             ungated += 1
             continue
@@ -426,13 +427,13 @@ def _add_triggers(graph: Graph, ctx, copies: dict[str, str], flow, order):
             graph.add_control(trigger, root)
         triggers[trigger] = waits
         gate_of.update(dict.fromkeys(members, trigger))
-        triggers.update(_gate_late_copies(graph, [copies[n] for n in component], all_copies,
-                                          flow, set(waits)))
+        triggers.update(_gate_late_copies(graph, ctx.graph, [copies[n] for n in component],
+                                          all_copies, flow, set(waits)))
     return triggers, gate_of, ungated
 
 
-def _gate_late_copies(graph: Graph, members: list[str], all_copies: set[str], flow,
-                      segment_waits: set[str]) -> dict[str, list[str]]:
+def _gate_late_copies(graph: Graph, original: Graph, members: list[str], all_copies: set[str],
+                      flow, segment_waits: set[str]) -> dict[str, list[str]]:
     """Triggers for the copies of a segment that back-propagation reads later than its first:
     each waits for the gradients its readers read, as the segment's roots do. Without them
     the executor computes the whole segment as soon as the roots' trigger fires, beside the
@@ -449,8 +450,9 @@ def _gate_late_copies(graph: Graph, members: list[str], all_copies: set[str], fl
     triggers = {}
     for waits, gated in groups.items():
         downstream = reachable(graph.nx, gated)
-        waits = {w for w in waits if w not in downstream}
-        waits = sorted(waits | _unfinished_readers(graph, waits, flow, downstream, all_copies))
+        waits = {w for w in waits if w not in downstream and can_gate(original, w)}
+        waits = sorted(waits | _unfinished_readers(graph, original, waits, flow, downstream,
+                                                   all_copies))
         if not waits:
             continue
         trigger = graph.add_node(graph.unique_name(TRIGGER_PREFIX + gated[0]), "NoOp",
@@ -462,15 +464,16 @@ def _gate_late_copies(graph: Graph, members: list[str], all_copies: set[str], fl
     return triggers
 
 
-def _unfinished_readers(graph: Graph, waits, flow, downstream: set[str],
+def _unfinished_readers(graph: Graph, original: Graph, waits, flow, downstream: set[str],
                         all_copies: set[str]) -> set[str]:
     """The gradient-flow nodes that read what back-propagation computed before `waits` but
     that `waits` do not depend on (a layer's weight gradient beside its input gradient, which
     holds the large gradient of the layer above until it ends). A recomputation started before
     they finish would overlap that gradient; the model, one node at a time, would not show it.
     Nodes `downstream` of the copies are left out (waiting on them would be a cycle), and so are
-    readers that only feed other such readers (a Reshape before the MatMul) and Identities
-    (see `_wait_of`)."""
+    readers that only feed other such readers (a Reshape before the MatMul), Identities (see
+    `_wait_of`) and nodes a new control output would change Grappler's rewrites of
+    (`pads.can_gate`)."""
     ancestors: set[str] = set()
     stack = list(waits)
     while stack:
@@ -481,7 +484,8 @@ def _unfinished_readers(graph: Graph, waits, flow, downstream: set[str],
                 p in flow or p in all_copies or p.startswith(TRIGGER_PREFIX)))
     readers = {v for a in ancestors if a in flow for v in graph.successors(a)
                if v in flow and v not in ancestors and v not in downstream
-               and v not in all_copies and graph.op(v) not in FORWARDING_OPS}
+               and v not in all_copies and graph.op(v) not in FORWARDING_OPS
+               and can_gate(original, v)}
     return {v for v in readers if not any(s in readers for s in graph.successors(v))}
 
 

@@ -40,6 +40,7 @@ from ..errors import GraphRewriteError
 from ..graph import Graph
 from ..names import SWAP_IN_SUFFIX, SWAP_OUT_SUFFIX
 from ..shapes import Shapes, TensorInfo
+from ..split import reachable
 from ..summary import PLACEHOLDER_OPS
 from ..tensor_ref import TensorRef
 from .base import PassOptions, SwapResult
@@ -287,10 +288,14 @@ class _Timing:
         if not scheduled:
             return None, False
         transfer, elapsed, earliest = nbytes / self.bandwidth, 0.0, None
+        # The model lets readers of an IdentityN Grappler removes run before it (see
+        # `memory.bypassed_identities`), so an earlier node may still depend on the readers.
+        after_readers = reachable(self.original.nx, readers)
         for index in range(min(scheduled) - 1, -1, -1):
             name = self.order[index]
             elapsed += self.seconds[name]
-            if name in self.flow and can_gate(self.original, name):
+            if name in self.flow and name not in after_readers and can_gate(self.original,
+                                                                                name):
                 if elapsed >= transfer:
                     return name, True
                 earliest = name

@@ -1,0 +1,51 @@
+"""The defer pass on a TF2 step with Keras SGD momentum, whose `momentum * m` products depend
+on no data: computed at the step's start as written, they wait for their gradient once deferred,
+and the step stays bitwise equal."""
+
+import sys
+
+import pytest
+
+from graphrewrite import analysis, io, memory, pipeline, verify
+from graphrewrite.passes.base import DeferResult
+
+from conftest import FIXTURES
+
+pytestmark = pytest.mark.tf
+
+
+@pytest.fixture(scope="module")
+def momentum_step(tmp_path_factory):
+    sys.path.insert(0, str(FIXTURES))
+    import keras_training as kt
+    spec = kt.TrainingSpec("build_fixtures:keras_step_mlp",
+                           [("x", "float32", [512, 64]), ("labels", "int32", [512])],
+                           ("momentum", 0.01, 0.9), seed=3, from_logits=True)
+    path = tmp_path_factory.mktemp("defer") / "momentum_step.pb"
+    kt.in_fresh_process(kt.export_tf2_step, spec, str(path))
+    return io.load(path)
+
+
+def test_momentum_products_wait_for_their_gradients(momentum_step, tmp_path):
+    result = pipeline.optimize(momentum_step, "none", passes="defer(min_bytes=16384)")
+    deferred = result.of(DeferResult).deferred
+    found = analysis.analyse(momentum_step)
+    graph, flow = result.graph, found.split.gradient_flow
+    # dense_0 (64x128) and dense_1 (128x64) kernels: 32 KiB momentum slots each
+    assert len(deferred) == 2
+    for name in deferred:
+        assert not [r for r in graph.data_inputs(name) if r.node in flow]
+        assert graph.control_inputs(name) and all(c in flow for c in graph.control_inputs(name))
+    before = memory.simulate(momentum_step.graph, found.shapes, found.fetches)
+    after = memory.simulate(graph, found.shapes, found.fetches)
+    assert after.peak() < before.peak()
+    out = tmp_path / "deferred.pb"
+    io.save(momentum_step, graph, out)
+    checked = verify.verify(momentum_step, io.load(out), runs=0, isolated=False)
+    assert checked.match, checked.to_json()["mismatched"]
+
+
+def test_small_values_are_left_alone(momentum_step):
+    result = pipeline.optimize(momentum_step, "none", passes="defer")
+    assert not result.of(DeferResult).deferred
+    assert "no large parameter-only value" in result.of(DeferResult).note
