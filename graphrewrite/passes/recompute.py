@@ -102,6 +102,7 @@ class Rewrite:
     shapes: Shapes
     pads: int = 0                    # IdentityN readers restoring data-reader counts (see run)
     ahead: dict[str, str] = field(default_factory=dict)  # checkpoint (and its segment) -> copy
+    ahead_checkpoints: frozenset = frozenset()  # the checkpoints `apply` was asked to recompute
     peak: int = 0
     extra_flops: int = 0
     live_at_peak: set = field(default_factory=set)
@@ -149,10 +150,19 @@ def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None)
         return RecomputeResult(graph, False, note=(
             f"no checkpoint choice lowers the modelled peak by {MIN_GAIN:.0%} or more: graph "
             "left unchanged"))
-    # Pads never run, so the model did not need them; only the chosen rewrite gets them.
+    # Applied again with the late copies' triggers, which the model barely sees (it runs one
+    # node at a time) but the executor needs; pads never run, so the model did not need them.
+    best = _with_late_gates(ctx, best)
     best.pads = pad_readers(best.graph, ctx.graph, analysis,
                             {c: o for o, c in [*best.recomputed.items(), *best.ahead.items()]})
     return _result(best, note)
+
+
+def _with_late_gates(ctx: Context, best: Rewrite) -> Rewrite:
+    final = apply(ctx, best.checkpoints, best.ahead_checkpoints, late_gates=True)
+    final.peak, final.extra_flops = best.peak, best.extra_flops
+    final.live_at_peak = best.live_at_peak
+    return final
 
 
 def _evaluate(ctx: Context, checkpoints: set[str],
@@ -261,10 +271,11 @@ def _owner_live(ctx: Context, name: str, live_nodes: set[str]) -> bool:
     return any(r.node in live_nodes for r in ctx.graph.data_inputs(name))
 
 
-def apply(ctx: Context, checkpoints: set[str], ahead: frozenset = frozenset()) -> Rewrite:
-    """Copy what the gradient flow reads between `checkpoints`, rewire it, add the triggers.
-    The checkpoints in `ahead` are not kept from the forward pass but recomputed too (see
-    `_recompute_ahead`)."""
+def apply(ctx: Context, checkpoints: set[str], ahead: frozenset = frozenset(),
+          late_gates: bool = False) -> Rewrite:
+    """Copy what the gradient flow reads between `checkpoints`, rewire it, add the triggers
+    (with `late_gates`, those of `_gate_late_copies` too). The checkpoints in `ahead` are not
+    kept from the forward pass but recomputed too (see `_recompute_ahead`)."""
     graph = ctx.graph.copy()
     split = ctx.analysis.split
     flow, forward = split.gradient_flow, split.forward
@@ -289,14 +300,14 @@ def apply(ctx: Context, checkpoints: set[str], ahead: frozenset = frozenset()) -
             readers = [v for v, _ in graph.consumers(ref)
                        if v in flow or _gated_shape_reader(graph, v, backward)]
             graph.replace_uses(ref, TensorRef(copy, ref.port), readers)
-    triggers, gate_of, ungated = _add_triggers(graph, ctx, copies, flow, order)
+    triggers, gate_of, ungated = _add_triggers(graph, ctx, copies, flow, order, late_gates)
     early = _recompute_ahead(graph, ctx, ahead, copies, gate_of, recomputable, order)
     shapes = Shapes(dict(ctx.analysis.shapes.tensors))
     for name, copy_name in [*copies.items(), *early.items()]:
         for ref in ctx.analysis.shapes.outputs(name):
             shapes.tensors[TensorRef(copy_name, ref.port)] = shapes.tensors[ref]
     return Rewrite(graph, set(checkpoints), copies, triggers, ungated, blocked, shapes,
-                   ahead=early)
+                   ahead=early, ahead_checkpoints=frozenset(ahead))
 
 
 # Ops that read only their input's shape.
@@ -393,7 +404,7 @@ def _recompute_ahead(graph: Graph, ctx, ahead, copies, gate_of, recomputable, or
     return early
 
 
-def _add_triggers(graph: Graph, ctx, copies: dict[str, str], flow, order):
+def _add_triggers(graph: Graph, ctx, copies: dict[str, str], flow, order, late_gates: bool):
     """One trigger per connected segment of copies, deepest segment first. Returns the
     triggers with their waits, each gated copy's trigger, and how many segments got none."""
     segments = nx.Graph()
@@ -427,8 +438,9 @@ def _add_triggers(graph: Graph, ctx, copies: dict[str, str], flow, order):
             graph.add_control(trigger, root)
         triggers[trigger] = waits
         gate_of.update(dict.fromkeys(members, trigger))
-        triggers.update(_gate_late_copies(graph, ctx.graph, [copies[n] for n in component],
-                                          all_copies, flow, set(waits)))
+        if late_gates:
+            triggers.update(_gate_late_copies(graph, ctx.graph, [copies[n] for n in component],
+                                              all_copies, flow, set(waits)))
     return triggers, gate_of, ungated
 
 
