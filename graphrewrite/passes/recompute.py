@@ -431,11 +431,7 @@ def _add_triggers(graph: Graph, ctx, copies: dict[str, str], flow, order, late_g
             continue
         roots = [copies[n] for n in component
                  if not any(r.node in copies for r in ctx.graph.data_inputs(n))]
-        trigger = graph.add_node(graph.unique_name(TRIGGER_PREFIX + component[0]), "NoOp",
-                                 [TensorRef(w, CONTROL) for w in waits],
-                                 device=graph.node_def(roots[0]).device)
-        for root in roots:
-            graph.add_control(trigger, root)
+        trigger = _add_trigger(graph, component[0], waits, roots)
         triggers[trigger] = waits
         gate_of.update(dict.fromkeys(members, trigger))
         if late_gates:
@@ -467,13 +463,18 @@ def _gate_late_copies(graph: Graph, original: Graph, members: list[str], all_cop
                                                    all_copies))
         if not waits:
             continue
-        trigger = graph.add_node(graph.unique_name(TRIGGER_PREFIX + gated[0]), "NoOp",
-                                 [TensorRef(w, CONTROL) for w in waits],
-                                 device=graph.node_def(gated[0]).device)
-        for copy in gated:
-            graph.add_control(trigger, copy)
-        triggers[trigger] = waits
+        triggers[_add_trigger(graph, gated[0], waits, gated)] = waits
     return triggers
+
+
+def _add_trigger(graph: Graph, name: str, waits: list[str], gated: list[str]) -> str:
+    """A NoOp `graphrewrite/recompute_trigger/<name>` waiting on `waits`, which `gated` wait on."""
+    trigger = graph.add_node(graph.unique_name(TRIGGER_PREFIX + name), "NoOp",
+                             [TensorRef(w, CONTROL) for w in waits],
+                             device=graph.node_def(gated[0]).device)
+    for node in gated:
+        graph.add_control(trigger, node)
+    return trigger
 
 
 def _unfinished_readers(graph: Graph, original: Graph, waits, flow, downstream: set[str],
