@@ -39,9 +39,8 @@ def run(graph: Graph, analysis: Analysis, options: DeferOptions, model=None):
     params = parameters.parameter_nodes(graph, analysis.split.constant)
     deferrable = [n for n in graph.nodes()
                   if _deferrable(graph, analysis, params, flow, n, options.min_bytes)]
-    if not deferrable:
-        return DeferResult(graph, False, note="no large parameter-only value waits for a "
-                                               "gradient")
+    if not deferrable:  # the usual case outside training steps: no note, modes run it always
+        return DeferResult(graph, False)
     graph, deferred = graph.copy(), []
     for name in deferrable:
         # Checked on the graph as it grows: an earlier deferral may have made a wait depend
