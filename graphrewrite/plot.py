@@ -77,19 +77,25 @@ def draw(path, curves: list[Curve], title: str) -> Path:
                                 f"{', '.join(FORMATS)}")
     pyplot = _pyplot()
     figure, axes = pyplot.subplots(figsize=(10, 5))
+    boundaries = 0
     for curve in curves:
         if not curve.shares:
             continue
         line, = axes.plot(curve.shares, curve.mib, label=curve.label, linewidth=1.2,
                           linestyle="--" if curve.dashed else "-")
-        if curve.boundary is not None:
+        if curve.boundary is not None:  # labels stacked, so two close boundaries stay legible
             axes.axvline(curve.boundary, color=line.get_color(), linestyle=":", linewidth=1)
-            axes.annotate("backward", (curve.boundary, 0), xytext=(3, 3),
+            axes.annotate("backward", (curve.boundary, 0), xytext=(3, 3 + 10 * boundaries),
                           textcoords="offset points", color=line.get_color(), fontsize=8)
+            boundaries += 1
         top = max(range(len(curve.mib)), key=curve.mib.__getitem__)
-        text = f"peak {curve.mib[top]:.1f} MiB" + "".join(f"\n{n}" for n in curve.notes)
-        axes.annotate(text, (curve.shares[top], curve.mib[top]), xytext=(6, -6),
-                      textcoords="offset points", fontsize=7, va="top",
+        # A solid (allocator) curve's peak is labelled above it, a dashed (live tensors) one's
+        # below it with its largest tensors: the two peaks of one graph are close.
+        text = f"peak {curve.mib[top]:.1f} MiB" + (
+            "".join(f"\n{n}" for n in curve.notes) if curve.dashed else "")
+        axes.annotate(text, (curve.shares[top], curve.mib[top]),
+                      xytext=(6, -6 if curve.dashed else 4), textcoords="offset points",
+                      fontsize=7, va="top" if curve.dashed else "bottom",
                       color=line.get_color())
     axes.set_xlabel("share of the step done (schedule position or time)")
     axes.set_ylabel("device memory (MiB)")
