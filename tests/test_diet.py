@@ -380,3 +380,80 @@ def test_tf2_keras_step_is_left_float32_with_one_warning_naming_why(caplog):
     assert any("decomposed update" in reason for reason in facts.kept_float)
     warnings = [r for r in caplog.records if "stay float32" in r.getMessage()]
     assert len(warnings) == 1 and "AssignSubVariableOp" in warnings[0].getMessage()
+
+
+@pytest.mark.tf
+def test_backward_readers_get_a_late_read_and_the_update_waits_for_it(graphs, tmp_path):
+    """The backward MatMul reads its own dequantized read, gated on the gradient it multiplies,
+    so no float32 copy of the weight lives from the forward pass to the backward one; the
+    update writes after that read."""
+    from graphrewrite.split import split
+
+    for key in ("adam_resource", "adam_ref"):
+        result, model = _diet(graphs[key], tmp_path / f"{key}.meta")
+        graph = model.graph
+        flow = split(graph).gradient_flow
+        kernel = "mlp/dense_1/kernel"
+        forward = "mlp/dense_1/MatMul"
+        backward = [u for u in flow if graph.op(u) == "MatMul"
+                    and "dense_1/MatMul_grad" in u and not u.endswith("MatMul_1")]
+        assert len(backward) == 1, backward
+        fwd_weight = graph.data_inputs(forward)[1].node
+        bwd_weight = graph.data_inputs(backward[0])[1].node
+        assert fwd_weight != bwd_weight and "backward" in bwd_weight
+        # the late read waits for a gradient and the update waits for the late read
+        upstream, todo = set(), [bwd_weight]
+        while todo:
+            node = todo.pop()
+            upstream.add(node)
+            todo.extend(r.node for r in graph.data_inputs(node) if r.node != kernel)
+        late = [n for n in upstream if graph.control_inputs(n)]
+        assert late and all(c in flow for n in late for c in graph.control_inputs(n))
+        updates = [u for u, _ in graph.consumers(kernel)
+                   if graph.op(u) in ("AssignVariableOp", "Assign") and u in flow]
+        assert len(updates) == 1 and late[0] in graph.control_inputs(updates[0])
+        assert not graph.check()
+        losses, _ = _train(tmp_path / f"{key}.meta", 10)
+        assert losses[-1] < losses[0]
+
+
+@pytest.mark.tf
+def test_convolution_kernels_get_a_second_moment_factored_over_kh_kw_cin_by_cout(tmp_path):
+    import tensorflow as tf
+
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.set_random_seed(1)
+        x = tf.compat.v1.placeholder(tf.float32, [8, 8, 8, 16], name="x")
+        y = tf.compat.v1.placeholder(tf.int32, [8], name="labels")
+        with tf.compat.v1.variable_scope("cnn", use_resource=True):
+            h = tf.compat.v1.layers.conv2d(x, 32, 3, padding="same", activation=tf.nn.relu,
+                                           name="conv")
+            logits = tf.compat.v1.layers.dense(tf.reduce_mean(h, [1, 2]), CLASSES, name="out")
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=y, logits=logits), name="loss")
+        train = tf.compat.v1.train.AdamOptimizer(1e-3).minimize(loss)
+        tf.compat.v1.add_to_collection("train_op", train)
+        tf.compat.v1.add_to_collection("losses", loss)
+        meta = tf.compat.v1.train.export_meta_graph()
+    (tmp_path / "cnn.meta").write_bytes(meta.SerializeToString())
+    result, model = _diet(tmp_path / "cnn.meta", tmp_path / "out.meta")
+    assert result.results["diet"].dieted == ["cnn/conv/kernel"]
+    graph = model.graph
+
+    def dims(name):
+        return [d.size for d in graph.node_def(name).attr["shape"].shape.dim]
+
+    assert dims("cnn/conv/kernel/diet_rows") == [3 * 3 * 16, 1]
+    assert dims("cnn/conv/kernel/diet_cols") == [1, 32]
+    assert "cnn/conv/kernel/Adam_1" not in graph and not graph.check()
+    rng = np.random.RandomState(0)
+    feed = {"x:0": rng.standard_normal([8, 8, 8, 16]).astype(np.float32),
+            "labels:0": rng.randint(0, CLASSES, 8).astype(np.int32)}
+    with tf.Graph().as_default() as imported:
+        tf.compat.v1.train.import_meta_graph(str(tmp_path / "out.meta"))
+        with tf.compat.v1.Session(graph=imported) as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            losses = [session.run(["loss:0", imported.get_collection("train_op")[0]],
+                                  feed)[0] for _ in range(15)]
+    assert np.isfinite(losses).all() and losses[-1] < losses[0]

@@ -7,10 +7,11 @@ model code instead) bring that to a little over 2 bytes:
 - the variable holds 16 bits: `int16` fixed point (value = int * `scale`, one global scale) or
   `bfloat16`; every read of the old value reads a dequantized float32 tensor instead (the read
   node keeps its name and becomes the dequantization, so readers, savers and fetches are
-  untouched);
+  untouched); the backward pass's readers get a second dequantizing read that waits for their
+  gradient, so no float32 copy of a weight lives from its forward use to its backward one;
 - its optimizer update becomes the diet update: Adam's second moment is kept factored for 2-D
-  weights (a row and a column accumulator, Adafactor's rank-1 estimate `r c / mean(c)`), full
-  otherwise; the first moment is dropped (beta1 = 0; momentum optimizers then step with
+  weights and convolution kernels (a row and a column accumulator over (kh*kw*cin, cout),
+  Adafactor's rank-1 estimate `r c / mean(c)`), full otherwise; the first moment is dropped (beta1 = 0; momentum optimizers then step with
   `lr / (1 - momentum)`, momentum's steady-state step) unless `momentum=keep`; the new value
   is quantized with stochastic rounding (a random op: unbiased, so updates smaller than one
   quantum still move the weight on average; recomputation never copies random ops) or to
@@ -43,6 +44,7 @@ from ..errors import GraphRewriteError
 from ..graph import Graph
 from ..metagraph import NEW_VARIABLE_ATTR
 from ..saver import NewEntry, drop_control, edit as edit_saver, entry_variable
+from ..split import reachable
 from ..tensor_ref import TensorRef
 from .base import PassOptions, PassResult
 
@@ -72,6 +74,9 @@ RESOURCE_READS = ("ReadVariableOp", "ResourceGather")
 RESOURCE_QUERIES = ("VarIsInitializedOp", "VariableShape")
 REF_READERS = ("Identity", "SaveV2", "IsVariableInitialized")
 # What may touch a removed slot: its reads, initializer and restore, and queries.
+# Ops that pass a read value on unchanged (a view): a backward reader behind one gets a copy of
+# the view on its own late read.
+VIEW_OPS = ("Identity", "Reshape", "ExpandDims", "Squeeze", "Transpose", "Snapshot")
 SLOT_USERS = ("ReadVariableOp", "Identity", "AssignVariableOp", "Assign", "VarIsInitializedOp",
               "IsVariableInitialized", "SaveV2")
 
@@ -118,7 +123,7 @@ def run(graph: Graph, analysis: Analysis, options: DietOptions, model=None) -> D
     if not parameters.variables(graph):
         return _diet_constants(graph, options)
     graph = graph.copy()
-    diet = _Diet(graph, options)
+    diet = _Diet(graph, options, analysis.split)
     kept: dict[str, list[str]] = {}
     for name in list(graph.nodes()):
         if name not in graph or graph.op(name) not in APPLY_OPS:
@@ -281,8 +286,9 @@ def _seed2(prefix: str) -> int:
 class _Diet:
     """The rewrite of one graph's variables, one update op at a time, then the slots."""
 
-    def __init__(self, graph: Graph, options: DietOptions):
-        self.graph, self.options = graph, options
+    def __init__(self, graph: Graph, options: DietOptions, split=None):
+        self.graph, self.options, self.split = graph, options, split
+        self.late_reads: list[str] = []      # backward reads of the variable being rewritten
         self.fmt = FORMATS[options.format]
         self.dieted: list[str] = []
         self.removed: set[str] = set()       # slot variables to remove
@@ -353,6 +359,7 @@ class _Diet:
         attrs = dict(graph.node_def(apply).attr)
         controls = [TensorRef(c, -1) for c in graph.control_inputs(apply)]
         self.orphans.update(r.node for r in graph.data_inputs(apply)[1:])
+        self.late_reads = []
         graph.set_attr(var, "dtype", _type(self.fmt))
         mark = options.format + (f" {options.scale!r}" if options.format == "int16" else "")
         graph.set_attr(var, DIET_ATTR, attr_value_pb2.AttrValue(s=mark.encode()))
@@ -382,6 +389,7 @@ class _Diet:
                            {"T": _type(self.fmt), "use_locking": attrs.get("use_locking",
                                                                            _bool(False)),
                             "validate_shape": _bool(True)})
+        self._order_after_late_reads(apply)
         self.dieted.append(var)
         self.bytes_saved += int(np.prod(shape)) * 2
 
@@ -411,6 +419,7 @@ class _Diet:
                 graph.add_node(raw_name, op, inputs, attrs, node.device)
                 deq_op, args = dequantize(b, TensorRef(raw_name), self.fmt, self.options.scale)
                 graph.redefine(user, deq_op, args, _dequantize_attrs(self.fmt))
+                self._backward_read(var, user, True)
             elif op == "AssignVariableOp":
                 self._quantize_write(b, user, inputs, shape, {"dtype": _type(self.fmt),
                                                               "validate_shape": node.attr[
@@ -438,6 +447,76 @@ class _Diet:
             op, args = dequantize(b, TensorRef(var), self.fmt, self.options.scale)
             value = b.op("value", op, args, **_dequantize_attrs(self.fmt))
             graph.replace_uses(TensorRef(var), value, readers)
+            self._backward_read(var, value.node, False)
+
+    def _backward_read(self, var: str, read: str, resource: bool) -> None:
+        """Give the gradient-flow readers of dequantized `read` (and of the forward views of it:
+        Reshape, Identity, ...) a second dequantizing read of their own, made to wait for the
+        gradients those readers read. The original's read aliases the variable; a dequantized
+        one is a float32 copy, and shared by the forward and backward passes it would live
+        from a weight's forward use to its backward use: a whole float32 copy of the model at
+        the peak. The update must then wait for this read (`_order_after_late_reads`)."""
+        graph, split = self.graph, self.split
+        if split is None or not split.gradient_flow:
+            return
+        flow = split.gradient_flow
+        parent, order, moved = {read: None}, [read], []
+        for view in order:
+            for user, slot in graph.consumers(TensorRef(view)):
+                if slot is None or slot < 0:
+                    continue
+                if user in flow:
+                    moved.append((view, user))
+                elif graph.op(user) in VIEW_OPS and slot == 0 and user not in parent:
+                    parent[user] = view
+                    order.append(user)
+        if not moved:
+            return
+        readers = {u for _, u in moved}
+        downstream = reachable(graph.nx, readers)
+        gates = set()
+        for user in readers:
+            for ref in graph.data_inputs(user):
+                node = _through_identity_n(graph, ref)
+                if node in flow and node not in downstream and node not in parent:
+                    gates.add(node)
+        if not gates:
+            return
+        device = graph.node_def(read).device
+        b = _Builder(graph, f"{read}/{PREFIX}/backward", device)
+        if resource:
+            raw = b.op("raw", "ReadVariableOp", [TensorRef(var)], dtype=_type(self.fmt))
+        else:
+            raw = TensorRef(var)
+        deq_op, args = dequantize(b, raw, self.fmt, self.options.scale)
+        first = raw.node if resource else args[0].node
+        for gate in sorted(gates):
+            graph.add_control(gate, first)
+        copies = {read: b.op("value", deq_op, args, **_dequantize_attrs(self.fmt)).node}
+
+        def copy(view: str) -> str:
+            if view not in copies:
+                source = copy(parent[view])
+                node = graph.node_def(view)
+                inputs = [TensorRef(source) if i == 0 else r
+                          for i, r in enumerate(graph.inputs(view))]
+                name = graph.unique_name(f"{view}/{PREFIX}/backward")
+                attrs = {k: v for k, v in node.attr.items()}
+                graph.add_node(name, node.op, inputs, attrs, node.device)
+                copies[view] = name
+            return copies[view]
+
+        for view, user in moved:
+            graph.replace_uses(TensorRef(view), TensorRef(copy(view)), [user])
+        self.late_reads.append(first)
+        self.orphans.update(order)
+
+    def _order_after_late_reads(self, update: str) -> None:
+        """The update writes the variable after its backward reads have read it (the weight
+        gradient a read waits on can come before the gradient the update waits on)."""
+        for read in self.late_reads:
+            self.graph.add_control(read, update)
+        self.late_reads = []
 
     def _quantize_write(self, b: _Builder, user: str, inputs: list[TensorRef], shape: tuple,
                         attrs: dict) -> None:
@@ -460,9 +539,14 @@ class _Diet:
         squared = b.unary("Square", grad, "grad_squared")
         decay = b.binary("Sub", one, beta2, "one_minus_beta2")
         writes = []
-        if self.options.factored and len(shape) == 2:
-            rows = self._new_slot(var, "diet_rows", (shape[0], 1), resource)
-            cols = self._new_slot(var, "diet_cols", (1, shape[1]), resource)
+        matrix = _matrix(shape)
+        if self.options.factored and matrix is not None:
+            rows = self._new_slot(var, "diet_rows", (matrix[0], 1), resource)
+            cols = self._new_slot(var, "diet_cols", (1, matrix[1]), resource)
+            if len(shape) != 2:  # a convolution kernel: (kh*kw*cin, cout)
+                squared = b.op("grad_squared_matrix", "Reshape",
+                               [squared, b.const("matrix_shape", matrix, np.int32)],
+                               T=_type(types_pb2.DT_FLOAT), Tshape=_type(types_pb2.DT_INT32))
             row_mean = b.op("row_mean", "Mean", [squared, b.const("axis_1", 1, np.int32)],
                             T=_type(types_pb2.DT_FLOAT), Tidx=_type(types_pb2.DT_INT32),
                             keep_dims=_bool(True))
@@ -476,6 +560,10 @@ class _Diet:
                           T=_type(types_pb2.DT_FLOAT), Tidx=_type(types_pb2.DT_INT32),
                           keep_dims=_bool(False))
             second = b.binary("RealDiv", b.binary("Mul", r, c, "outer"), c_mean, "second")
+            if len(shape) != 2:
+                second = b.op("second_kernel", "Reshape",
+                              [second, b.const("kernel_shape", shape, np.int32)],
+                              T=_type(types_pb2.DT_FLOAT), Tshape=_type(types_pb2.DT_INT32))
             self.removed.add(inputs["v"].node)
         else:
             second, w = self._accumulate(b, inputs["v"].node, beta2, decay, squared, resource,
@@ -628,6 +716,28 @@ class _Diet:
             inputs = [r.node for r in graph.inputs(name)]
             graph.remove_node(name)
             todo.extend(inputs)
+
+
+def _matrix(shape: tuple) -> tuple | None:
+    """The (rows, columns) a second moment of `shape` is factored over: a matrix as it is, a
+    convolution kernel (kh, kw, cin, cout) as (kh*kw*cin, cout); None for vectors and for
+    shapes where one side is 1 (nothing to save)."""
+    if len(shape) < 2:
+        return None
+    rows = int(np.prod(shape[:-1]))
+    if rows == 1 or shape[-1] == 1:
+        return None
+    return rows, int(shape[-1])
+
+
+def _through_identity_n(graph: Graph, ref: TensorRef) -> str:
+    """The node behind `ref`, seen through an IdentityN (a TF2 step's over every gradient,
+    which Grappler removes): waiting on the IdentityN would wait on every gradient."""
+    if graph.op(ref.node) == "IdentityN" and ref.port >= 0:
+        inputs = graph.data_inputs(ref.node)
+        if ref.port < len(inputs):
+            return inputs[ref.port].node
+    return ref.node
 
 
 def _ancestors_in(graph: Graph, name: str, within: set[str]) -> set[str]:
