@@ -150,16 +150,16 @@ def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None)
         return RecomputeResult(graph, False, note=(
             f"no checkpoint choice lowers the modelled peak by {MIN_GAIN:.0%} or more: graph "
             "left unchanged"))
-    # Applied again with the late copies' triggers, which the model barely sees (it runs one
-    # node at a time) but the executor needs; pads never run, so the model did not need them.
-    best = _with_late_gates(ctx, best)
+    # Applied again with the waits only a concurrent executor needs (the model runs one node at
+    # a time, and ranks the candidates as well without them); pads never run either.
+    best = _with_executor_gates(ctx, best)
     best.pads = pad_readers(best.graph, ctx.graph, analysis,
                             {c: o for o, c in [*best.recomputed.items(), *best.ahead.items()]})
     return _result(best, note)
 
 
-def _with_late_gates(ctx: Context, best: Rewrite) -> Rewrite:
-    final = apply(ctx, best.checkpoints, best.ahead_checkpoints, late_gates=True)
+def _with_executor_gates(ctx: Context, best: Rewrite) -> Rewrite:
+    final = apply(ctx, best.checkpoints, best.ahead_checkpoints, executor_gates=True)
     final.peak, final.extra_flops = best.peak, best.extra_flops
     final.live_at_peak = best.live_at_peak
     return final
@@ -272,10 +272,11 @@ def _owner_live(ctx: Context, name: str, live_nodes: set[str]) -> bool:
 
 
 def apply(ctx: Context, checkpoints: set[str], ahead: frozenset = frozenset(),
-          late_gates: bool = False) -> Rewrite:
+          executor_gates: bool = False) -> Rewrite:
     """Copy what the gradient flow reads between `checkpoints`, rewire it, add the triggers
-    (with `late_gates`, those of `_gate_late_copies` too). The checkpoints in `ahead` are not
-    kept from the forward pass but recomputed too (see `_recompute_ahead`)."""
+    (with `executor_gates`, also waiting for `_unfinished_readers`, and `_gate_late_copies`'s).
+    The checkpoints in `ahead` are not kept from the forward pass but recomputed too (see
+    `_recompute_ahead`)."""
     graph = ctx.graph.copy()
     split = ctx.analysis.split
     flow, forward = split.gradient_flow, split.forward
@@ -300,7 +301,7 @@ def apply(ctx: Context, checkpoints: set[str], ahead: frozenset = frozenset(),
             readers = [v for v, _ in graph.consumers(ref)
                        if v in flow or _gated_shape_reader(graph, v, backward)]
             graph.replace_uses(ref, TensorRef(copy, ref.port), readers)
-    triggers, gate_of, ungated = _add_triggers(graph, ctx, copies, flow, order, late_gates)
+    triggers, gate_of, ungated = _add_triggers(graph, ctx, copies, flow, order, executor_gates)
     early = _recompute_ahead(graph, ctx, ahead, copies, gate_of, recomputable, order)
     shapes = Shapes(dict(ctx.analysis.shapes.tensors))
     for name, copy_name in [*copies.items(), *early.items()]:
@@ -404,7 +405,7 @@ def _recompute_ahead(graph: Graph, ctx, ahead, copies, gate_of, recomputable, or
     return early
 
 
-def _add_triggers(graph: Graph, ctx, copies: dict[str, str], flow, order, late_gates: bool):
+def _add_triggers(graph: Graph, ctx, copies: dict[str, str], flow, order, executor_gates: bool):
     """One trigger per connected segment of copies, deepest segment first. Returns the
     triggers with their waits, each gated copy's trigger, and how many segments got none."""
     segments = nx.Graph()
@@ -424,8 +425,9 @@ def _add_triggers(graph: Graph, ctx, copies: dict[str, str], flow, order, late_g
         waits = {_wait_of(graph, r.node, flow) for t in targets
                  for r in graph.data_inputs(t)
                  if r.node in flow and r.node not in downstream}
-        waits = sorted(waits | _unfinished_readers(graph, ctx.graph, waits, flow, downstream,
-                                                   all_copies))
+        if executor_gates:
+            waits |= _unfinished_readers(graph, ctx.graph, waits, flow, downstream, all_copies)
+        waits = sorted(waits)
         if not waits:
             ungated += 1
             continue
@@ -434,7 +436,7 @@ def _add_triggers(graph: Graph, ctx, copies: dict[str, str], flow, order, late_g
         trigger = _add_trigger(graph, component[0], waits, roots)
         triggers[trigger] = waits
         gate_of.update(dict.fromkeys(members, trigger))
-        if late_gates:
+        if executor_gates:
             triggers.update(_gate_late_copies(graph, ctx.graph, [copies[n] for n in component],
                                               all_copies, flow, set(waits)))
     return triggers, gate_of, ungated
