@@ -186,12 +186,24 @@ mode_option = click.option("--mode", default="memory", show_default=True, metava
 @click.option("--plot", "plot_path", type=click.Path(), metavar="FILE",
               help="Draw the original's and the rewritten step's modelled memory on one "
                    "chart (.png, .svg or .pdf; needs pip install 'graphrewrite[plot]').")
+@click.option("--plan-out", "plan_out", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Also write the rewrite's plan as JSON: the pipeline and what each search "
+                   "chose (checkpoints, those recomputed ahead, the recomputed nodes as a "
+                   "derived list, swapped tensors), to review, edit and replay with --plan.")
+@click.option("--plan", "plan_path", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Rewrite as the plan FILE says, without searching (same input, same plan: "
+                   "same bytes). A plan naming unknown nodes, listing as recomputed what "
+                   "cannot be (a stateful or random op), or made for another graph is refused. "
+                   "Not with --mode, --passes, --checkpoints, --swap, --swap-checkpoints or "
+                   "--budget.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @analysis_options
 @tag_option
-def optimize(model_path, output, in_place, mode, checkpoints, swap_tensors, swap_checkpoints,
-             swap_form, budget, bandwidth, passes, report_path, explain, plot_path, as_json,
-             input_shapes, outputs, backward_scope, tag):
+@click.pass_context
+def optimize(ctx, model_path, output, in_place, mode, checkpoints, swap_tensors,
+             swap_checkpoints, swap_form, budget, bandwidth, passes, report_path, explain,
+             plot_path, plan_out, plan_path, as_json, input_shapes, outputs, backward_scope,
+             tag):
     """Rewrite model IN with MODE and write it to OUT in the same format.
 
     IN is a GraphDef (.pb, .pbtxt), a MetaGraphDef (.meta, .meta.txt) or a SavedModel directory;
@@ -199,8 +211,17 @@ def optimize(model_path, output, in_place, mode, checkpoints, swap_tensors, swap
     graph passed its structural checks: on any failure nothing is written. Check the result
     with `graphrewrite verify IN OUT`.
     """
-    from graphrewrite import io, pipeline, report
+    from graphrewrite import io, pipeline, plan, report
 
+    if plan_path:
+        given = [flag for flag, value in (("--passes", passes), ("--checkpoints", checkpoints),
+                                          ("--swap", swap_tensors), ("--budget", budget),
+                                          ("--swap-checkpoints", swap_checkpoints)) if value]
+        if ctx.get_parameter_source("mode") != click.core.ParameterSource.DEFAULT:
+            given.insert(0, "--mode")
+        if given:
+            raise click.UsageError(f"--plan decides the rewrite; {given[0]} cannot be given "
+                                   "with it")
     if not in_place:
         io.refuse_overwriting(model_path, output)
     text = pipeline.compose(mode, passes, checkpoints=checkpoints, budget=budget,
@@ -211,13 +232,18 @@ def optimize(model_path, output, in_place, mode, checkpoints, swap_tensors, swap
     # TensorFlow's objects live as long as the process; the rewrite allocates and drops many
     # small ones, and every automatic collection would walk TensorFlow's heap again.
     gc.freeze()
+    chosen = plan.load(plan_path, model.graph) if plan_path else None
     result = pipeline.optimize(model, mode, input_shapes=input_shapes,
-                               backward_scope=backward_scope, fetches=outputs, composed=text)
+                               backward_scope=backward_scope, fetches=outputs, composed=text,
+                               plan=chosen)
     for name in explain:
         if name.split(":")[0] not in model.graph:
             raise click.BadParameter(f"'{name}' is not a node of {model_path}",
                                      param_hint="--explain")
+    made = plan.dumps(plan.plan_of(result, model.graph)) if plan_out else None
     fmt = io.save(model, result.graph, output, in_place=in_place)
+    if made:
+        io.write_atomic(Path(plan_out), made)
     facts = report.optimize_report(model_path, output, fmt, result)
     if report_path:
         io.write_atomic(Path(report_path), (json.dumps(facts, indent=2) + "\n").encode())

@@ -17,7 +17,9 @@ import time
 from dataclasses import dataclass, field
 
 from . import analysis as analysis_mod
+from . import plan as plan_mod
 from .budget import parse_budget
+from .context import Context
 from .errors import GraphRewriteError, PassError
 from .graph import Graph
 from .io import Model
@@ -199,7 +201,8 @@ def compose(mode: str, passes: str | None = None, checkpoints: str | None = None
 
 def optimize(model: Model, mode: str, input_shapes: dict | None = None,
              backward_scope: str | None = None, fetches: list[str] | None = None,
-             composed: str | None = None, **options) -> OptimizeResult:
+             composed: str | None = None, plan: dict | None = None,
+             **options) -> OptimizeResult:
     """Run the pipeline `composed` (by default `compose(mode, **options)`) on a copy of the
     model's graph.
 
@@ -208,9 +211,13 @@ def optimize(model: Model, mode: str, input_shapes: dict | None = None,
     `check()` rejects is a PassError naming it and the passes before it."""
     start = time.perf_counter()
     text = compose(mode, **options) if composed is None else composed
+    if plan is not None:
+        text = plan_mod.pipeline_of(plan)
     steps = [(name, pass_options(name, raw)) for name, raw in parse_pipeline(text)]
     graph = model.graph.copy()
     found = analysis_mod.analyse(model, graph, input_shapes, backward_scope, fetches)
+    if plan is not None:
+        plan_mod.check_recomputable(plan, Context.build(graph, found))
     peak_before = found.memory.peak()
     original = found
     results: dict[str, PassResult] = {}
@@ -235,5 +242,9 @@ def optimize(model: Model, mode: str, input_shapes: dict | None = None,
                                          found.fetches, shapes=result.shapes)
     run_reports = tuple(analysis_mod.as_run(model, g, a, input_shapes)
                         for g, a in ((model.graph, original), (graph, found)))
-    return OptimizeResult(graph, mode, text, len(model.graph), len(graph), peak_before,
-                          found.memory.peak(), time.perf_counter() - start, results, run_reports)
+    result = OptimizeResult(graph, mode, text, len(model.graph), len(graph), peak_before,
+                            found.memory.peak(), time.perf_counter() - start, results,
+                            run_reports)
+    if plan is not None:
+        plan_mod.check_followed(plan, result)
+    return result

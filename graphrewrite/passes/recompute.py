@@ -51,6 +51,7 @@ from ..context import Context
 from ..budget import parse_budget
 from ..errors import GraphRewriteError
 from ..graph import Graph
+from ..selectors import select
 from ..names import AHEAD_SUFFIX, COPY_SUFFIX, TRIGGER_PREFIX
 from ..shapes import Shapes
 from ..split import reachable
@@ -74,6 +75,7 @@ SIDE_OUTPUT_RATIO = 16  # outputs this many times smaller than their node's larg
 class RecomputeOptions(PassOptions):
     policy: str = "memory"          # memory | speed | collection | manual
     checkpoints: str | None = None  # selectors, for policy=collection
+    ahead: str | None = None        # policy collection: checkpoints recomputed ahead (a plan's)
     budget: str | None = None       # policy memory: the least recomputation under this peak
 
     def __post_init__(self):
@@ -84,6 +86,9 @@ class RecomputeOptions(PassOptions):
             raise GraphRewriteError(f"recompute: a budget needs policy memory, not "
                                     f"'{self.policy}'")
         parse_budget(self.budget, 0)  # a malformed budget fails now, not when it is first used
+        if self.ahead and self.policy != "collection":
+            raise GraphRewriteError(f"recompute: 'ahead' needs policy collection, not "
+                                    f"'{self.policy}'")
 
     def takes_budget(self) -> bool:
         return self.policy == "memory"
@@ -131,7 +136,8 @@ def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None)
     if budget >= analysis.memory.peak():
         return RecomputeResult(graph, False, note=(
             "the modelled peak is already within the budget: graph left unchanged"))
-    attempts = [_evaluate(ctx, checkpoints) for checkpoints in candidates]
+    ahead = frozenset(select(graph, options.ahead)) if options.ahead else frozenset()
+    attempts = [_evaluate(ctx, checkpoints, ahead) for checkpoints in candidates]
     best = _choose(attempts)
     note = ""
     if options.policy == "memory":

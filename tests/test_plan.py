@@ -1,0 +1,87 @@
+"""Plans (`optimize --plan-out`, `--plan`): a written plan replays to the same bytes without
+searching, and an edited plan that would break the graph is refused with one line, exit 2."""
+
+import json
+
+import pytest
+
+from conftest import fixture_path, run_cli
+
+MODEL = fixture_path("keras_step_tf2")  # a TF2 step with dropout: random ops to refuse
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory):
+    out = tmp_path_factory.mktemp("plan")
+    result = run_cli("optimize", MODEL, "-o", out / "searched.pb", "--plan-out",
+                     out / "plan.json")
+    assert result.exit_code == 0, result.stderr
+    return out, json.loads((out / "plan.json").read_text())
+
+
+def replay(out, plan, name="replayed.pb"):
+    (out / "edited.json").write_text(json.dumps(plan))
+    return run_cli("optimize", MODEL, "-o", out / name, "--plan", out / "edited.json")
+
+
+def test_plan_holds_the_searched_decision(planned):
+    _, plan = planned
+    assert plan["pipeline"] == "defer recompute(policy=memory)"
+    assert plan["recompute"]["checkpoints"] and plan["recompute"]["recomputed"]
+    assert not set(plan["recompute"]["checkpoints"]) & set(plan["recompute"]["recomputed"])
+
+
+def test_replaying_a_plan_gives_the_same_bytes(planned):
+    out, plan = planned
+    result = replay(out, plan)
+    assert result.exit_code == 0, result.stderr
+    assert "policy=collection" in result.stdout  # no search ran
+    assert (out / "replayed.pb").read_bytes() == (out / "searched.pb").read_bytes()
+
+
+def test_an_edited_checkpoint_list_rewrites_differently(planned):
+    out, plan = planned
+    edited = {**plan, "recompute": {"checkpoints": plan["recompute"]["checkpoints"][:1]}}
+    result = replay(out, edited, "edited.pb")
+    assert result.exit_code == 0, result.stderr
+    assert (out / "edited.pb").read_bytes() != (out / "searched.pb").read_bytes()
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda p: p["recompute"]["recomputed"].append("mlp/dropout/dropout/random_uniform/"
+                                                   "RandomUniform"),
+     "cannot be: random"),
+    (lambda p: p["recompute"]["checkpoints"].append("no/such/node"), "not in the graph"),
+    (lambda p: p["recompute"]["checkpoints"].pop(), "does not follow from the checkpoints"),
+    (lambda p: p.update(nodes=p["nodes"] + 1), "made for a graph of"),
+    (lambda p: p.pop("recompute"), "needs its decision 'recompute'"),
+    (lambda p: p.update(graphrewrite_plan=7), "not a graphrewrite plan"),
+])
+def test_a_plan_that_would_break_the_graph_is_refused(planned, edit, message):
+    out, plan = planned
+    plan = json.loads(json.dumps(plan))
+    edit(plan)
+    result = replay(out, plan, "refused.pb")
+    assert result.exit_code == 2
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert not (out / "refused.pb").exists()
+
+
+def test_plan_excludes_search_options(planned, tmp_path):
+    out, _ = planned
+    result = run_cli("optimize", MODEL, "-o", tmp_path / "x.pb", "--plan", out / "plan.json",
+                     "--mode", "speed")
+    assert result.exit_code == 2 and "--mode cannot be given" in result.stderr
+
+
+def test_a_swap_plan_replays_to_the_same_bytes(tmp_path):
+    model = fixture_path("resnet_cnn")
+    searched = run_cli("optimize", model, "-o", tmp_path / "searched.pb", "--mode", "swap",
+                       "--plan-out", tmp_path / "plan.json")
+    assert searched.exit_code == 0, searched.stderr
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["swap"]["tensors"]
+    replayed = run_cli("optimize", model, "-o", tmp_path / "replayed.pb", "--plan",
+                       tmp_path / "plan.json")
+    assert replayed.exit_code == 0, replayed.stderr
+    assert (tmp_path / "replayed.pb").read_bytes() == (tmp_path / "searched.pb").read_bytes()
