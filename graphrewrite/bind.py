@@ -11,6 +11,8 @@ and `verify`: a feed given for a resource placeholder is the *initial value* of 
 bound to it, not a tensor to feed. The variable is a `VarHandleOp` the graph is imported onto
 (`input_map`), assigned once from a fed placeholder, so its bytes are held once, by the variable.
 `seeded_value` makes those initial values: small, finite, the same for the same seed and name.
+A variable the diet pass stored in 16 bits (its placeholder marked `_graphrewrite_diet`) gets
+the same value quantized, so a diet step starts from the original's weights.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import zlib
 from dataclasses import dataclass
 
 import numpy as np
+from tensorflow.core.framework import types_pb2
 
 from . import dtypes, ops
 from .errors import GraphRewriteError
@@ -38,6 +41,7 @@ VALUE_ARGS = ("value", "grad", "delta")
 SCALE = 0.1
 EXPORT_HINT = "export the step with concrete_fn.graph.as_graph_def(add_shapes=True)"
 BIND_SCOPE = "graphrewrite_bound"
+DIET_ATTR = "_graphrewrite_diet"  # set by passes.diet: "int16 <scale>" or "bfloat16"
 
 
 @dataclass(frozen=True)
@@ -76,15 +80,23 @@ def value_spec(graph: Graph, shapes, name: str) -> ValueSpec:
                             f"is not recorded on its readers; {EXPORT_HINT}")
 
 
-def seeded_value(name: str, spec: ValueSpec, seed: int) -> np.ndarray:
+def seeded_value(name: str, spec: ValueSpec, seed: int, diet: str = "") -> np.ndarray:
     """The initial value bound to `name`: a function of the seed and the name alone.
 
     Floats uniform in [0, SCALE); integers (an optimizer's iteration counter), booleans and
-    anything else start at zero.
+    anything else start at zero. `diet` (a placeholder's DIET_ATTR mark) makes it the float
+    value the original graph's variable gets, stored as the diet variable stores it: int16
+    rounded to the nearest multiple of the scale, or bfloat16.
     """
     import tensorflow as tf
 
     dtype = tf.dtypes.as_dtype(spec.dtype).as_numpy_dtype
+    fmt, _, scale = diet.partition(" ")
+    if fmt:
+        value = seeded_value(name, ValueSpec(types_pb2.DT_FLOAT, spec.shape), seed)
+        if fmt == "int16":
+            return np.clip(np.round(value / np.float32(scale)), -32767, 32767).astype(np.int16)
+        return value.astype(dtype)
     if np.issubdtype(dtype, np.floating):
         rng = np.random.RandomState(zlib.crc32(f"{seed}:{name}".encode()))
         return rng.uniform(0.0, SCALE, spec.shape).astype(dtype)
@@ -94,8 +106,14 @@ def seeded_value(name: str, spec: ValueSpec, seed: int) -> np.ndarray:
 def seeded_values(graph: Graph, shapes, seed: int = 0,
                   given: frozenset[str] = frozenset()) -> dict[str, np.ndarray]:
     """Initial values for every resource placeholder not `given`."""
-    return {name: seeded_value(name, value_spec(graph, shapes, name), seed)
+    return {name: seeded_value(name, value_spec(graph, shapes, name), seed,
+                               diet_mark(graph, name))
             for name in resource_placeholders(graph) if name not in given}
+
+
+def diet_mark(graph: Graph, name: str) -> str:
+    attr = graph.node_def(name).attr
+    return attr[DIET_ATTR].s.decode() if DIET_ATTR in attr else ""
 
 
 def _users(graph: Graph, name: str) -> list[tuple[str, int]]:

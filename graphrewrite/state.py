@@ -1,33 +1,31 @@
 """Bytes per trainable parameter: what a step's weights and their optimizer state cost.
 
-A weight is a variable an optimizer update op writes (`ResourceApplyAdam` and its kin, input 0)
-or one the diet pass rewrote (marked `_graphrewrite_diet`); its optimizer state is the slots
-that op updates (its other variable inputs) or that the diet pass marked as serving it. Values
-are counted at their stored dtype: a dieted weight costs 2 bytes, its factored accumulators a
-row and a column. Shared scalars (Adam's beta powers) are left out: they do not grow with the
-model. Keras optimizers' decomposed updates (a TF2 step's `AssignSubVariableOp`s) name no
-slots, so such steps report no figure rather than a wrong one.
+A weight is a variable an optimizer update writes (`ResourceApplyAdam` and its kin, or a Keras
+optimizer's decomposed update in a TF2 step: see `optimizers`) or one the diet pass rewrote
+(marked `_graphrewrite_diet`); its optimizer state is the slots that update keeps or that the
+diet pass marked as serving it. Values are counted at their stored dtype: a dieted weight costs
+2 bytes, its factored accumulators a row and a column. Shared scalars (Adam's beta powers) are
+left out: they do not grow with the model. Updates of other forms (a sparse update of an
+embedding) are not counted.
 """
 
 from __future__ import annotations
 
-from . import parameters
+from . import optimizers, parameters
 from .graph import Graph
-from .passes.diet import APPLY_OPS, DIET_ATTR, SLOT_OF_ATTR
+from .passes.diet import DIET_ATTR, SLOT_OF_ATTR
 
 
 def _weights_and_slots(graph: Graph) -> dict[str, set[str]]:
     found: dict[str, set[str]] = {}
+    updates = optimizers.updates(graph)
+    slots_of_updates = {s for u in updates for s in u.slots.values()}
+    for update in updates:
+        if update.var not in slots_of_updates:  # not a Keras slot's own write
+            found.setdefault(update.var, set()).update(update.slots.values())
     for name in graph.nodes():
-        op = graph.op(name)
         node = graph.node_def(name)
-        if op in APPLY_OPS:
-            inputs = graph.data_inputs(name)
-            positions = APPLY_OPS[op]
-            slots = {inputs[positions[k]].node for k in ("m", "v", "accum") if k in positions
-                     and positions[k] < len(inputs)}
-            found.setdefault(inputs[0].node, set()).update(slots)
-        elif DIET_ATTR in node.attr:
+        if DIET_ATTR in node.attr:
             found.setdefault(name, set())
         if SLOT_OF_ATTR in node.attr:
             found.setdefault(node.attr[SLOT_OF_ATTR].s.decode(), set()).add(name)

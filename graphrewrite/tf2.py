@@ -7,6 +7,13 @@ graph with every captured placeholder bound to what the original captured (its v
 handles, not copies), so the step's updates land in the program's own variables, optimizer slots
 and batch-norm statistics. It is a `tf.function` underneath: callable eagerly and from inside
 another `tf.function`, placed by the devices the graph names (a GPU where the program has one).
+
+A lossy rewrite changes the variables themselves (`mode="diet"`: 16-bit weights, new optimizer
+slots, slots removed). The step then runs on variables of its own, made here: each dieted
+weight's 16-bit variable starts from the program's value, quantized; each new slot starts at
+zero; removed slots are not bound. `RewrittenStep.variables` lists them and `write_back()`
+stores the dieted weights, dequantized, in the program's own variables (to save or evaluate
+the model with its own code).
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from . import io, pipeline, report as report_mod, split as split_mod
+from . import bind, io, pipeline, report as report_mod, shapes as shapes_mod, split as split_mod
 from .errors import GraphRewriteError
 from .graph import Graph
 
@@ -30,11 +37,25 @@ class RewrittenStep:
     """The rewritten step: call it like the original. `.report` is `optimize --json`'s dict,
     `.graph_def` the rewritten GraphDef, `.function` the underlying concrete function."""
 
-    def __init__(self, function, structured_outputs, graph_def, report: dict):
+    def __init__(self, function, structured_outputs, graph_def, report: dict,
+                 variables: dict | None = None, originals: dict | None = None):
         self.function = function
         self.graph_def = graph_def
         self.report = report
+        self.variables = variables or {}  # placeholder -> tf.Variable made for this step
+        self._originals = originals or {}  # placeholder -> (program's handle, diet mark)
         self._structure = structured_outputs
+
+    def write_back(self) -> None:
+        """Store each dieted weight, dequantized, in the program's own float variable."""
+        import tensorflow as tf
+
+        for name, (handle, mark) in self._originals.items():
+            fmt, _, scale = mark.partition(" ")
+            value = tf.cast(self.variables[name], tf.float32)
+            if fmt == "int16":
+                value = value * float(scale)
+            tf.raw_ops.AssignVariableOp(resource=handle, value=value)
 
     def __call__(self, *args):
         import tensorflow as tf
@@ -75,6 +96,10 @@ def rewrite(fn, *input_signature, mode: str = "memory", budget: str | None = Non
     outputs = [t.name for t in graph.outputs]
     bindings = [(placeholder.name, handle) for placeholder, handle in
                 zip(graph.internal_captures, concrete.captured_inputs)]
+    own, originals = _own_variables(result.graph, bindings)
+    present = {f"{n}:0" for n in bind.resource_placeholders(result.graph)}
+    bindings = [(p, h) for p, h in bindings if p in present and p.split(":")[0] not in own] + [
+        (f"{p}:0", v.handle) for p, v in own.items()]
     names = [t.name for t in inputs]
 
     def imported(*args):
@@ -92,7 +117,40 @@ def rewrite(fn, *input_signature, mode: str = "memory", budget: str | None = Non
     facts = report_mod.optimize_report(model.path, "<in memory>", model.format, result)
     log.info("rewrote %s: %d -> %d nodes", name, result.nodes_before,
              result.nodes_after)
-    return RewrittenStep(function, concrete.structured_outputs, rewritten, facts)
+    return RewrittenStep(function, concrete.structured_outputs, rewritten, facts, own,
+                         originals)
+
+
+def _own_variables(graph: Graph, bindings) -> tuple[dict, dict]:
+    """Variables for the captured placeholders a lossy rewrite added or changed the dtype of:
+    ({placeholder: tf.Variable}, {placeholder: (the program's handle, diet mark)})."""
+    import numpy as np
+    import tensorflow as tf
+
+    handles = {p.split(":")[0]: h for p, h in bindings}
+    changed = [n for n in bind.resource_placeholders(graph)
+               if n not in handles or bind.diet_mark(graph, n)]
+    if not changed:
+        return {}, {}
+    shapes = shapes_mod.infer(graph)
+    own, originals = {}, {}
+    for name in changed:
+        spec = bind.value_spec(graph, shapes, name)
+        dtype = tf.dtypes.as_dtype(spec.dtype)
+        mark = bind.diet_mark(graph, name)
+        if name in handles:  # a dieted weight: the program's value, quantized
+            value = tf.raw_ops.ReadVariableOp(resource=handles[name], dtype=tf.float32)
+            fmt, _, scale = mark.partition(" ")
+            if fmt == "int16":
+                value = tf.cast(tf.clip_by_value(tf.round(value / float(scale)), -32767, 32767),
+                                tf.int16)
+            initial = tf.cast(value, dtype)
+            originals[name] = (handles[name], mark)
+        else:  # a new optimizer slot
+            initial = np.zeros(spec.shape, dtype.as_numpy_dtype)
+        own[name] = tf.Variable(initial, trainable=False, name=f"graphrewrite/{name}")
+    log.info("made %d variables for the rewritten step", len(own))
+    return own, originals
 
 
 def _concrete(fn, input_signature):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import analysis, measure, mismatch, shapes as shapes_mod
+from . import analysis, bind, measure, mismatch, shapes as shapes_mod
 from .errors import GraphRewriteError
 from .io import Model
 
@@ -134,7 +134,7 @@ def verify(original: Model, rewritten: Model, fetches: list[str] | None = None,
         return _verify_steps(original, rewritten, fetches, shapes, given, inputs, rtol, atol,
                              runs, seed, int_high, steps, run)
     first = run(original.runnable(), inputs, fetches, 0)
-    second = run(rewritten.runnable(), inputs, fetches, 0)
+    second = run(rewritten.runnable(), own_variables(rewritten, inputs, seed), fetches, 0)
     if runs:
         first.step_seconds, second.step_seconds = measure.time_interleaved(
             [(original.runnable(), None), (rewritten.runnable(), None)], inputs, fetches, runs,
@@ -159,16 +159,36 @@ def _verify_steps(original, rewritten, fetches, shapes, given, inputs, rtol, ato
     import tensorflow as tf
 
     for label, model in (("original", original), ("rewritten", rewritten)):
+        own = batches if model is original else [own_variables(model, batches[0], seed)] + [
+            {k: v for k, v in batch.items() if k in model.graph} for batch in batches[1:]]
         try:
-            curves[label] = measure.loss_curve(model.runnable(), batches, fetches, loss)
+            curves[label] = measure.loss_curve(model.runnable(), own, fetches, loss)
         except tf.errors.OpError as err:
             raise GraphRewriteError(f"--steps: the {label} graph failed at a training step: "
                                     f"{_first_cause(err.message)}") from None
     first = run(original.runnable(), inputs, fetches, runs)
-    second = run(rewritten.runnable(), inputs, fetches, runs)
+    second = run(rewritten.runnable(), own_variables(rewritten, inputs, seed), fetches, runs)
     a, b = curves["original"][-1], curves["rewritten"][-1]
     match = bool(np.isfinite(b) and abs(a - b) <= atol + rtol * abs(a))
     return VerifyResult(match, [], first, second, fetches, steps, "", curves)
+
+
+def own_variables(model: Model, inputs: dict, seed: int) -> dict:
+    """`inputs` (made for the original) for `model`: the TF2 step's captured variables that a
+    lossy rewrite removed, added or stored in another dtype (diet's slots and 16-bit weights)
+    get the model's own seeded values (`bind.seeded_value`: a dieted weight, the original's
+    value quantized)."""
+    graph = model.graph
+    changed = [n for n in bind.resource_placeholders(graph)
+               if n not in inputs or bind.diet_mark(graph, n)]
+    if not changed and all(n in graph for n in inputs):
+        return inputs
+    shapes = shapes_mod.infer(graph)
+    own = {k: v for k, v in inputs.items() if k in graph}
+    for name in changed:
+        own[name] = bind.seeded_value(name, bind.value_spec(graph, shapes, name), seed,
+                                      bind.diet_mark(graph, name))
+    return own
 
 
 def _first_cause(message: str) -> str:

@@ -11,8 +11,9 @@ model code instead) bring that to a little over 2 bytes:
   gradient, so no float32 copy of a weight lives from its forward use to its backward one;
 - its optimizer update becomes the diet update: Adam's second moment is kept factored for 2-D
   weights and convolution kernels (a row and a column accumulator over (kh*kw*cin, cout),
-  Adafactor's rank-1 estimate `r c / mean(c)`), full otherwise; the first moment is dropped (beta1 = 0; momentum optimizers then step with
-  `lr / (1 - momentum)`, momentum's steady-state step) unless `momentum=keep`; the new value
+  Adafactor's rank-1 estimate `r c / mean(c)`), full otherwise; the first moment is dropped
+  (beta1 = 0; momentum optimizers then step with `lr / (1 - momentum)`, momentum's
+  steady-state step) unless `momentum=keep`; the new value
   is quantized with stochastic rounding (a random op: unbiased, so updates smaller than one
   quantum still move the weight on average; recomputation never copies random ops) or to
   nearest;
@@ -22,10 +23,13 @@ model code instead) bring that to a little over 2 bytes:
   a checkpoint holds the dequantized weights as float32 under their own names, so it reads like
   the original's (see the README).
 
-Supported updates: `tf.compat.v1.train` Adam, Momentum and GradientDescent on resource
-(`ResourceApply*`) and ref (`Apply*`) variables. Anything else (Keras optimizers' decomposed
-updates in TF2 steps, shared slots, unusual readers) stays float32, and one warning lists those
-variables and why. A graph without variables (a frozen graph) has its large float constants
+Supported updates (`optimizers` reads them): `tf.compat.v1.train` Adam, Momentum and
+GradientDescent on resource (`ResourceApply*`) and ref (`Apply*`) variables, and a TF2 step's
+Keras Adam, SGD with momentum and SGD (decomposed into reads and `Assign*VariableOp`s of
+resource placeholders: there the new slots are resource placeholders too, which `bind` and
+`tf2` give variables, and `bind` gives a dieted one its initial value quantized). Anything else
+(sparse updates of embeddings, Nesterov, shared slots, unusual readers) stays float32, and one
+warning lists those variables and why. A graph without variables (a frozen graph) has its large float constants
 stored in 16 bits instead, dequantized where read.
 """
 
@@ -38,7 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from tensorflow.core.framework import attr_value_pb2, tensor_shape_pb2, types_pb2, variable_pb2
 
-from .. import bind, dtypes, parameters
+from .. import bind, dtypes, optimizers, parameters
 from ..analysis import Analysis
 from ..errors import GraphRewriteError
 from ..graph import Graph
@@ -56,17 +60,10 @@ DEFAULT_SCALE = 10.0 / INT16_MAX  # the seed's: values in [-10, 10], quantum 3.0
 PREFIX = "graphrewrite_diet"
 # Marks for readers of the rewritten graph (`state.py`, checkpoints): a dieted variable's
 # format and scale, and an optimizer slot's variable.
-DIET_ATTR = "_graphrewrite_diet"        # "int16 0.000305..." or "bfloat16"
+DIET_ATTR = bind.DIET_ATTR  # "int16 0.000305..." or "bfloat16"
 SLOT_OF_ATTR = "_graphrewrite_slot_of"  # the variable a (new or kept) slot serves
 FORMATS = {"int16": types_pb2.DT_INT16, "bfloat16": types_pb2.DT_BFLOAT16}
-# Optimizer update ops the pass rewrites, with the input position of each operand.
-ADAM = {"var": 0, "m": 1, "v": 2, "beta1_power": 3, "beta2_power": 4, "lr": 5, "beta1": 6,
-        "beta2": 7, "epsilon": 8, "grad": 9}
-MOMENTUM = {"var": 0, "accum": 1, "lr": 2, "grad": 3, "momentum": 4}
-SGD = {"var": 0, "lr": 1, "grad": 2}
-APPLY_OPS = {"ResourceApplyAdam": ADAM, "ApplyAdam": ADAM,
-             "ResourceApplyMomentum": MOMENTUM, "ApplyMomentum": MOMENTUM,
-             "ResourceApplyGradientDescent": SGD, "ApplyGradientDescent": SGD}
+APPLY_OPS = tuple(optimizers.APPLY_OPS)  # the fused updates (`optimizers` reads them)
 RESOURCE_VARIABLE, REF_VARIABLES = "VarHandleOp", ("VariableV2", "Variable")
 # What may touch a dieted variable besides its update: reads (rewritten to dequantize), writes
 # of whole values (initializers, restores: rewritten to quantize) and harmless queries.
@@ -123,18 +120,34 @@ def run(graph: Graph, analysis: Analysis, options: DietOptions, model=None) -> D
     if not parameters.variables(graph):
         return _diet_constants(graph, options)
     graph = graph.copy()
-    diet = _Diet(graph, options, analysis.split)
+    diet = _Diet(graph, options, analysis.split, analysis.shapes)
     kept: dict[str, list[str]] = {}
+    found = []
     for name in list(graph.nodes()):
-        if name not in graph or graph.op(name) not in APPLY_OPS:
+        op = graph.op(name)
+        if op in APPLY_OPS:
+            update = optimizers.tf1_update(graph, name) or f"{op} with unexpected inputs"
+        elif op in optimizers.DECOMPOSED_WRITES and bind.is_resource_placeholder(
+                graph.node_def(graph.data_inputs(name)[0].node)):
+            update = optimizers.keras_update(graph, name)
+        else:
             continue
-        reason = diet.refusal(name)
+        if isinstance(update, str):  # reported below, if the variable is worth it
+            diet.unread[graph.data_inputs(name)[0].node] = update
+            continue
+        found.append(update)
+    slots = {s for u in found for s in u.slots.values()}
+    for update in found:
+        if update.var in slots:  # a Keras slot's own write, read as an update: not a weight
+            continue
+        reason = diet.refusal(update)
         if reason:
-            kept.setdefault(reason, []).append(graph.data_inputs(name)[0].node)
+            kept.setdefault(reason, []).append(update.var)
             continue
-        diet.rewrite(name)
-    for name in _other_float_variables(graph, analysis.shapes, options, diet):
-        kept.setdefault(_why_not(graph, name), []).append(name)
+        diet.rewrite(update)
+    for name in _other_float_variables(graph, analysis.shapes, options, diet, slots,
+                                       analysis.split.gradient_flow):
+        kept.setdefault(diet.unread.get(name) or _why_not(graph, name), []).append(name)
     kept = {reason: sorted(set(names)) for reason, names in kept.items()}
     # Small variables stay float32 by design (min_size); the others are worth a warning.
     unexpected = {r: v for r, v in kept.items() if not r.startswith(SMALL)}
@@ -147,7 +160,7 @@ def run(graph: Graph, analysis: Analysis, options: DietOptions, model=None) -> D
                                              "update was rewritten", kept_float=kept)
     diet.finish()
     return DietResult(graph, True, dieted=diet.dieted, slots_removed=sorted(diet.removed),
-                      slots_added=[e.variable for e in diet.added], kept_float=kept,
+                      slots_added=diet.slots_added, kept_float=kept,
                       bytes_saved=diet.bytes_saved)
 
 
@@ -286,45 +299,56 @@ def _seed2(prefix: str) -> int:
 class _Diet:
     """The rewrite of one graph's variables, one update op at a time, then the slots."""
 
-    def __init__(self, graph: Graph, options: DietOptions, split=None):
-        self.graph, self.options, self.split = graph, options, split
+    def __init__(self, graph: Graph, options: DietOptions, split=None, shapes=None):
+        self.graph, self.options, self.split, self.shapes = graph, options, split, shapes
         self.late_reads: list[str] = []      # backward reads of the variable being rewritten
         self.fmt = FORMATS[options.format]
         self.dieted: list[str] = []
         self.removed: set[str] = set()       # slot variables to remove
-        self.added: list[NewEntry] = []      # new slot variables
+        self.added: list[NewEntry] = []      # new slot variables a Saver keeps
+        self.slots_added: list[str] = []     # every new slot (variables and placeholders)
+        self.slots_seen: set[str] = set()    # slots of rewritten updates, kept or not
+        self.unread: dict[str, str] = {}     # variable -> why its writes are not an update
         self.orphans: set[str] = set()       # inputs of rewritten updates, maybe unused now
         self.bytes_saved = 0
 
     # ---------------------------------------------------------------- eligibility
 
-    def refusal(self, apply: str) -> str | None:
-        """Why the variable `apply` updates must stay float32, or None."""
-        graph, op = self.graph, self.graph.op(apply)
-        positions = APPLY_OPS[op]
-        inputs = graph.data_inputs(apply)
-        if len(inputs) != len(positions):
-            return f"{op} with {len(inputs)} inputs"
-        var = inputs[0].node
+    def _spec(self, var: str) -> tuple[int | None, tuple | None]:
+        """(dtype, shape) of a variable or of a TF2 step's captured one."""
+        node = self.graph.node_def(var)
+        if node.op in bind.PLACEHOLDERS:
+            try:
+                spec = bind.value_spec(self.graph, self.shapes, var)
+            except GraphRewriteError:
+                return None, None
+            return spec.dtype, spec.shape
+        return node.attr["dtype"].type, _known_shape(node)
+
+    def refusal(self, update: optimizers.Update) -> str | None:
+        """Why the variable `update` writes must stay float32, or None."""
+        graph, apply, var = self.graph, update.node, update.var
+        op = graph.op(apply)
         node = graph.node_def(var)
-        if node.op not in (RESOURCE_VARIABLE, *REF_VARIABLES):
+        captured = bind.is_resource_placeholder(node)
+        if node.op not in (RESOURCE_VARIABLE, *REF_VARIABLES) and not captured:
             return f"{op} updates a {node.op}, not a variable"
-        if node.attr["dtype"].type != types_pb2.DT_FLOAT:
+        dtype, shape = self._spec(var)
+        if dtype != types_pb2.DT_FLOAT:
             return "not float32"
-        shape = _known_shape(node)
         if shape is None:
             return "unknown shape"
         if int(np.prod(shape)) < self.options.min_size:
             return f"{SMALL} min_size={self.options.min_size} elements"
-        if any(graph.op(u) in APPLY_OPS for u, s in graph.consumers(TensorRef(var))
-               if u != apply and s == 0):
+        if any(graph.op(u) in APPLY_OPS + optimizers.DECOMPOSED_WRITES
+               for u, s in graph.consumers(TensorRef(var)) if u != apply and s == 0):
             return "updated by more than one optimizer op"
         if graph.consumers(TensorRef(apply)):
             return "the update's output is read"
-        resource = node.op == RESOURCE_VARIABLE
+        resource = captured or node.op == RESOURCE_VARIABLE
         for user, slot in graph.consumers(TensorRef(var)):
             user_op = graph.op(user)
-            if user == apply:
+            if user == apply or slot is None or slot < 0:
                 continue
             if resource and not (user_op in RESOURCE_READS + RESOURCE_QUERIES
                                  or (user_op == "AssignVariableOp" and slot == 0)):
@@ -332,39 +356,40 @@ class _Diet:
             if not resource and not (user_op in REF_READERS
                                      or (user_op == "Assign" and slot == 0)):
                 return f"also used by {user_op}"
-        for slot in self._slots(apply):
-            if graph.op(slot) not in (RESOURCE_VARIABLE, *REF_VARIABLES):
+        for slot in update.slots.values():
+            if captured != bind.is_resource_placeholder(graph.node_def(slot)) or (
+                    not captured and graph.op(slot) not in (RESOURCE_VARIABLE, *REF_VARIABLES)):
                 return f"its optimizer slot {slot} is a {graph.op(slot)}"
-            users = {u for u, _ in graph.consumers(TensorRef(slot))} - {apply}
-            if any(graph.op(u) not in SLOT_USERS for u in users) or any(
-                    graph.op(u) in APPLY_OPS for u in users):
-                return f"its optimizer slot {slot} is shared or read elsewhere"
+            if slot in self.slots_seen:
+                return f"its optimizer slot {slot} is shared"
+            if update.form == "tf1":
+                users = {u for u, _ in graph.consumers(TensorRef(slot))} - {apply}
+                if any(graph.op(u) not in SLOT_USERS for u in users) or any(
+                        graph.op(u) in APPLY_OPS for u in users):
+                    return f"its optimizer slot {slot} is shared or read elsewhere"
         return None
-
-    def _slots(self, apply: str) -> list[str]:
-        positions = APPLY_OPS[self.graph.op(apply)]
-        inputs = self.graph.data_inputs(apply)
-        return [inputs[positions[k]].node for k in ("m", "v", "accum") if k in positions]
 
     # ---------------------------------------------------------------- rewriting
 
-    def rewrite(self, apply: str) -> None:
+    def rewrite(self, update: optimizers.Update) -> None:
         graph, options = self.graph, self.options
-        positions = APPLY_OPS[graph.op(apply)]
-        inputs = {k: graph.data_inputs(apply)[i] for k, i in positions.items()}
-        var = inputs["var"].node
+        apply, var = update.node, update.var
         node = graph.node_def(var)
-        resource = node.op == RESOURCE_VARIABLE
-        shape = _known_shape(node)
+        captured = bind.is_resource_placeholder(node)
+        resource = captured or node.op == RESOURCE_VARIABLE
+        _, shape = self._spec(var)
         attrs = dict(graph.node_def(apply).attr)
         controls = [TensorRef(c, -1) for c in graph.control_inputs(apply)]
         self.orphans.update(r.node for r in graph.data_inputs(apply)[1:])
         self.late_reads = []
-        graph.set_attr(var, "dtype", _type(self.fmt))
+        self.shape = shape
+        if not captured:  # a captured variable's placeholder is a handle: its readers say int16
+            graph.set_attr(var, "dtype", _type(self.fmt))
         mark = options.format + (f" {options.scale!r}" if options.format == "int16" else "")
         graph.set_attr(var, DIET_ATTR, attr_value_pb2.AttrValue(s=mark.encode()))
-        for slot in self._slots(apply):
+        for slot in update.slots.values():
             graph.set_attr(slot, SLOT_OF_ATTR, attr_value_pb2.AttrValue(s=var.encode()))
+            self.slots_seen.add(slot)
         if resource:
             self._rewrite_resource_users(var, apply, shape)
         else:
@@ -373,19 +398,19 @@ class _Diet:
         # Reads and random draws have no input from the step: gated on the gradient, they run
         # when the update can, instead of at the step's start holding a float32 copy of
         # every weight (and its noise) through the forward and backward passes.
-        b.gate = TensorRef(inputs["grad"].node, -1)
-        current = self._read(b, var, resource)
-        kind = "adam" if positions is ADAM else "momentum" if positions is MOMENTUM else "sgd"
-        step, slot_writes = getattr(self, "_" + kind)(b, inputs, attrs, shape, resource, var)
+        b.gate = TensorRef(_through_identity_n(graph, update.terms["grad"]), -1)
+        current = self._read(b, var, resource, shape)
+        step, slot_writes = getattr(self, "_" + update.kind)(b, update, shape, resource, var)
         new = b.binary("Sub", current, step, "new_value")
         stochastic = options.rounding == "stochastic"
         value = quantize(b, new, shape, self.fmt, options.scale, stochastic, SEED)
         writes = [TensorRef(w, -1) for w in slot_writes]
+        handle = graph.data_inputs(apply)[0]
         if resource:
-            graph.redefine(apply, "AssignVariableOp", [inputs["var"], value, *controls, *writes],
+            graph.redefine(apply, "AssignVariableOp", [handle, value, *controls, *writes],
                            {"dtype": _type(self.fmt)})
         else:
-            graph.redefine(apply, "Assign", [inputs["var"], value, *controls, *writes],
+            graph.redefine(apply, "Assign", [handle, value, *controls, *writes],
                            {"T": _type(self.fmt), "use_locking": attrs.get("use_locking",
                                                                            _bool(False)),
                             "validate_shape": _bool(True)})
@@ -393,12 +418,13 @@ class _Diet:
         self.dieted.append(var)
         self.bytes_saved += int(np.prod(shape)) * 2
 
-    def _read(self, b: _Builder, var: str, resource: bool) -> TensorRef:
+    def _read(self, b: _Builder, var: str, resource: bool, shape: tuple) -> TensorRef:
         """The variable's current value, dequantized, read where the update runs."""
         if resource:
             raw = b.gated("read", "ReadVariableOp", [TensorRef(var)], dtype=_type(self.fmt))
         else:
             raw = b.gated("read", "Identity", [TensorRef(var)], T=_type(self.fmt))
+        _record_shape(self.graph, raw.node, shape)
         op, args = dequantize(b, raw, self.fmt, self.options.scale)
         return b.op("current", op, args, **_dequantize_attrs(self.fmt))
 
@@ -412,13 +438,13 @@ class _Diet:
             b = _Builder(graph, f"{user}/{PREFIX}", node.device)
             inputs = graph.inputs(user)
             if op in RESOURCE_READS:
-                attrs = dict(node.attr)
+                attrs = dict(node.attr)  # `_output_shapes` stay: TF2 steps' reads need them
                 attrs["dtype"] = _type(self.fmt)
-                attrs.pop("_output_shapes", None)
                 raw_name = graph.unique_name(f"{user}/{PREFIX}/raw")
                 graph.add_node(raw_name, op, inputs, attrs, node.device)
                 deq_op, args = dequantize(b, TensorRef(raw_name), self.fmt, self.options.scale)
                 graph.redefine(user, deq_op, args, _dequantize_attrs(self.fmt))
+                _record_shape(graph, user, shape)
                 self._backward_read(var, user, True)
             elif op == "AssignVariableOp":
                 self._quantize_write(b, user, inputs, shape, {"dtype": _type(self.fmt),
@@ -486,6 +512,7 @@ class _Diet:
         b = _Builder(graph, f"{read}/{PREFIX}/backward", device)
         if resource:
             raw = b.op("raw", "ReadVariableOp", [TensorRef(var)], dtype=_type(self.fmt))
+            _record_shape(graph, raw.node, self.shape)
         else:
             raw = TensorRef(var)
         deq_op, args = dequantize(b, raw, self.fmt, self.options.scale)
@@ -493,6 +520,7 @@ class _Diet:
         for gate in sorted(gates):
             graph.add_control(gate, first)
         copies = {read: b.op("value", deq_op, args, **_dequantize_attrs(self.fmt)).node}
+        _record_shape(graph, copies[read], self.shape)
 
         def copy(view: str) -> str:
             if view not in copies:
@@ -531,13 +559,20 @@ class _Diet:
     def _scalar(self, b: _Builder, value: float, name: str) -> TensorRef:
         return b.const(name, value)
 
-    def _adam(self, b, inputs, attrs, shape, resource, var):
+    def _adam(self, b, update, shape, resource, var):
         """Adam without the first moment (unless kept) and with a factored second moment for
-        matrices; the same bias corrections as tf.compat.v1.train.AdamOptimizer."""
-        grad, lr, beta2 = inputs["grad"], inputs["lr"], inputs["beta2"]
+        matrices and kernels; the same bias corrections as the optimizer's own."""
+        terms, slots = update.terms, update.slots
+        keras = update.form == "keras"
+        grad = terms["grad"]
         one = self._scalar(b, 1.0, "one")
         squared = b.unary("Square", grad, "grad_squared")
-        decay = b.binary("Sub", one, beta2, "one_minus_beta2")
+        if keras:
+            decay = terms["decay2"]
+            beta2 = b.binary("Sub", one, decay, "beta2")
+        else:
+            beta2 = terms["beta2"]
+            decay = b.binary("Sub", one, beta2, "one_minus_beta2")
         writes = []
         matrix = _matrix(shape)
         if self.options.factored and matrix is not None:
@@ -553,8 +588,10 @@ class _Diet:
             col_mean = b.op("col_mean", "Mean", [squared, b.const("axis_0", 0, np.int32)],
                             T=_type(types_pb2.DT_FLOAT), Tidx=_type(types_pb2.DT_INT32),
                             keep_dims=_bool(True))
-            r, w1 = self._accumulate(b, rows, beta2, decay, row_mean, resource, "rows")
-            c, w2 = self._accumulate(b, cols, beta2, decay, col_mean, resource, "cols")
+            r, w1 = self._accumulate(b, rows, beta2, decay, row_mean, resource, "rows",
+                                     (matrix[0], 1))
+            c, w2 = self._accumulate(b, cols, beta2, decay, col_mean, resource, "cols",
+                                     (1, matrix[1]))
             writes += [w1, w2]
             c_mean = b.op("cols_mean", "Mean", [c, b.const("axes", [0, 1], np.int32)],
                           T=_type(types_pb2.DT_FLOAT), Tidx=_type(types_pb2.DT_INT32),
@@ -564,52 +601,68 @@ class _Diet:
                 second = b.op("second_kernel", "Reshape",
                               [second, b.const("kernel_shape", shape, np.int32)],
                               T=_type(types_pb2.DT_FLOAT), Tshape=_type(types_pb2.DT_INT32))
-            self.removed.add(inputs["v"].node)
+            self.removed.add(slots["v"])
+        elif keras:  # Keras's own update of the full second moment stays; read after it
+            second = terms["v_new"]
         else:
-            second, w = self._accumulate(b, inputs["v"].node, beta2, decay, squared, resource,
-                                         "second")
+            second, w = self._accumulate(b, slots["v"], beta2, decay, squared, resource,
+                                         "second", shape)
             writes.append(w)
-        power2 = b.binary("Sub", one, inputs["beta2_power"], "one_minus_beta2_power")
-        rate = b.binary("Mul", lr, b.unary("Sqrt", power2, "correction"), "rate")
+        if keras:
+            rate = terms["rate_keep" if self.options.momentum == "keep" else "rate_drop"]
+        else:
+            power2 = b.binary("Sub", one, terms["beta2_power"], "one_minus_beta2_power")
+            rate = b.binary("Mul", terms["lr"], b.unary("Sqrt", power2, "correction"), "rate")
         if self.options.momentum == "keep":
-            beta1 = inputs["beta1"]
-            first, w = self._accumulate(b, inputs["m"].node, beta1,
-                                        b.binary("Sub", one, beta1, "one_minus_beta1"), grad,
-                                        resource, "first")
-            writes.append(w)
-            power1 = b.binary("Sub", one, inputs["beta1_power"], "one_minus_beta1_power")
-            rate = b.binary("RealDiv", rate, power1, "rate_corrected")
+            if keras:
+                first = terms["m_new"]
+            else:
+                beta1 = terms["beta1"]
+                first, w = self._accumulate(b, slots["m"], beta1,
+                                            b.binary("Sub", one, beta1, "one_minus_beta1"),
+                                            grad, resource, "first", shape)
+                writes.append(w)
+                power1 = b.binary("Sub", one, terms["beta1_power"], "one_minus_beta1_power")
+                rate = b.binary("RealDiv", rate, power1, "rate_corrected")
         else:
             first = grad
-            self.removed.add(inputs["m"].node)
-        denominator = b.binary("AddV2", b.unary("Sqrt", second, "root"), inputs["epsilon"],
+            self.removed.add(slots["m"])
+        denominator = b.binary("AddV2", b.unary("Sqrt", second, "root"), terms["epsilon"],
                                "denominator")
         step = b.binary("Mul", rate, b.binary("RealDiv", first, denominator, "direction"),
                         "step")
         return step, writes
 
-    def _momentum(self, b, inputs, attrs, shape, resource, var):
-        grad, lr, momentum = inputs["grad"], inputs["lr"], inputs["momentum"]
+    def _momentum(self, b, update, shape, resource, var):
+        """Momentum SGD; with the momentum dropped, steps of lr / (1 - momentum) (momentum's
+        steady state). Keras keeps `m = momentum m - lr g` and adds it; tf1 keeps
+        `accum = momentum accum + g` and subtracts lr times it."""
+        terms = update.terms
+        grad, lr, momentum = terms["grad"], terms["lr"], terms["momentum"]
         if self.options.momentum == "keep":
+            if update.form == "keras":  # Keras's own update of m stays; read after it
+                return b.unary("Neg", terms["m_new"], "step"), []
             one = self._scalar(b, 1.0, "one")
-            accum, w = self._accumulate(b, inputs["accum"].node, momentum, one, grad, resource,
-                                        "accum")
-            if attrs.get("use_nesterov") is not None and attrs["use_nesterov"].b:
+            accum, w = self._accumulate(b, update.slots["accum"], momentum, one, grad, resource,
+                                        "accum", shape)
+            attr = self.graph.node_def(update.node).attr
+            nesterov = "use_nesterov" in attr and attr["use_nesterov"].b
+            if nesterov:
                 direction = b.binary("AddV2", grad, b.binary("Mul", momentum, accum), "nesterov")
             else:
                 direction = accum
             return b.binary("Mul", lr, direction, "step"), [w]
-        self.removed.add(inputs["accum"].node)
+        self.removed.add(update.slots["accum"])
         one = self._scalar(b, 1.0, "one")
         rate = b.binary("RealDiv", lr, b.binary("Sub", one, momentum, "one_minus_momentum"),
                         "rate")
         return b.binary("Mul", rate, grad, "step"), []
 
-    def _sgd(self, b, inputs, attrs, shape, resource, var):
-        return b.binary("Mul", inputs["lr"], inputs["grad"], "step"), []
+    def _sgd(self, b, update, shape, resource, var):
+        return b.binary("Mul", update.terms["lr"], update.terms["grad"], "step"), []
 
     def _accumulate(self, b, slot: str, keep: TensorRef, take: TensorRef, value: TensorRef,
-                    resource: bool, name: str) -> tuple[TensorRef, str]:
+                    resource: bool, name: str, shape: tuple) -> tuple[TensorRef, str]:
         """slot = keep * slot + take * value; returns (the new value, the write)."""
         if resource:
             old = b.gated(f"{name}_old", "ReadVariableOp", [TensorRef(slot)],
@@ -617,6 +670,7 @@ class _Diet:
         else:
             old = b.gated(f"{name}_old", "Identity", [TensorRef(slot)],
                           T=_type(types_pb2.DT_FLOAT))
+        _record_shape(self.graph, old.node, shape)
         new = b.binary("AddV2", b.binary("Mul", keep, old, f"{name}_kept"),
                        b.binary("Mul", take, value, f"{name}_taken"), f"{name}_new")
         if resource:
@@ -630,10 +684,20 @@ class _Diet:
 
     def _new_slot(self, var: str, suffix: str, shape: tuple, resource: bool) -> str:
         """A zero-initialised float32 variable beside `var`, with its initializer, a read for
-        the Saver, and a VariableDef for the `variables` collection."""
+        the Saver, and a VariableDef for the `variables` collection; beside a TF2 step's
+        captured variable, a captured one (a resource placeholder: whoever runs the step binds
+        it, see `bind`)."""
         graph = self.graph
         name = graph.unique_name(f"{var}/{suffix}")
         device = graph.node_def(var).device
+        self.bytes_saved -= int(np.prod(shape)) * 4
+        self.slots_added.append(name)
+        if bind.is_resource_placeholder(graph.node_def(var)):
+            graph.add_node(name, "Placeholder", [], {
+                "dtype": _type(types_pb2.DT_RESOURCE), "shape": _shape(()),
+                "_output_shapes": _shapes([()])}, device)
+            graph.set_attr(name, SLOT_OF_ATTR, attr_value_pb2.AttrValue(s=var.encode()))
+            return name
         b = _Builder(graph, name, device)
         zeros = b.const("Initializer/zeros", np.zeros(shape, np.float32))
         flt = _type(types_pb2.DT_FLOAT)
@@ -658,7 +722,6 @@ class _Diet:
                        attr_value_pb2.AttrValue(s=definition.SerializeToString()))
         graph.set_attr(name, SLOT_OF_ATTR, attr_value_pb2.AttrValue(s=var.encode()))
         self.added.append(NewEntry(name, read, name, types_pb2.DT_FLOAT, resource))
-        self.bytes_saved -= int(np.prod(shape)) * 4
         return name
 
     # ---------------------------------------------------------------- slots
@@ -685,7 +748,7 @@ class _Diet:
                 continue
             doomed.add(name)
             todo.extend(u for u, slot in graph.consumers(name) if slot >= 0)
-        strangers = sorted(n for n in doomed - {var} if graph.op(n) not in SLOT_USERS)
+        strangers = sorted(n for n in doomed - {var} if _escapes(graph, n, doomed))
         if strangers:  # its value flows further than its own reads and writes: keep it
             log.warning("diet: slot %s is not removed: %s reads it", var, strangers[0])
             self.removed.discard(var)
@@ -718,6 +781,21 @@ class _Diet:
             todo.extend(inputs)
 
 
+def _shapes(shapes) -> attr_value_pb2.AttrValue:
+    value = attr_value_pb2.AttrValue()
+    for dims in shapes:
+        value.list.shape.add().CopyFrom(_shape(dims).shape)
+    return value
+
+
+def _record_shape(graph: Graph, name: str, shape: tuple | None) -> None:
+    """Give a new node's one output its `_output_shapes`: TensorFlow's shape inference cannot
+    see through a TF2 step's resource placeholders, and a captured variable's shape is known
+    to `bind` and the memory model only from what its reads record."""
+    if shape is not None:
+        graph.set_attr(name, "_output_shapes", _shapes([shape]))
+
+
 def _matrix(shape: tuple) -> tuple | None:
     """The (rows, columns) a second moment of `shape` is factored over: a matrix as it is, a
     convolution kernel (kh, kw, cin, cout) as (kh*kw*cin, cout); None for vectors and for
@@ -740,6 +818,18 @@ def _through_identity_n(graph: Graph, ref: TensorRef) -> str:
     return ref.node
 
 
+def _escapes(graph: Graph, name: str, doomed: set[str]) -> bool:
+    """Whether `name`, downstream of a slot to remove, changes anything that stays: a write of
+    another variable, or a stateful op (a tf1 slot's users are all in SLOT_USERS; a Keras
+    slot's are its reads, its own write and the arithmetic between them)."""
+    op = graph.op(name)
+    if op in SLOT_USERS and op not in ("AssignVariableOp", "Assign"):
+        return False
+    if op in ("AssignVariableOp", "Assign", *optimizers.DECOMPOSED_WRITES):
+        return graph.data_inputs(name)[0].node not in doomed
+    return _stateful(op)
+
+
 def _ancestors_in(graph: Graph, name: str, within: set[str]) -> set[str]:
     found, todo = set(), [name]
     while todo:
@@ -756,12 +846,13 @@ def _stateful(op: str) -> bool:
     return ops.is_stateful(op)
 
 
-def _other_float_variables(graph: Graph, shapes, options: DietOptions,
-                           diet: _Diet) -> list[str]:
-    """Float variables of at least min_size elements that the step writes and the pass did not
-    diet (and that are not slots it removed or added): what the warning lists."""
+def _other_float_variables(graph: Graph, shapes, options: DietOptions, diet: _Diet,
+                           slots: set[str], flow) -> list[str]:
+    """Float variables of at least min_size elements that the step writes from the gradient
+    and the pass did not diet (and that are not optimizer slots): what the warning lists.
+    Batch-norm statistics are written from forward values: not listed."""
     out = []
-    done = set(diet.dieted) | diet.removed | {e.variable for e in diet.added}
+    done = set(diet.dieted) | diet.removed | set(diet.slots_added) | slots
     for name in parameters.variables(graph):
         if name in done:
             continue
@@ -777,7 +868,7 @@ def _other_float_variables(graph: Graph, shapes, options: DietOptions,
             size = None if shape is None else int(np.prod(shape))
         if dtypes.base(dtype) != types_pb2.DT_FLOAT or size is None or size < options.min_size:
             continue
-        if _writers(graph, name):
+        if any(r.node in flow for w in _writers(graph, name) for r in graph.inputs(w)):
             out.append(name)
     return out
 

@@ -1,0 +1,203 @@
+"""Optimizer updates in a training graph, whatever form the optimizer gave them.
+
+`tf.compat.v1.train` optimizers write each variable with one fused op (`ResourceApplyAdam`,
+`ApplyMomentum`, ...) whose inputs name the slots and hyperparameters by position. Keras
+optimizers in a TF2 step decompose the same update into reads, arithmetic and
+`AssignAddVariableOp`/`AssignSubVariableOp`/`AssignVariableOp` on resource placeholders:
+
+- Adam: `m += (g - m) * (1 - beta1)`, `v += (g^2 - v) * (1 - beta2)`, then
+  `var -= (m' * alpha) / (sqrt(v') + epsilon)` with `alpha = lr sqrt(1 - beta2^t) / (1 - beta1^t)`
+  (m', v': reads after the slot writes);
+- SGD with momentum: `m = -g lr + m momentum`, then `var += m'`;
+- SGD: `var += -g lr`.
+
+Both forms are read here into one `Update`: the op writing the variable, its slots by role and
+the tensors a rewrite of the update needs. Shapes of the arithmetic are not checked: a variable
+whose update does not match exactly is not an `Update`, and stays as it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .graph import Graph
+from .tensor_ref import TensorRef
+
+# Fused update ops, with the input position of each operand.
+ADAM = {"var": 0, "m": 1, "v": 2, "beta1_power": 3, "beta2_power": 4, "lr": 5, "beta1": 6,
+        "beta2": 7, "epsilon": 8, "grad": 9}
+MOMENTUM = {"var": 0, "accum": 1, "lr": 2, "grad": 3, "momentum": 4}
+SGD = {"var": 0, "lr": 1, "grad": 2}
+APPLY_OPS = {"ResourceApplyAdam": ADAM, "ApplyAdam": ADAM,
+             "ResourceApplyMomentum": MOMENTUM, "ApplyMomentum": MOMENTUM,
+             "ResourceApplyGradientDescent": SGD, "ApplyGradientDescent": SGD}
+SLOT_ROLES = ("m", "v", "accum")
+DECOMPOSED_WRITES = ("AssignAddVariableOp", "AssignSubVariableOp")
+
+
+@dataclass
+class Update:
+    """One variable's optimizer update. `node` writes the variable; `kind` is adam, momentum or
+    sgd; `form` tf1 (a fused op) or keras (decomposed); `slots` maps m, v or accum to the slot
+    variable; `terms` maps operand names to tensors: for tf1 the fused op's inputs, for keras
+    grad, lr, momentum, decay1 (1 - beta1), decay2, epsilon, rate_keep (alpha), rate_drop
+    (alpha without the first moment's bias correction), and m_new / v_new, the slots read
+    after Keras's own writes of them; `slot_writes` are those writes."""
+
+    node: str
+    var: str
+    kind: str
+    form: str
+    slots: dict = field(default_factory=dict)
+    terms: dict = field(default_factory=dict)
+    slot_writes: dict = field(default_factory=dict)
+
+
+def tf1_update(graph: Graph, apply: str) -> Update | None:
+    positions = APPLY_OPS.get(graph.op(apply))
+    inputs = graph.data_inputs(apply)
+    if positions is None or len(inputs) != len(positions):
+        return None
+    terms = {k: inputs[i] for k, i in positions.items()}
+    kind = "adam" if positions is ADAM else "momentum" if positions is MOMENTUM else "sgd"
+    return Update(apply, terms["var"].node, kind, "tf1",
+                  {k: terms[k].node for k in SLOT_ROLES if k in terms}, terms)
+
+
+def _inputs(graph: Graph, ref: TensorRef, *ops) -> list[TensorRef] | None:
+    """The data inputs of the node behind `ref` when its op is one of `ops`."""
+    if ref is None or ref.port < 0 or graph.op(ref.node) not in ops:
+        return None
+    return graph.data_inputs(ref.node)
+
+
+def _split(graph: Graph, ref: TensorRef, ops, wanted) -> tuple | None:
+    """For a commutative binary op (one of `ops`) at `ref`: (its input whose op is in `wanted`,
+    the other input)."""
+    inputs = _inputs(graph, ref, *ops)
+    if not inputs or len(inputs) != 2:
+        return None
+    a, b = inputs
+    if graph.op(a.node) in wanted:
+        return a, b
+    if graph.op(b.node) in wanted:
+        return b, a
+    return None
+
+
+def _read_variable(graph: Graph, ref: TensorRef) -> str | None:
+    """The variable (handle) a ReadVariableOp at `ref` reads."""
+    inputs = _inputs(graph, ref, "ReadVariableOp")
+    return inputs[0].node if inputs else None
+
+
+def _writer(graph: Graph, var: str, *ops) -> str | None:
+    """The one op among `ops` that writes `var` (handle input 0); None if none or several."""
+    found = [u for u, slot in graph.consumers(TensorRef(var))
+             if slot == 0 and graph.op(u) in ops]
+    return found[0] if len(found) == 1 else None
+
+
+def _slot_update(graph: Graph, slot: str) -> tuple | None:
+    """Keras's `slot += (value - slot) * decay`: (write, value, decay) when `slot` is written
+    that way."""
+    write = _writer(graph, slot, "AssignAddVariableOp")
+    if write is None:
+        return None
+    found = _split(graph, graph.data_inputs(write)[1], ("Mul",), ("Sub",))
+    if found is None:
+        return None
+    difference, decay = found
+    operands = graph.data_inputs(difference.node)
+    if len(operands) != 2 or _read_variable(graph, operands[1]) != slot:
+        return None
+    return write, operands[0], decay
+
+
+def keras_update(graph: Graph, write: str) -> Update | str:
+    """The Keras update that `write` (an Assign{Add,Sub}VariableOp of a variable) ends, or why
+    it is not one this module reads."""
+    op = graph.op(write)
+    var, delta = (graph.data_inputs(write) + [None, None])[:2]
+    if delta is None:
+        return f"{op} without a value"
+    var = var.node
+    if op == "AssignSubVariableOp":
+        return _keras_adam(graph, write, var, delta)
+    if op == "AssignAddVariableOp":
+        slot = _read_variable(graph, delta)
+        if slot is not None:
+            return _keras_momentum(graph, write, var, delta, slot)
+        found = _split(graph, delta, ("Mul",), ("Neg",))
+        if found is not None:
+            return Update(write, var, "sgd", "keras",
+                          terms={"grad": graph.data_inputs(found[0].node)[0], "lr": found[1]})
+    return f"{op} of a form not read as a Keras optimizer's update (Nesterov, weight decay, ...)"
+
+
+def _keras_adam(graph: Graph, write: str, var: str, delta: TensorRef) -> Update | str:
+    why = "AssignSubVariableOp not of Keras Adam's form"
+    quotient = _inputs(graph, delta, "RealDiv")
+    if not quotient:
+        return why
+    numerator = _split(graph, quotient[0], ("Mul",), ("ReadVariableOp",))
+    denominator = _split(graph, quotient[1], ("AddV2", "Add"), ("Sqrt",))
+    if numerator is None or denominator is None:
+        return why
+    m_new, alpha = numerator
+    sqrt, epsilon = denominator
+    v_new = graph.data_inputs(sqrt.node)[0]
+    m, v = _read_variable(graph, m_new), _read_variable(graph, v_new)
+    corrected = _inputs(graph, alpha, "RealDiv")
+    if m is None or v is None or m == v or not corrected:
+        return why
+    first, second = _slot_update(graph, m), _slot_update(graph, v)
+    if first is None or second is None:
+        return why + " (its slots' updates)"
+    squared = _inputs(graph, second[1], "Square")
+    if not squared or squared[0] != first[1]:
+        return why + " (the second moment of another gradient)"
+    return Update(write, var, "adam", "keras", {"m": m, "v": v}, {
+        "grad": first[1], "decay1": first[2], "decay2": second[2], "epsilon": epsilon,
+        "rate_keep": alpha, "rate_drop": corrected[0], "m_new": m_new, "v_new": v_new},
+        {"m": first[0], "v": second[0]})
+
+
+def _keras_momentum(graph: Graph, write: str, var: str, delta: TensorRef,
+                    slot: str) -> Update | str:
+    why = "AssignAddVariableOp not of Keras SGD momentum's form"
+    slot_write = _writer(graph, slot, "AssignVariableOp")
+    if slot_write is None:
+        return why
+    total = _inputs(graph, graph.data_inputs(slot_write)[1], "AddV2", "Add")
+    if not total or len(total) != 2:
+        return why
+    step = kept = None
+    for ref in total:
+        found = _split(graph, ref, ("Mul",), ("Neg",))
+        if found is not None:
+            step = found
+        found = _split(graph, ref, ("Mul",), ("ReadVariableOp",))
+        if found is not None and _read_variable(graph, found[0]) == slot:
+            kept = found
+    if step is None or kept is None:
+        return why
+    return Update(write, var, "momentum", "keras", {"accum": slot}, {
+        "grad": graph.data_inputs(step[0].node)[0], "lr": step[1], "momentum": kept[1],
+        "m_new": delta}, {"accum": slot_write})
+
+
+def updates(graph: Graph) -> list[Update]:
+    """Every update this module reads, of either form."""
+    found = []
+    for name in graph.nodes():
+        op = graph.op(name)
+        if op in APPLY_OPS:
+            update = tf1_update(graph, name)
+        elif op in DECOMPOSED_WRITES:
+            update = keras_update(graph, name)
+        else:
+            continue
+        if isinstance(update, Update):
+            found.append(update)
+    return found
