@@ -130,8 +130,9 @@ def keras_update(graph: Graph, write: str) -> Update | str:
             return _keras_momentum(graph, write, var, delta, slot)
         found = _split(graph, delta, ("Mul",), ("Neg",))
         if found is not None:
-            return Update(write, var, "sgd", "keras",
-                          terms={"grad": graph.data_inputs(found[0].node)[0], "lr": found[1]})
+            grad = graph.data_inputs(found[0].node)[0]
+            if _read_variable(graph, grad) is None:  # not `m += -m (1 - beta1)` (sparse Adam)
+                return Update(write, var, "sgd", "keras", terms={"grad": grad, "lr": found[1]})
     return f"{op} of a form not read as a Keras optimizer's update (Nesterov, weight decay, ...)"
 
 

@@ -318,6 +318,7 @@ def test_recompute_after_diet_never_copies_its_random_ops(tmp_path):
 @pytest.mark.tf
 def test_frozen_graph_constants_are_stored_in_16_bits(tmp_path):
     from conftest import fixture_path
+    from tensorflow.core.framework import types_pb2
 
     from graphrewrite import verify
 
@@ -327,6 +328,14 @@ def test_frozen_graph_constants_are_stored_in_16_bits(tmp_path):
     assert facts.constants and facts.bytes_saved > 0
     for name in facts.constants:
         assert result.graph.op(name) == "Mul"  # the constant's name now reads the dequantized
+    # as run: Grappler's constant folding leaves the 16-bit constants 16-bit (it folded
+    # Cast(Const) * scale back into float32 before they were read through a placeholder)
+    from graphrewrite import analysis, grappler
+
+    run = grappler.as_run(result.graph, analysis.default_fetches(model))
+    kinds = {run.node_def(n).attr["value"].tensor.dtype for n in run.nodes()
+             if run.op(n) == "Const" and (n in facts.constants or n.endswith("diet/raw"))}
+    assert kinds == {types_pb2.DT_INT16}, kinds
     io.save(model, result.graph, tmp_path / "mlp.pbtxt")
     # the loss moves by the weights' quantization error (the gradients, of small magnitude
     # and sums of many terms, move more in relative terms)

@@ -909,7 +909,8 @@ FLOAT_CONST = types_pb2.DT_FLOAT
 
 def _diet_constants(graph: Graph, options: DietOptions) -> DietResult:
     """Large float32 constants stored in 16 bits: int16 with a per-constant scale (its largest
-    magnitude over 32767: no constant clips) or bfloat16, dequantized where read; the constant
+    magnitude over 32767: no constant clips) or bfloat16, dequantized where read through a
+    PlaceholderWithDefault (which Grappler's constant folding leaves alone); the constant
     keeps its name, as the dequantization."""
     from tensorflow.python.framework import tensor_util
 
@@ -935,7 +936,12 @@ def _diet_constants(graph: Graph, options: DietOptions) -> DietResult:
             scale = peak / INT16_MAX
             raw = b.const("raw", np.clip(np.round(value / scale), -INT16_MAX, INT16_MAX),
                           np.int16)
-        op, args = dequantize(b, raw, fmt, scale)
+        # Grappler folds Cast(Const) * scale back into a float32 constant when the session
+        # starts (the saving would vanish at run time); it never folds a placeholder.
+        stored = b.op("stored", "PlaceholderWithDefault", [raw],
+                      dtype=graph.node_def(raw.node).attr["dtype"],
+                      shape=_shape(value.shape))
+        op, args = dequantize(b, stored, fmt, scale)
         graph.redefine(name, op, args, _dequantize_attrs(fmt))
         done.append(name)
         saved += value.size * 2
