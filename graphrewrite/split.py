@@ -138,8 +138,13 @@ def find_seeds(graph: Graph, dag: nx.DiGraph, constant: set[str]) -> list[str]:
     reaches_anchor = reachable(dag, found, upstream=True)
     candidates = {n for n in graph.nodes() if n in reaches_anchor and n not in forward_values
                   and n in constant and _is_ones(graph, n)}
-    candidates = {n for n in candidates
-                  if not any(c in candidates for c in nx.descendants(dag, n))}
+    # Drop each candidate another is reachable from: one pass from the sinks up, not a walk
+    # over the whole backward pass per candidate.
+    above_candidate: set[str] = set()
+    for name in reversed(list(nx.topological_sort(dag))):
+        if any(s in candidates or s in above_candidate for s in dag._succ[name]):
+            above_candidate.add(name)
+    candidates -= above_candidate
     # A forward constant of ones (a fresh layer-norm scale, GELU's `1 + erf`) reaches the loss
     # as well as every gradient; a seed reaches only gradients. Drop candidates that reach
     # strictly more sinks than another candidate does. By data edges: a TF2 step's output
