@@ -11,7 +11,10 @@ optimizers in a TF2 step decompose the same update into reads, arithmetic and
 - SGD with momentum: `m = -g lr + m momentum`, then `var += m'`;
 - SGD: `var += -g lr`.
 
-Both forms are read here into one `Update`: the op writing the variable, its slots by role and
+Adam with a sparse gradient (an embedding's) decays its slots whole, adds the gradient's
+rows with `ResourceScatterAdd`, and then takes the same dense step, in both.
+
+All forms are read here into one `Update`: the op writing the variable, its slots by role and
 the tensors a rewrite of the update needs. Shapes of the arithmetic are not checked: a variable
 whose update does not match exactly is not an `Update`, and stays as it is.
 """
@@ -38,7 +41,8 @@ DECOMPOSED_WRITES = ("AssignAddVariableOp", "AssignSubVariableOp")
 @dataclass
 class Update:
     """One variable's optimizer update. `node` writes the variable; `kind` is adam, momentum or
-    sgd; `form` tf1 (a fused op) or keras (decomposed); `slots` maps m, v or accum to the slot
+    sgd; `form` tf1 (a fused op), keras (decomposed) or sparse (decomposed, a sparse
+    gradient: `grad_values` and `grad_indices` are its rows, `grad` too); `slots` maps m, v or accum to the slot
     variable; `terms` maps operand names to tensors: for tf1 the fused op's inputs, for keras
     grad, lr, momentum, decay1 (1 - beta1), decay2, epsilon, rate_keep (alpha), rate_drop
     (alpha without the first moment's bias correction), and m_new / v_new, the slots read
@@ -152,16 +156,64 @@ def _keras_adam(graph: Graph, write: str, var: str, delta: TensorRef) -> Update 
     corrected = _inputs(graph, alpha, "RealDiv")
     if m is None or v is None or m == v or not corrected:
         return why
+    terms = {"epsilon": epsilon, "rate_keep": alpha, "rate_drop": corrected[0],
+             "m_new": m_new, "v_new": v_new}
     first, second = _slot_update(graph, m), _slot_update(graph, v)
     if first is None or second is None:
-        return why + " (its slots' updates)"
-    squared = _inputs(graph, second[1], "Square")
-    if not squared or squared[0] != first[1]:
+        return _sparse_adam(graph, write, var, m, v, terms) or why + " (its slots' updates)"
+    if _squared(graph, second[1]) != first[1]:
         return why + " (the second moment of another gradient)"
     return Update(write, var, "adam", "keras", {"m": m, "v": v}, {
-        "grad": first[1], "decay1": first[2], "decay2": second[2], "epsilon": epsilon,
-        "rate_keep": alpha, "rate_drop": corrected[0], "m_new": m_new, "v_new": v_new},
+        **terms, "grad": first[1], "decay1": first[2], "decay2": second[2]},
         {"m": first[0], "v": second[0]})
+
+
+def _squared(graph: Graph, ref: TensorRef) -> TensorRef | None:
+    """x for Square(x) or x * x at `ref`."""
+    inputs = _inputs(graph, ref, "Square", "Mul")
+    if inputs and (graph.op(ref.node) == "Square" or (len(inputs) == 2
+                                                      and inputs[0] == inputs[1])):
+        return inputs[0]
+    return None
+
+
+def _scatter(graph: Graph, slot: str) -> tuple | None:
+    """A sparse update's `slot[indices] += x * decay`: (indices, x, decay)."""
+    scatter = _writer(graph, slot, "ResourceScatterAdd")
+    if scatter is None:
+        return None
+    _, indices, scaled = graph.data_inputs(scatter)[:3]
+    found = _inputs(graph, scaled, "Mul")
+    if not found or len(found) != 2:
+        return None
+    for x, decay in (found, found[::-1]):
+        if _constant(graph, decay):
+            return indices, x, decay
+    return None
+
+
+def _constant(graph: Graph, ref: TensorRef) -> bool:
+    """A Const, or arithmetic on Consts (tf.compat.v1's `1 - beta2`)."""
+    if graph.op(ref.node) == "Const":
+        return True
+    inputs = _inputs(graph, ref, "Sub", "Mul", "AddV2", "Add", "Cast")
+    return bool(inputs) and all(graph.op(r.node) == "Const" for r in inputs)
+
+
+def _sparse_adam(graph: Graph, write: str, var: str, m: str, v: str,
+                 terms: dict) -> Update | None:
+    """Adam's update of a variable with a sparse gradient (an embedding): the slots decay
+    whole and take the gradient's rows by `ResourceScatterAdd`, then the variable takes the
+    dense Adam step (tf.compat.v1's and Keras's alike). `grad_values` and `grad_indices` are
+    the gradient's rows and their indices, summed per index where they repeat."""
+    first, second = _scatter(graph, m), _scatter(graph, v)
+    if first is None or second is None or first[0] != second[0]:
+        return None
+    if _squared(graph, second[1]) != first[1]:
+        return None
+    return Update(write, var, "adam", "sparse", {"m": m, "v": v}, {
+        **terms, "grad": first[1], "grad_values": first[1], "grad_indices": first[0],
+        "decay1": first[2], "decay2": second[2]})
 
 
 def _keras_momentum(graph: Graph, write: str, var: str, delta: TensorRef,

@@ -593,3 +593,56 @@ def test_convolution_kernels_get_a_second_moment_factored_over_kh_kw_cin_by_cout
             losses = [session.run(["loss:0", imported.get_collection("train_op")[0]],
                                   feed)[0] for _ in range(15)]
     assert np.isfinite(losses).all() and losses[-1] < losses[0]
+
+
+def _embedding_step_tf1(path):
+    """tf.compat.v1 Adam on a 500x32 embedding (a sparse gradient) and a 32x4 readout."""
+    import tensorflow as tf
+
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.set_random_seed(2)
+        tokens = tf.compat.v1.placeholder(tf.int32, [BATCH, 8], name="tokens")
+        y = tf.compat.v1.placeholder(tf.int32, [BATCH], name="labels")
+        with tf.compat.v1.variable_scope("m", use_resource=True):
+            table = tf.compat.v1.get_variable("embeddings", [500, 32])
+            pooled = tf.reduce_mean(tf.nn.embedding_lookup(table, tokens), 1)
+            logits = tf.compat.v1.layers.dense(pooled, CLASSES, name="out")
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=y, logits=logits), name="loss")
+        train = tf.compat.v1.train.AdamOptimizer(1e-2).minimize(loss)
+        tf.compat.v1.add_to_collection("train_op", train)
+        tf.compat.v1.add_to_collection("losses", loss)
+        meta = tf.compat.v1.train.export_meta_graph()
+    path.write_bytes(meta.SerializeToString())
+    return path
+
+
+@pytest.mark.tf
+def test_sparse_adam_of_an_embedding_is_dieted_and_trains(tmp_path):
+    import tensorflow as tf
+
+    path = _embedding_step_tf1(tmp_path / "emb.meta")
+    result, model = _diet(path, tmp_path / "diet.meta")
+    facts = result.results["diet"]
+    assert facts.dieted == ["m/embeddings"] and not facts.kept_float.get("m/embeddings")
+    graph = model.graph
+    assert "m/embeddings/Adam" not in graph and "m/embeddings/Adam_1" not in graph
+    assert not [n for n in graph.nodes() if graph.op(n) == "ResourceScatterAdd"]
+    assert not graph.check()
+    rng = np.random.RandomState(0)
+    tokens = rng.randint(0, 500, [BATCH, 8]).astype(np.int32)
+    tokens[:, 0] = np.arange(BATCH) % 100  # repeated ids: the gradient's rows sum per id
+    labels = (tokens[:, 0] % CLASSES).astype(np.int32)
+    curves = []
+    for meta in (path, tmp_path / "diet.meta"):
+        with tf.Graph().as_default() as imported:
+            tf.compat.v1.train.import_meta_graph(str(meta))
+            with tf.compat.v1.Session(graph=imported) as session:
+                session.run(tf.compat.v1.global_variables_initializer())
+                curves.append([session.run(["loss:0", imported.get_collection("train_op")[0]],
+                                           {"tokens:0": tokens, "labels:0": labels})[0]
+                               for _ in range(30)])
+    original, dieted = curves
+    assert dieted[-1] < 0.5 * dieted[0]
+    assert abs(dieted[-1] - original[-1]) <= 0.15 * original[0], (original[-1], dieted[-1])

@@ -127,8 +127,9 @@ def run(graph: Graph, analysis: Analysis, options: DietOptions, model=None) -> D
         op = graph.op(name)
         if op in APPLY_OPS:
             update = optimizers.tf1_update(graph, name) or f"{op} with unexpected inputs"
-        elif op in optimizers.DECOMPOSED_WRITES and bind.is_resource_placeholder(
-                graph.node_def(graph.data_inputs(name)[0].node)):
+        elif op in optimizers.DECOMPOSED_WRITES and (
+                bind.is_resource_placeholder(graph.node_def(graph.data_inputs(name)[0].node))
+                or graph.op(graph.data_inputs(name)[0].node) == RESOURCE_VARIABLE):
             update = optimizers.keras_update(graph, name)
         else:
             continue
@@ -399,6 +400,8 @@ class _Diet:
         # when the update can, instead of at the step's start holding a float32 copy of
         # every weight (and its noise) through the forward and backward passes.
         b.gate = TensorRef(_through_identity_n(graph, update.terms["grad"]), -1)
+        if "grad_indices" in update.terms:
+            update.terms["grad"] = self._dense_gradient(b, update.terms, shape)
         current = self._read(b, var, resource, shape)
         step, slot_writes = getattr(self, "_" + update.kind)(b, update, shape, resource, var)
         new = b.binary("Sub", current, step, "new_value")
@@ -417,6 +420,21 @@ class _Diet:
         self._order_after_late_reads(apply)
         self.dieted.append(var)
         self.bytes_saved += int(np.prod(shape)) * 2
+
+    def _dense_gradient(self, b: _Builder, terms: dict, shape: tuple) -> TensorRef:
+        """A sparse gradient's rows summed into a dense one (zero where no row is): the diet
+        update writes the whole variable, and its factored second moment's column means
+        need every row's. A float32 transient of the variable's size, as a dense weight's
+        gradient is."""
+        indices = terms["grad_indices"]
+        info = self.shapes[indices] if self.shapes is not None else None
+        index_type = info.dtype if info is not None and info.dtype else types_pb2.DT_INT32
+        dense = b.op("dense_gradient", "UnsortedSegmentSum",
+                     [terms["grad_values"], indices, b.const("rows", shape[0], np.int32)],
+                     T=_type(types_pb2.DT_FLOAT), Tindices=_type(index_type),
+                     Tnumsegments=_type(types_pb2.DT_INT32))
+        _record_shape(self.graph, dense.node, shape)
+        return dense
 
     def _read(self, b: _Builder, var: str, resource: bool, shape: tuple) -> TensorRef:
         """The variable's current value, dequantized, read where the update runs."""
@@ -443,8 +461,10 @@ class _Diet:
                 raw_name = graph.unique_name(f"{user}/{PREFIX}/raw")
                 graph.add_node(raw_name, op, inputs, attrs, node.device)
                 deq_op, args = dequantize(b, TensorRef(raw_name), self.fmt, self.options.scale)
+                recorded = attrs.get("_output_shapes")
                 graph.redefine(user, deq_op, args, _dequantize_attrs(self.fmt))
-                _record_shape(graph, user, shape)
+                if recorded is not None:  # a read's is the variable's, a gather's its rows'
+                    graph.set_attr(user, "_output_shapes", recorded)
                 self._backward_read(var, user, True)
             elif op == "AssignVariableOp":
                 self._quantize_write(b, user, inputs, shape, {"dtype": _type(self.fmt),
@@ -563,7 +583,7 @@ class _Diet:
         """Adam without the first moment (unless kept) and with a factored second moment for
         matrices and kernels; the same bias corrections as the optimizer's own."""
         terms, slots = update.terms, update.slots
-        keras = update.form == "keras"
+        keras = update.form != "tf1"  # keras or sparse: decomposed, slots read after
         grad = terms["grad"]
         one = self._scalar(b, 1.0, "one")
         squared = b.unary("Square", grad, "grad_squared")
@@ -825,7 +845,8 @@ def _escapes(graph: Graph, name: str, doomed: set[str]) -> bool:
     op = graph.op(name)
     if op in SLOT_USERS and op not in ("AssignVariableOp", "Assign"):
         return False
-    if op in ("AssignVariableOp", "Assign", *optimizers.DECOMPOSED_WRITES):
+    if op in ("AssignVariableOp", "Assign", "ResourceScatterAdd",
+              *optimizers.DECOMPOSED_WRITES):
         return graph.data_inputs(name)[0].node not in doomed
     return _stateful(op)
 
