@@ -3,7 +3,8 @@
 The schedule imitates TensorFlow's executor: only nodes the fetches need run; a node becomes ready
 when all its inputs (data and control) are done, and ready nodes run first-come first-served
 (breadth-first), starting from the sources in file order. Loop back edges are ignored, so a loop
-body counts once.
+body counts once; what a loop keeps from every iteration for its gradient counts times its trip
+count (`loops.py`).
 
 Each output tensor gets a buffer when its node runs and loses it after its last consumer ran:
 
@@ -34,7 +35,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-from . import bfc, parameters, scratch
+from . import bfc, loops, parameters, scratch
 from .graph import Graph
 from .shapes import Shapes, TensorInfo
 from .split import reachable
@@ -89,6 +90,7 @@ class Buffer:
     uses_left: int = 0
     pinned: bool = False        # persistent, fed or fetched: never freed during the step
     lifetime: str = STEP
+    pieces: int = 1             # allocations of size / pieces each (a loop's kept elements)
 
 
 @dataclass
@@ -162,7 +164,9 @@ def replay(buffers: list[Buffer], allocator: bfc.Allocator, scratch: dict[int, i
             record[-1] = allocator.in_use  # state and feeds, before the first node runs
         for step, kind, index in events:
             if kind == 0:
-                chunks[index] = allocator.allocate(buffers[index].size)
+                buffer = buffers[index]
+                chunks[index] = [allocator.allocate(buffer.size // buffer.pieces)
+                                 for _ in range(buffer.pieces)]
             elif kind == 1:
                 scratch_chunk = allocator.allocate(index)  # index: the scratch's bytes
             if record is not None:
@@ -170,8 +174,9 @@ def replay(buffers: list[Buffer], allocator: bfc.Allocator, scratch: dict[int, i
             if kind == 1:
                 allocator.free(scratch_chunk)
             elif kind == 2:
-                allocator.free(chunks.pop(index))
-        for chunk in list(chunks.values()) + fed:
+                for chunk in chunks.pop(index):
+                    allocator.free(chunk)
+        for chunk in [c for pieces in chunks.values() for c in pieces] + fed:
             allocator.free(chunk)
     return allocator.peak
 
@@ -238,6 +243,10 @@ def schedule(graph: Graph, fetches: list[str],
     if loops_back:
         pending = {name: sum(len(edges) for u, edges in pred[name].items()
                              if u not in loops_back) for name in needed}
+        body_ends = loops.body_ends(graph, needed)  # a loop's Exits wait for its whole body
+        for exits in body_ends.values():
+            for name in exits:
+                pending[name] += 1
     else:
         pending = {name: sum(map(len, pred[name].values())) for name in needed}
     ready = deque(sorted((n for n, count in pending.items() if count == 0), key=order_index.get))
@@ -246,6 +255,10 @@ def schedule(graph: Graph, fetches: list[str],
         name = ready.popleft()
         order.append(name)
         if name in loops_back:
+            for exit_ in body_ends.get(name, ()):
+                pending[exit_] -= 1
+                if pending[exit_] == 0:
+                    ready.append(exit_)
             continue
         # The consumers this node made ready join in file order (only those are sorted: a
         # moving-average update can have a thousand control consumers).
@@ -289,8 +302,14 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None) -> 
     transfers: set[tuple[TensorRef, str]] = set()  # (tensor, place it was copied to)
     scratch_at: dict[int, int] = {}
     timeline: list[int] = []
+    # A Merge's back edge is not a read: the body counts once. What loops keep from every
+    # iteration is held by the nodes that take it out (`loops.py`).
     reads = {name: [bypassed[r.node][r.port] if r.node in bypassed else r
-                    for r in graph.data_inputs(name)] for name in order}
+                    for r in graph.data_inputs(name) if not graph.loops_back(r.node)]
+             for name in order}
+    looped = loops.analyse(graph, shapes, order)
+    for name, held in looped.held_by.items():
+        reads[name] += held
     outputs = {name: shapes.outputs(name) for name in order}
     for identity in bypassed:  # its readers hold its inputs' buffers, it holds none
         reads[identity], outputs[identity] = [], []
@@ -302,13 +321,14 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None) -> 
 
     def allocate(ref: TensorRef, place: str, step: int, pinned: bool,
                  lifetime: str = STEP) -> Buffer:
-        size = shapes.nbytes(ref)
+        size = looped.sizes[ref] if ref in looped.sizes else shapes.nbytes(ref)
         if ref.node in variable_sizes:  # its value, not its handle
             size = variable_sizes[ref.node]
         if size is None:
             unknown.append(ref)
             size = 0
-        buffer = Buffer(size, place, ref, start=step, pinned=pinned, lifetime=lifetime)
+        buffer = Buffer(size, place, ref, start=step, pinned=pinned, lifetime=lifetime,
+                        pieces=looped.pieces.get(ref, 1))
         buffers.append(buffer)
         in_use[place] = in_use.get(place, 0) + size
         return buffer
@@ -348,6 +368,7 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None) -> 
                 add_output(ref, buffer)
         extra = 0 if host_split or op not in scratch.CPU_CONV_GRADIENTS else \
             scratch.cpu_bytes(graph, shapes, name)
+        extra += looped.overlap.get(name, 0)
         if extra:
             scratch_at[step] = extra
         timeline.append(in_use.get(DEVICE, 0))

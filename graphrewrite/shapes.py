@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from tensorflow.core.framework import types_pb2
 
-from . import dtypes
+from . import dtypes, loops
 from .errors import GraphRewriteError
 from .graph import Graph
 from .tensor_ref import TensorRef
@@ -129,6 +129,7 @@ def infer(graph: Graph, input_shapes: dict[str, tuple] | None = None) -> Shapes:
         _fix_placeholder(graph, graph_def, name, shape)
     shapes = Shapes()
     inferred = _tensorflow_shapes(graph_def)
+    loops.refine_shapes(graph_def, inferred, _tensorflow_shapes)
     for node in graph_def.node:
         recorded = [_from_proto(s) for s in node.attr["_output_shapes"].list.shape] \
             if "_output_shapes" in node.attr and node.name not in (input_shapes or {}) else []

@@ -1,0 +1,568 @@
+"""While loops in the memory model: what a loop keeps from every iteration for the backward pass.
+
+The schedule (`memory.schedule`) runs a loop body once. What one iteration computes and drops
+is counted right that way, but a training loop also keeps a value of every iteration for its
+gradient: TF1 gradients push them on stacks (`StackPushV2`, popped by the gradient loop's
+`StackPopV2`), a TF2 loop lowered by Grappler pushes them on tensor lists (`TensorListPushBack`,
+popped by `TensorListPopBack`), and the loop's own outputs are written one element per
+iteration (`TensorListSetItem` into a `TensorListReserve`, `TensorArrayWriteV3`). Those hold
+`trip count x element` bytes (as that many allocations), which this module gives the
+accumulating op's output, held until its last reader runs (the stack of the list, the gather),
+or to the end of the loop that pops them (a gradient loop empties them over all its iterations;
+the body that runs once stands for its first one). A popped element is one of those buffers.
+
+The trip count of a loop frame comes from, in order: its condition (`i < N` with `N` a constant
+or a static shape's dimension, which is how `maximum_iterations` and a static sequence length
+appear; the counter starts at a constant and steps by a constant), the forward loop whose stacks
+or lists a gradient loop pops, the constant size of a TensorArray or `TensorListReserve` the
+loop reads or writes. Where none gives it, a warning says so and the loop's accumulators count
+one iteration.
+
+Shape inference does not see through a v1 loop (a non-constant `Enter` and the `Merge` of a
+loop variable have unknown shapes, so does everything the body computes from them):
+`refine_shapes` infers once more with every loop variable held at its initial shape, and keeps
+what it learns where each variable's next iteration has the same shape.
+
+A value pushed every iteration that does not change (a constant or a tensor entered from outside
+the loop) is one buffer referenced N times: it costs nothing more. The allocator serves every
+element on its own, so an element counts at least 256 bytes.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .graph import Graph
+from .tensor_ref import CONTROL, TensorRef
+
+log = logging.getLogger(__name__)
+
+ENTER, EXIT, MERGE = ("Enter", "RefEnter"), ("Exit", "RefExit"), ("Merge", "RefMerge")
+NEXT = ("NextIteration", "RefNextIteration")
+# Ops whose output is (a view of) their first input, followed when tracing a handle or a list.
+PASS_THROUGH = frozenset({"Identity", "Enter", "RefEnter", "Exit", "RefExit", "Merge", "RefMerge",
+                          "Switch", "RefSwitch", "NextIteration", "RefNextIteration", "Snapshot"})
+# Accumulating op -> index of the element it adds.
+ACCUMULATE = {"StackPushV2": 1, "TensorListPushBack": 1, "TensorListSetItem": 2,
+              "TensorArrayWriteV3": 2}
+# Ops that take elements out of a container the accumulators filled (their last one frees it).
+TAKE = frozenset({"StackPopV2", "TensorListPopBack", "TensorListGetItem", "TensorListStack",
+                  "TensorListGather", "TensorListConcatV2", "TensorArrayReadV3",
+                  "TensorArrayGatherV3", "TensorArrayConcatV3"})
+# Ops that hand out an element an accumulator holds: op -> its output port.
+POPPED = {"StackPopV2": 0, "TensorListPopBack": 1}
+# Containers filled from one tensor outside a loop: op -> input whose bytes they copy.
+FILLED_FROM = {"TensorListFromTensor": 0, "TensorArrayScatterV3": 2, "TensorArraySplitV3": 2}
+DT_VARIANT = 21
+ELEMENT_FLOOR = 256  # the BFC allocator's smallest chunk
+
+
+@dataclass
+class LoopMemory:
+    """What the memory model adds for loops: output sizes that replace the inferred ones, and
+    tensors some later node holds (node -> the extra tensors it reads, last)."""
+
+    sizes: dict[TensorRef, int] = field(default_factory=dict)
+    pieces: dict[TensorRef, int] = field(default_factory=dict)  # allocations a size stands for
+    held_by: dict[str, list[TensorRef]] = field(default_factory=dict)
+    trips: dict[str, int | None] = field(default_factory=dict)  # frame -> trip count
+    overlap: dict[str, int] = field(default_factory=dict)  # node -> bytes of a next iteration's
+
+
+def analyse(graph: Graph, shapes, order: list[str]) -> LoopMemory:
+    """Sizes and holders for the accumulators of the loops among `order` (the scheduled nodes)."""
+    result = LoopMemory()
+    position = {name: i for i, name in enumerate(order)}
+    for name in order:  # containers and list handles: their elements, or nothing
+        op = graph.op(name)
+        if op in FILLED_FROM:
+            inputs = graph.data_inputs(name)
+            source = inputs[FILLED_FROM[op]] if len(inputs) > FILLED_FROM[op] else None
+            result.sizes[TensorRef(name)] = (shapes.nbytes(source) or 0) if source else 0
+        else:
+            for ref in shapes.outputs(name):
+                info = shapes[ref]
+                if info is not None and info.dtype == DT_VARIANT and op not in PASS_THROUGH:
+                    result.sizes[ref] = 0
+        if op in POPPED:  # one of the elements the accumulator holds, not a new buffer
+            result.sizes[TensorRef(name, POPPED[op])] = 0
+    accumulators = [n for n in order if graph.op(n) in ACCUMULATE]
+    if not accumulators:
+        return result
+    frames = frame_of(graph)
+    result.trips = trip_counts(graph, shapes, frames)
+    last = {frames[n]: n for n in order if frames.get(n)}  # frame -> its last scheduled node
+    unknown_trips = set()
+    counted = set()  # (frame, value) kept already: a loop variable is the last iteration's value
+    for name in accumulators:
+        frame = frames.get(name, "")
+        if not frame:
+            continue
+        trips = result.trips.get(frame)
+        if trips is None:
+            unknown_trips.add(frame)
+            trips = 1
+        element = graph.data_inputs(name)[ACCUMULATE[graph.op(name)]]
+        size = shapes.nbytes(element)
+        kept = _kept_value(graph, element)
+        if _invariant(graph, element, frames, frame) or (frame, kept) in counted:
+            size = 0
+        elif size is not None:
+            size = trips * max(size, ELEMENT_FLOOR) if size else 0
+            result.pieces[TensorRef(name)] = trips
+        counted.add((frame, kept))
+        result.sizes[TensorRef(name)] = size or 0
+        readers = [r for r in _readers(graph, name) if position.get(r, -1) > position[name]]
+        # A loop that takes them out (the gradient loop popping them) empties the container
+        # over all its iterations, and the body that runs once stands for its first one.
+        readers = [last[frames[r]] if frames.get(r) not in ("", frame) else r for r in readers]
+        for reader in readers or order[-1:]:  # nothing takes them: held to the step's end
+            result.held_by.setdefault(reader, []).append(TensorRef(name))
+    _overlap(graph, shapes, order, frames, result)
+    for frame in sorted(unknown_trips):
+        log.warning("loop '%s': its trip count is not given by a constant bound, a constant "
+                    "TensorArray/TensorList size or the loop it differentiates; what it keeps "
+                    "for the backward pass counts one iteration", frame)
+    return result
+
+
+def _overlap(graph: Graph, shapes, order, frames, result: LoopMemory) -> None:
+    """The executor starts an iteration before the last one is done (`parallel_iterations`):
+    what is not on the chain from one iteration to the next, such as a gradient loop's
+    per-iteration weight gradient waiting to be added to its sum, is computed for the next
+    iteration while the last one's is still held. Counted as a second copy of each loop's
+    largest per-iteration tensor, held while its node runs."""
+    largest: dict[str, tuple[int, str]] = {}
+    for name in order:
+        frame = frames.get(name, "")
+        if not frame or (result.trips.get(frame) or 1) < 2 or graph.op(name) in PASS_THROUGH \
+                or graph.op(name) in ACCUMULATE:
+            continue
+        size = sum(result.sizes.get(r, shapes.nbytes(r) or 0) for r in shapes.outputs(name))
+        if size > largest.get(frame, (0, ""))[0]:
+            largest[frame] = (size, name)
+    for size, name in largest.values():
+        result.overlap[name] = size
+
+
+def body_ends(graph: Graph, names) -> dict[str, list[str]]:
+    """NextIteration -> the Exits of its frame among `names`: a loop's values leave it after its
+    last iteration, so what follows the loop waits for its whole body (the schedule, which
+    runs a body once, would otherwise start it beside the body)."""
+    frames = frame_of(graph)
+    exits: dict[str, list[str]] = {}
+    for name in names:
+        if graph.op(name) in EXIT and graph.data_inputs(name):
+            exits.setdefault(frames.get(graph.data_inputs(name)[0].node, ""), []).append(name)
+    return {name: exits[frames[name]] for name in names
+            if graph.op(name) in NEXT and frames.get(name) in exits}
+
+
+# --- frames and trip counts ------------------------------------------------------------------
+
+def frame_of(graph: Graph) -> dict[str, str]:
+    """node -> the name of the innermost v1 while-loop frame it runs in ("" outside loops)."""
+    frames: dict[str, str] = {}
+    parent: dict[str, str] = {}
+    for name in graph.topological_order():
+        op = graph.op(name)
+        inputs = graph.inputs(name)
+        outer = next((frames[r.node] for r in inputs if frames.get(r.node)), "")
+        if op in ENTER:
+            frame = graph.node_def(name).attr["frame_name"].s.decode()
+            parent.setdefault(frame, frames.get(inputs[0].node, "") if inputs else "")
+            frames[name] = frame
+        elif op in EXIT:
+            frames[name] = parent.get(outer, "")
+        else:
+            frames[name] = outer
+    return frames
+
+
+def trip_counts(graph: Graph, shapes, frames: dict[str, str]) -> dict[str, int | None]:
+    """frame -> how many times its body runs, None where nothing static says."""
+    members: dict[str, list[str]] = {}
+    for name, frame in frames.items():
+        if frame:
+            members.setdefault(frame, []).append(name)
+    trips = {}
+    for frame, names in members.items():
+        bounds = [_bound(graph, shapes, graph.data_inputs(n)[0], frame, frames)
+                  for n in names if graph.op(n) == "LoopCond" and graph.data_inputs(n)]
+        bounds = [b for b in bounds if b is not None]
+        trips[frame] = min(bounds) if bounds else None
+    for guess in (False, True):
+        for _ in range(len(members)):  # gradient loops: as many as the loop they pop from
+            for frame, names in members.items():
+                if trips[frame] is None:
+                    trips[frame] = next((trips[f] for f in _popped_frames(graph, names, frames)
+                                         if trips.get(f) is not None), None)
+        for frame, names in members.items():
+            if trips[frame] is None and guess is False:
+                trips[frame] = _container_size(graph, shapes, names)
+    return trips
+
+
+def _bound(graph: Graph, shapes, ref: TensorRef, frame: str, frames) -> int | None:
+    """Iterations a loop condition allows: `counter < constant` (also <=, >, >=, and the
+    smaller of a LogicalAnd's two), the counter starting at a constant and stepping by one."""
+    ref = _through(graph, ref, ("Identity", "Snapshot"))
+    op = graph.op(ref.node)
+    inputs = graph.data_inputs(ref.node)
+    if op == "LogicalAnd":
+        found = [b for b in (_bound(graph, shapes, r, frame, frames) for r in inputs)
+                 if b is not None]
+        return min(found) if found else None
+    if op not in ("Less", "LessEqual", "Greater", "GreaterEqual") or len(inputs) != 2:
+        return None
+    counter, limit = inputs if op.startswith("Less") else inputs[::-1]
+    end = constant_value(graph, shapes, limit)
+    start_step = _counter(graph, shapes, counter, frame, frames)
+    if end is None or start_step is None or np.ndim(end) != 0:
+        return None
+    start, step = start_step
+    count = (int(end) - start + (1 if op.endswith("Equal") else 0)) / step
+    return max(0, math.ceil(count))
+
+
+def _counter(graph: Graph, shapes, ref: TensorRef, frame: str, frames):
+    """(start, step) of a loop variable `ref` that starts at a constant and adds a constant."""
+    ref = _through(graph, ref, ("Identity", "Switch", "RefSwitch", "Snapshot"))
+    if graph.op(ref.node) not in MERGE or frames.get(ref.node) != frame:
+        return None
+    start = step = None
+    for source in graph.data_inputs(ref.node):
+        if graph.op(source.node) in ENTER:
+            start = constant_value(graph, shapes, graph.data_inputs(source.node)[0])
+        elif graph.op(source.node) in NEXT:
+            update = _through(graph, graph.data_inputs(source.node)[0], ("Identity",))
+            if graph.op(update.node) in ("Add", "AddV2"):
+                values = [constant_value(graph, shapes, r) for r in graph.data_inputs(update.node)]
+                step = next((v for v in values if v is not None and np.ndim(v) == 0), None)
+    if start is None or step is None or np.ndim(start) != 0 or int(step) <= 0:
+        return None
+    return int(start), int(step)
+
+
+def _popped_frames(graph: Graph, names: list[str], frames) -> list[str]:
+    """The frames that filled the stacks and lists these nodes pop."""
+    found = []
+    for name in names:
+        if graph.op(name) not in TAKE or not graph.data_inputs(name):
+            continue
+        source = _source(graph, graph.data_inputs(name)[0])
+        for writer in _writers(graph, source):
+            if frames.get(writer):
+                found.append(frames[writer])
+    return found
+
+
+def _container_size(graph: Graph, shapes, names: list[str]) -> int | None:
+    """The constant size of a TensorArray or TensorListReserve the loop reads or writes."""
+    for name in names:
+        if graph.op(name) not in TAKE and graph.op(name) not in ACCUMULATE:
+            continue
+        source = _source(graph, graph.data_inputs(name)[0])
+        op = graph.op(source.node)
+        if op in ("TensorArrayV3", "TensorListReserve"):
+            inputs = graph.data_inputs(source.node)
+            size = constant_value(graph, shapes, inputs[0 if op == "TensorArrayV3" else 1])
+            if size is not None and np.ndim(size) == 0 and int(size) > 0:
+                return int(size)
+    return None
+
+
+# --- tracing ---------------------------------------------------------------------------------
+
+def _through(graph: Graph, ref: TensorRef, ops) -> TensorRef:
+    seen = set()
+    while graph.op(ref.node) in ops and ref.node not in seen and graph.data_inputs(ref.node):
+        seen.add(ref.node)
+        ref = graph.data_inputs(ref.node)[0]
+    return ref
+
+
+def _source(graph: Graph, ref: TensorRef) -> TensorRef:
+    """Where a handle, list or flow comes from, before the loop plumbing it passes through."""
+    ref = _through(graph, ref, PASS_THROUGH)
+    if graph.op(ref.node) in ACCUMULATE:  # a list written to: the list it was
+        return _source(graph, graph.data_inputs(ref.node)[0])
+    return ref
+
+
+def _writers(graph: Graph, source: TensorRef) -> list[str]:
+    """Accumulating ops that write into the container `source` makes."""
+    found, seen, stack = [], set(), [source.node]
+    while stack:
+        name = stack.pop()
+        for consumer, port in graph.consumers(name):
+            if consumer in seen or port is None or port == CONTROL:
+                continue
+            seen.add(consumer)
+            op = graph.op(consumer)
+            if op in ACCUMULATE and port == 0:
+                found.append(consumer)
+                stack.append(consumer)
+            elif op in PASS_THROUGH:
+                stack.append(consumer)
+    return found
+
+
+def _readers(graph: Graph, name: str) -> list[str]:
+    """The ops that take out what accumulator `name` put in its container. A TensorArray
+    lets go of an element when it is read (`clear_after_read`), else at the step's end."""
+    source = _source(graph, graph.data_inputs(name)[0])
+    take = ("TensorArrayReadV3",) if graph.op(name) == "TensorArrayWriteV3" else TAKE
+    found, seen, stack = [], set(), [source.node]
+    while stack:
+        node = stack.pop()
+        for consumer, port in graph.consumers(node):
+            if consumer in seen or port is None or port == CONTROL:
+                continue
+            seen.add(consumer)
+            op = graph.op(consumer)
+            if op in take:
+                found.append(consumer)
+            if op in PASS_THROUGH or (op in ACCUMULATE and port == 0) \
+                    or op in ("TensorListPopBack",):
+                stack.append(consumer)
+    return found
+
+
+def _unchanged(graph: Graph, ref: TensorRef) -> TensorRef:
+    """`ref` before the loop when it is a loop variable every iteration passes on unchanged (a
+    lowered TF2 loop's captured tensors and constants are such variables), else `ref`."""
+    ref = _through(graph, ref, ("Identity", "Snapshot", "Switch", "RefSwitch"))
+    if graph.op(ref.node) not in MERGE:
+        return ref
+    start = None
+    for source in graph.data_inputs(ref.node):
+        if graph.op(source.node) in NEXT:
+            back = _through(graph, graph.data_inputs(source.node)[0],
+                            ("Identity", "Snapshot", "Switch", "RefSwitch"))
+            if back.node != ref.node:
+                return ref
+        else:
+            start = source
+    return start if start is not None else ref
+
+
+def _kept_value(graph: Graph, element: TensorRef) -> TensorRef:
+    """The tensor whose buffers an accumulator keeps: a loop variable's value is the one the
+    previous iteration computed (so a cell state pushed for the gradient and also written to
+    the output shares every buffer but the first with that write)."""
+    ref = _through(graph, element, ("Identity", "Snapshot", "Switch", "RefSwitch"))
+    if graph.op(ref.node) in MERGE:
+        for source in graph.data_inputs(ref.node):
+            if graph.op(source.node) in NEXT:
+                return _through(graph, graph.data_inputs(source.node)[0], ("Identity", "Snapshot"))
+    return ref
+
+
+def _invariant(graph: Graph, element: TensorRef, frames, frame: str) -> bool:
+    """Whether the pushed element is the same buffer every iteration (a constant, or a value
+    entered from outside the loop)."""
+    ref = _unchanged(graph, _through(graph, element, ("Identity", "Snapshot")))
+    node = graph.node_def(ref.node)
+    if node.op in ("Const", "HostConst") or frames.get(ref.node, "") != frame:
+        return True
+    return node.op in ENTER  # entered once: a constant Enter, or an unchanged loop variable
+
+
+FOLDED = {"Minimum": np.minimum, "Maximum": np.maximum, "Add": np.add, "AddV2": np.add,
+          "Sub": np.subtract, "Mul": np.multiply}
+
+
+def constant_value(graph: Graph, shapes, ref: TensorRef, depth: int = 8):
+    """The value of a tensor computable from constants and static shapes, else None."""
+    from tensorflow.python.framework import tensor_util
+
+    ref = _through(graph, ref, ("Identity", "Enter", "RefEnter", "Snapshot", "StopGradient"))
+    if graph.op(ref.node) in MERGE + ("Switch", "RefSwitch"):
+        ref = _unchanged(graph, ref)
+        if graph.op(ref.node) in MERGE or depth <= 0:
+            return None
+        return constant_value(graph, shapes, ref, depth - 1)
+    node = graph.node_def(ref.node)
+    op, inputs = node.op, graph.data_inputs(ref.node)
+    try:
+        if op in ("Const", "HostConst"):
+            return tensor_util.MakeNdarray(node.attr["value"].tensor)
+        if op in ("Shape", "Size") and inputs:
+            info = shapes[inputs[0]]
+            if info is None or info.shape is None or None in info.shape:
+                return None
+            return np.array(info.shape if op == "Shape" else math.prod(info.shape))
+        if op not in FOLDED and op not in ("Cast", "StridedSlice") or depth <= 0:
+            return None
+        values = [constant_value(graph, shapes, r, depth - 1) for r in inputs]
+        if any(v is None for v in values):
+            return None
+        if op == "Cast":
+            return values[0]
+        if op in FOLDED:
+            return FOLDED[op](values[0], values[1])
+        if op == "StridedSlice" and np.ndim(values[0]) == 1:
+            return _strided_slice(node, *values)
+    except (ValueError, TypeError, IndexError):
+        return None
+    return None
+
+
+def _strided_slice(node, value, begin, end, strides):
+    """A 1-D StridedSlice (Keras reads a sequence length as `shape(x)[0]`)."""
+    attr = node.attr
+    if attr["ellipsis_mask"].i or attr["new_axis_mask"].i or len(begin) != 1:
+        return None
+    start = None if attr["begin_mask"].i & 1 else int(begin[0])
+    stop = None if attr["end_mask"].i & 1 else int(end[0])
+    if attr["shrink_axis_mask"].i & 1:
+        return value[int(begin[0])]
+    return value[start:stop:int(strides[0])]
+
+
+# --- shapes ----------------------------------------------------------------------------------
+
+def refine_shapes(graph_def, inferred: dict, infer) -> None:
+    """Fill in the shapes inside v1 loops that inference left unknown (`inferred`: node ->
+    [(dtype, shape)] per output, updated in place), by inferring once more
+    with each loop variable at its initial shape (`Enter` constant, the `NextIteration` input of
+    each `Merge` cut) and each popped or read element at the shape pushed or written. Kept
+    where every refined loop variable's next iteration has the shape it started with; `infer`
+    is `shapes._tensorflow_shapes`."""
+    nodes = {n.name: n for n in graph_def.node}
+    if not any(n.op in NEXT for n in nodes.values()):
+        return
+    varying: set[str] = set()
+    known: dict[str, tuple[int, tuple]] = {}
+    for _ in range(4):
+        refined = infer(_cut_loops(graph_def, nodes, varying, known))
+        more = _varying_merges(nodes, refined) - varying
+        if more:
+            varying |= more
+            continue
+        learned = _element_shapes(nodes, refined)
+        if all(known.get(k) == v for k, v in learned.items()):
+            break
+        known.update(learned)
+    else:
+        log.info("the shapes inside the graph's loops did not settle; left as inferred")
+        return
+    _merge_into(inferred, refined)
+
+
+def _cut_loops(graph_def, nodes, varying: set[str], elements: dict):
+    trial = copy.deepcopy(graph_def)
+    for node in trial.node:
+        if node.op in ENTER:
+            node.attr["is_constant"].b = True
+        elif node.op in MERGE and node.name not in varying:
+            data = [i for i in node.input if not i.startswith("^")]
+            kept = [i if i.startswith("^") or nodes[_name(i)].op not in NEXT else data[0]
+                    for i in node.input]
+            del node.input[:]
+            node.input.extend(kept)
+        elif node.name in elements:  # a pop or read: a placeholder of the element's shape
+            dtype, shape = elements[node.name]
+            kept = [i for i in node.input if i.startswith("^")]
+            node.op = "Placeholder"
+            node.ClearField("attr")
+            node.attr["dtype"].type = dtype
+            for dim in shape:
+                node.attr["shape"].shape.dim.add(size=dim)
+            del node.input[:]
+            node.input.extend(kept)
+    return trial
+
+
+def _element_shapes(nodes, inferred) -> dict[str, tuple[int, tuple]]:
+    """Pops and reads (single-output ones: StackPopV2, TensorArrayReadV3) -> the (dtype, shape)
+    their container's writers add, where all writers agree and the shape is known."""
+    written: dict[str, set] = {}
+    for node in nodes.values():
+        if node.op in ("StackPushV2", "TensorArrayWriteV3", "TensorArrayScatterV3"):
+            index = {"StackPushV2": 1, "TensorArrayWriteV3": 2, "TensorArrayScatterV3": 2}[node.op]
+            data = [i for i in node.input if not i.startswith("^")]
+            source = _source_name(nodes, data[0])
+            shape = _shape_of(inferred, data[index])
+            if shape is None or shape[1] is None or None in shape[1]:
+                written.setdefault(source, set()).add(None)
+                continue
+            if node.op == "TensorArrayScatterV3":
+                shape = (shape[0], shape[1][1:])
+            written.setdefault(source, set()).add(shape)
+    found = {}
+    for node in nodes.values():
+        if node.op in ("StackPopV2", "TensorArrayReadV3"):
+            data = [i for i in node.input if not i.startswith("^")]
+            options = written.get(_source_name(nodes, data[0]), set())
+            if len(options) == 1 and None not in options:
+                found[node.name] = next(iter(options))
+    return found
+
+
+def _source_name(nodes, text: str) -> str:
+    name, seen = _name(text), set()
+    while nodes[name].op in PASS_THROUGH and name not in seen:
+        seen.add(name)
+        data = [i for i in nodes[name].input if not i.startswith("^")]
+        if not data:
+            break
+        name = _name(data[0])
+    return name
+
+
+def _varying_merges(nodes, inferred) -> set[str]:
+    """Merges whose next iteration's shape differs from their first one's (known dims)."""
+    found = set()
+    for node in nodes.values():
+        if node.op not in MERGE:
+            continue
+        data = [i for i in node.input if not i.startswith("^")]
+        start = _shape_of(inferred, data[0]) if data else None
+        for text in data[1:]:
+            if nodes[_name(text)].op not in NEXT:
+                continue
+            update = nodes[_name(text)].input[0] if nodes[_name(text)].input else None
+            after = _shape_of(inferred, update) if update else None
+            if start is not None and after is not None and not _compatible(start[1], after[1]):
+                found.add(node.name)
+    return found
+
+
+def _shape_of(inferred, text: str):
+    name, _, port = text.partition(":")
+    outputs = inferred.get(name)
+    port = int(port) if port.isdigit() else 0
+    if not outputs or port >= len(outputs):
+        return None
+    return outputs[port]
+
+
+def _compatible(a, b) -> bool:
+    if a is None or b is None:
+        return True
+    return len(a) == len(b) and all(x is None or y is None or x == y for x, y in zip(a, b))
+
+
+def _merge_into(inferred, refined) -> None:
+    """Dimensions `inferred` left unknown, from `refined` where the two agree."""
+    for name, outputs in inferred.items():
+        better = refined.get(name, [])
+        for port, (dtype, shape) in enumerate(outputs):
+            if port >= len(better) or better[port][1] is None:
+                continue
+            new = better[port][1]
+            if shape is None:
+                outputs[port] = (dtype, new)
+            elif None in shape and _compatible(shape, new):
+                outputs[port] = (dtype, tuple(b if a is None else a for a, b in zip(shape, new)))
+
+
+def _name(text: str) -> str:
+    return text.lstrip("^").split(":")[0]
