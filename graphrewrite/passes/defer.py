@@ -21,7 +21,6 @@ from .. import memory, parameters
 from ..analysis import Analysis
 from ..graph import Graph
 from ..split import reachable
-from ..tensor_ref import TensorRef
 from .base import DeferResult, PassOptions
 
 REF_VARIABLE_OPS = frozenset({"VariableV2", "Variable"})

@@ -14,9 +14,12 @@ but it holds the original's buffer until it runs, and a TF1 optimizer's `minimiz
 forward pass. Without control inputs it runs as soon as the original exists and keeps it: read
 from the copy, it would hold the input gradient back until the recomputation. A trigger input
 is only taken if it does not itself depend on the segment's copies (checked on the graph as it
-grows), so no cycle can form. A trigger also waits for the other gradient-flow readers of what
-its inputs read (a layer's weight gradient beside its input gradient), so a recomputation does
-not start beside the large gradient they hold.
+grows), so no cycle can form. In the chosen rewrite (not in the candidates the model compares:
+it runs one node at a time and ranks them as well without), a trigger also waits for every
+gradient-flow reader of what back-propagation computed before its inputs (a layer's weight
+gradient beside its input gradient), and copies read later than their segment's first get
+triggers of their own: the executor's second thread would otherwise start a recomputation beside
+the large gradient those readers hold.
 
 In memory mode the first few checkpoints may be recomputed ahead (`_recompute_ahead`): copied
 too, and computed when back-propagation reaches the first segment reading them, rather than held
@@ -51,8 +54,8 @@ from ..context import Context
 from ..budget import parse_budget
 from ..errors import GraphRewriteError
 from ..graph import Graph
-from ..selectors import select
 from ..names import AHEAD_SUFFIX, COPY_SUFFIX, TRIGGER_PREFIX
+from ..selectors import select
 from ..shapes import Shapes
 from ..split import reachable
 from ..tensor_ref import CONTROL, TensorRef

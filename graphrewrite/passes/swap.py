@@ -29,7 +29,6 @@ from dataclasses import dataclass
 
 from tensorflow.core.framework import attr_value_pb2
 
-from .. import checkpoints as policies
 from .. import dtypes
 from .. import flops, memory
 from .. import selectors as selectors_mod
