@@ -117,9 +117,11 @@ def as_run(model: Model, graph: Graph, found: Analysis,
     None when Grappler cannot process the graph. `found` is `graph`'s analysis: the tensors
     Grappler keeps under their names keep their shapes (its output records none, and a TF2
     step's variable reads cannot be inferred without them)."""
-    from . import grappler
+    from . import grappler, inline
 
-    optimized = grappler.as_run(graph, found.fetches, model.meta_graph)
+    inlined = inline.inline_calls(graph.to_graph_def())  # a TF2 Keras RNN's calls, as run
+    optimized = grappler.as_run(Graph.from_graph_def(inlined) if inlined else graph,
+                                found.fetches, model.meta_graph)
     if optimized is None:
         return None
     for name in optimized.nodes():
