@@ -583,6 +583,12 @@ def test_convolution_kernels_get_a_second_moment_factored_over_kh_kw_cin_by_cout
     assert dims("cnn/conv/kernel/diet_rows") == [3 * 3 * 16, 1]
     assert dims("cnn/conv/kernel/diet_cols") == [1, 32]
     assert "cnn/conv/kernel/Adam_1" not in graph and not graph.check()
+    # the gradient's ShapeN no longer reads (and holds) the float32 kernel: a constant instead
+    shape_n = [n for n in graph.nodes() if graph.op(n) == "ShapeN" and "conv/Conv2D_grad" in n]
+    assert shape_n and all(len(graph.data_inputs(n)) == 1 for n in shape_n)
+    filter_sizes = graph.data_inputs(next(n for n in graph.nodes()
+                                          if graph.op(n) == "Conv2DBackpropFilter"))[1]
+    assert graph.op(filter_sizes.node) == "Const"
     rng = np.random.RandomState(0)
     feed = {"x:0": rng.standard_normal([8, 8, 8, 16]).astype(np.float32),
             "labels:0": rng.randint(0, CLASSES, 8).astype(np.int32)}

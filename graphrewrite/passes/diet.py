@@ -465,6 +465,7 @@ class _Diet:
                 graph.redefine(user, deq_op, args, _dequantize_attrs(self.fmt))
                 if recorded is not None:  # a read's is the variable's, a gather's its rows'
                     graph.set_attr(user, "_output_shapes", recorded)
+                self._shape_readers(user, TensorRef(raw_name))
                 self._backward_read(var, user, True)
             elif op == "AssignVariableOp":
                 self._quantize_write(b, user, inputs, shape, {"dtype": _type(self.fmt),
@@ -493,7 +494,53 @@ class _Diet:
             op, args = dequantize(b, TensorRef(var), self.fmt, self.options.scale)
             value = b.op("value", op, args, **_dequantize_attrs(self.fmt))
             graph.replace_uses(TensorRef(var), value, readers)
+            self._shape_readers(value.node, TensorRef(var))
             self._backward_read(var, value.node, False)
+
+    def _shape_readers(self, read: str, raw: TensorRef) -> None:
+        """Readers of the dequantized `read` (or of an Identity of it) that want only its shape
+        read the 16-bit `raw` value instead (Shape, Size, Rank) or a constant (ShapeN's entry:
+        its inputs share one dtype). A TF1 gradient's `ShapeN(input, kernel)` waits for every
+        batch-norm update of the forward pass, and held a float32 copy of each kernel until the
+        forward pass ended."""
+        graph = self.graph
+        same, todo = [], [read]
+        while todo:
+            node = todo.pop()
+            same.append(node)
+            todo.extend(u for u, slot in graph.consumers(TensorRef(node))
+                        if slot == 0 and graph.op(u) in ("Identity", "Snapshot"))
+        for node in same:
+            for user, slot in graph.consumers(TensorRef(node)):
+                op = graph.op(user)
+                if slot is None or slot < 0:
+                    continue
+                attrs = {k: v for k, v in graph.node_def(user).attr.items()
+                         if k != "_output_shapes"}
+                if op in ("Shape", "Size", "Rank"):
+                    attrs["T"] = _type(self.fmt)
+                    graph.redefine(user, op, [raw if r.node == node and r.port == 0 and
+                                              not r.is_control else r
+                                              for r in graph.inputs(user)], attrs)
+                elif op == "ShapeN" and self.shape is not None:
+                    self._drop_shape_n_entry(user, slot, attrs)
+
+    def _drop_shape_n_entry(self, user: str, slot: int, attrs: dict) -> None:
+        graph = self.graph
+        data = graph.data_inputs(user)
+        if len(data) < 2:
+            return
+        b = _Builder(graph, f"{user}/{PREFIX}", graph.node_def(user).device)
+        out_type = attrs["out_type"].type if "out_type" in attrs else types_pb2.DT_INT32
+        const = b.const(f"shape_{slot}", self.shape,
+                        np.int64 if out_type == types_pb2.DT_INT64 else np.int32)
+        graph.replace_uses(TensorRef(user, slot), const)
+        controls = [TensorRef(c, -1) for c in graph.control_inputs(user)]
+        attrs["N"] = _int(len(data) - 1)
+        graph.redefine(user, "ShapeN", [r for i, r in enumerate(data) if i != slot] + controls,
+                       attrs)
+        for port in range(slot + 1, len(data)):
+            graph.replace_uses(TensorRef(user, port), TensorRef(user, port - 1))
 
     def _backward_read(self, var: str, read: str, resource: bool) -> None:
         """Give the gradient-flow readers of dequantized `read` (and of the forward views of it:
