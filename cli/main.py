@@ -98,6 +98,15 @@ def analysis_options(command):
     return command
 
 
+def device_option(command):
+    """--device: the kind of device whose kernel scratch and allocator the model assumes."""
+    return click.option(
+        "--device", type=click.Choice(["cpu", "gpu"]), default=None,
+        help="Model the step on this kind of device: its kernels' scratch (gpu: cuDNN "
+             "workspace, an unmeasured estimate) and its allocator (default: gpu when a node "
+             "is placed on a GPU, else cpu).")(command)
+
+
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--debug", is_flag=True, help="Show a traceback when something fails.")
 @click.option("-v", "--verbose", is_flag=True, help="Log what the library does.")
@@ -198,12 +207,13 @@ mode_option = click.option("--mode", default="memory", show_default=True, metava
                    "--budget.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @analysis_options
+@device_option
 @tag_option
 @click.pass_context
 def optimize(ctx, model_path, output, in_place, mode, checkpoints, swap_tensors,
              swap_checkpoints, swap_form, budget, bandwidth, passes, report_path, explain,
              plot_path, plan_out, plan_path, as_json, input_shapes, outputs, backward_scope,
-             tag):
+             device, tag):
     """Rewrite model IN with MODE and write it to OUT in the same format.
 
     IN is a GraphDef (.pb, .pbtxt), a MetaGraphDef (.meta, .meta.txt) or a SavedModel directory;
@@ -235,7 +245,7 @@ def optimize(ctx, model_path, output, in_place, mode, checkpoints, swap_tensors,
     chosen = plan.load(plan_path, model.graph) if plan_path else None
     result = pipeline.optimize(model, mode, input_shapes=input_shapes,
                                backward_scope=backward_scope, fetches=outputs, composed=text,
-                               plan=chosen)
+                               plan=chosen, device=device)
     for name in explain:
         if name.split(":")[0] not in model.graph:
             raise click.BadParameter(f"'{name}' is not a node of {model_path}",
@@ -516,8 +526,10 @@ def _format_curves(facts: dict) -> str:
               help="Draw the step's modelled memory over its schedule, the peak and its largest "
                    "tensors labelled (.png, .svg or .pdf; needs pip install 'graphrewrite[plot]').")
 @analysis_options
+@device_option
 @tag_option
-def inspect(model_path, as_json, top, plot_path, input_shapes, outputs, backward_scope, tag):
+def inspect(model_path, as_json, top, plot_path, input_shapes, outputs, backward_scope, device,
+            tag):
     """Summarize model IN: nodes, ops, inputs, outputs, control flow, variables, and the modelled
     memory of one training step (peak, what is live at the peak), FLOPs, forward/backward split.
     """
@@ -526,8 +538,8 @@ def inspect(model_path, as_json, top, plot_path, input_shapes, outputs, backward
     model = io.load(model_path, tag=tag)
     facts = summary.summarize(model)
     found = analysis.analyse(model, input_shapes=input_shapes, backward_scope=backward_scope,
-                             fetches=outputs)
-    as_run = analysis.as_run(model, model.graph, found, input_shapes)
+                             fetches=outputs, device=device)
+    as_run = analysis.as_run(model, model.graph, found, input_shapes, device)
     facts.update(summary.memory_facts(found, top, as_run))
     from graphrewrite import state
 

@@ -9,7 +9,7 @@ import logging
 from dataclasses import dataclass
 
 from . import bind, dtypes, flops as flops_mod, parameters
-from . import memory, shapes as shapes_mod, split as split_mod
+from . import memory, scratch, shapes as shapes_mod, split as split_mod
 from .errors import GraphRewriteError
 from .graph import Graph
 from .io import Model
@@ -63,8 +63,9 @@ def default_fetches(model: Model, graph: Graph | None = None,
 
 def analyse(model: Model, graph: Graph | None = None, input_shapes: dict | None = None,
             backward_scope: str | None = None, fetches: list[str] | None = None,
-            shapes: shapes_mod.Shapes | None = None) -> Analysis:
-    """Shapes (unless given), forward/backward split, simulated step memory and FLOPs."""
+            shapes: shapes_mod.Shapes | None = None, device: str | None = None) -> Analysis:
+    """Shapes (unless given), forward/backward split, simulated step memory and FLOPs;
+    `device`: the kind the step runs on (`memory.simulate`)."""
     graph = graph or model.graph
     missing = [f for f in fetches or [] if f.split(":")[0] not in graph]
     if missing:
@@ -73,7 +74,7 @@ def analyse(model: Model, graph: Graph | None = None, input_shapes: dict | None 
     fetches = fetches or default_fetches(model, graph, shapes)
     fetch_nodes = list(dict.fromkeys(f.split(":")[0] for f in fetches))
     split = split_mod.split(graph, backward_scope)
-    report = memory.simulate(graph, shapes, fetch_nodes)
+    report = memory.simulate(graph, shapes, fetch_nodes, device)
     total = flops_mod.total_flops(graph, shapes, report.order)
     blind = parameters.unknown_variables(graph, shapes)
     if blind:
@@ -111,8 +112,8 @@ def _sized_by_data(graph: Graph, unknown: list) -> list:
     return [r for r in unknown if r.node in found]
 
 
-def as_run(model: Model, graph: Graph, found: Analysis,
-           input_shapes: dict | None = None) -> memory.MemoryReport | None:
+def as_run(model: Model, graph: Graph, found: Analysis, input_shapes: dict | None = None,
+           device: str | None = None) -> memory.MemoryReport | None:
     """The simulated step of `graph` as TensorFlow runs it, after Grappler (see `grappler.py`);
     None when Grappler cannot process the graph. `found` is `graph`'s analysis: the tensors
     Grappler keeps under their names keep their shapes (its output records none, and a TF2
@@ -128,4 +129,6 @@ def as_run(model: Model, graph: Graph, found: Analysis,
         if name in graph and graph.op(name) == optimized.op(name):
             shapes_mod.record(optimized, name, found.shapes)
     kept = [f for f in found.fetches if f.split(":")[0] in optimized]
-    return memory.simulate(optimized, shapes_mod.infer(optimized, input_shapes), kept)
+    if device is None and scratch.device_kind(graph) == "gpu":  # placement Grappler may drop
+        device = "gpu"
+    return memory.simulate(optimized, shapes_mod.infer(optimized, input_shapes), kept, device)

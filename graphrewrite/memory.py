@@ -20,9 +20,9 @@ Each output tensor gets a buffer when its node runs and loses it after its last 
 A node's inputs and outputs are live together while it runs; the peak is taken at that moment.
 Nodes pinned to `/device:CPU:0` are host memory when the compute device is something else (see
 `cpu_is_host`).
-On the CPU, a kernel's scratch (`scratch.py`: the convolution gradients' column buffers) is
-held while it runs: the allocator's peak counts it, the liveness peak does not (it is the same
-whatever is recomputed, and a GPU's cuDNN workspace, not modelled, differs).
+A kernel's scratch (`scratch.py`: on the CPU the convolution gradients' column buffers, on a
+GPU cuDNN's workspace, an unmeasured estimate) is held while it runs: the allocator's peak
+counts it, the liveness peak does not (it is the same whatever is recomputed).
 
 Two peaks come out: the liveness peak (the bytes of the live tensors, what the planner
 minimises) and the allocator's (`allocated_peak`): the same allocations and frees replayed for
@@ -281,14 +281,20 @@ def schedule(graph: Graph, fetches: list[str],
     return order
 
 
-def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None) -> MemoryReport:
-    """Simulate one step that fetches `fetches` (default: the sinks) and report the peaks."""
+def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
+             device: str | None = None) -> MemoryReport:
+    """Simulate one step that fetches `fetches` (default: the sinks) and report the peaks.
+    `device` ("cpu", "gpu"; default: "gpu" when a node is placed on one) picks the kernel
+    scratch (`scratch.KERNEL_SCRATCH`) and the allocator; unplaced graphs with some nodes pinned
+    to the CPU (swap copies) get no scratch unless it is given."""
     if fetches is None:
         fetches = [n for n in graph.nodes() if graph.nx.out_degree(n) == 0]
     fetched = set(fetches)
     bypassed = bypassed_identities(graph, graph.nodes(), fetches)
     order = schedule(graph, fetches, bypassed)
     host_split = cpu_is_host(graph)
+    kind = device or ("gpu" if host_split and scratch.device_kind(graph) == "gpu" else
+                      None if host_split else "cpu")
     buffers: list[Buffer] = []
     buffer_of: dict[TensorRef, Buffer] = {}
     in_use: dict[str, int] = {}
@@ -366,9 +372,7 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None) -> 
                     buffer = allocate(ref, place, step, pinned=False)
                 buffer.pinned |= name in fetched
                 add_output(ref, buffer)
-        extra = 0 if host_split or op not in scratch.CPU_CONV_GRADIENTS else \
-            scratch.cpu_bytes(graph, shapes, name)
-        extra += looped.overlap.get(name, 0)
+        extra = scratch.kernel_bytes(kind, graph, shapes, name) + looped.overlap.get(name, 0)
         if extra:
             scratch_at[step] = extra
         timeline.append(in_use.get(DEVICE, 0))
@@ -392,7 +396,8 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None) -> 
     return MemoryReport(order, {w: v for w, (v, _) in peak.items()},
                         {w: order[at] for w, (_, at) in peak.items()}, live_at_peak, persistent,
                         buffers, buffer_of, sum(shapes.nbytes(r) or 0 for r, _ in transfers),
-                        sorted(set(unknown)), host_split, scratch_at, timeline)
+                        sorted(set(unknown)), host_split if device is None else device == "gpu",
+                        scratch_at, timeline)
 
 
 def _nbytes(info: TensorInfo | None) -> int | None:

@@ -202,7 +202,7 @@ def compose(mode: str, passes: str | None = None, checkpoints: str | None = None
 def optimize(model: Model, mode: str, input_shapes: dict | None = None,
              backward_scope: str | None = None, fetches: list[str] | None = None,
              composed: str | None = None, plan: dict | None = None,
-             **options) -> OptimizeResult:
+             device: str | None = None, **options) -> OptimizeResult:
     """Run the pipeline `composed` (by default `compose(mode, **options)`) on a copy of the
     model's graph.
 
@@ -215,7 +215,8 @@ def optimize(model: Model, mode: str, input_shapes: dict | None = None,
         text = plan_mod.pipeline_of(plan)
     steps = [(name, pass_options(name, raw)) for name, raw in parse_pipeline(text)]
     graph = model.graph.copy()
-    found = analysis_mod.analyse(model, graph, input_shapes, backward_scope, fetches)
+    found = analysis_mod.analyse(model, graph, input_shapes, backward_scope, fetches,
+                                 device=device)
     if plan is not None:
         plan_mod.check_recomputable(plan, Context.build(graph, found))
     peak_before = found.memory.peak()
@@ -239,8 +240,8 @@ def optimize(model: Model, mode: str, input_shapes: dict | None = None,
         if result.modified:
             graph = result.graph
             found = analysis_mod.analyse(model, graph, input_shapes, backward_scope,
-                                         found.fetches, shapes=result.shapes)
-    run_reports = tuple(analysis_mod.as_run(model, g, a, input_shapes)
+                                         found.fetches, shapes=result.shapes, device=device)
+    run_reports = tuple(analysis_mod.as_run(model, g, a, input_shapes, device)
                         for g, a in ((model.graph, original), (graph, found)))
     result = OptimizeResult(graph, mode, text, len(model.graph), len(graph), peak_before,
                             found.memory.peak(), time.perf_counter() - start, results,

@@ -1,0 +1,74 @@
+"""Kernel scratch per device kind: the CPU's convolution-gradient column buffers (calibrated)
+and a GPU's cuDNN workspace (an unmeasured estimate), and --device choosing between them."""
+
+import json
+
+import numpy as np
+import tensorflow as tf
+
+from graphrewrite import memory, scratch, shapes
+from graphrewrite.graph import Graph
+
+from conftest import fixture_path, run_cli
+
+MIB = 1 << 20
+
+
+def conv_step(device: str = "") -> Graph:
+    """A convolution [8, 64, 64, 16] -> 32 channels and both its gradients."""
+    with tf.Graph().as_default() as g, tf.device(device or None):
+        x = tf.compat.v1.placeholder(tf.float32, (8, 64, 64, 16), name="x")
+        w = tf.constant(np.full((3, 3, 16, 32), 0.1, np.float32), name="w")
+        y = tf.nn.conv2d(x, w, 1, "SAME", name="conv")
+        dx, dw = tf.gradients(tf.reduce_sum(y), [x, w])
+        tf.identity(dx, name="dx")
+        tf.identity(dw, name="dw")
+    return Graph.from_graph_def(g.as_graph_def())
+
+
+def scratch_by_op(graph: Graph, kind: str) -> dict[str, int]:
+    found = shapes.infer(graph)
+    return {graph.op(n): scratch.kernel_bytes(kind, graph, found, n) for n in graph.nodes()
+            if scratch.kernel_bytes(kind, graph, found, n)}
+
+
+def test_gpu_workspace_estimate_is_the_largest_operand():
+    ops = scratch_by_op(conv_step(), "gpu")
+    output = 8 * 64 * 64 * 32 * 4  # the forward output and the gradient it reads: 4 MiB
+    assert ops == {"Conv2D": output, "Conv2DBackpropInput": output,
+                   "Conv2DBackpropFilter": output}
+
+
+def test_cpu_scratch_is_only_the_gradients():
+    assert set(scratch_by_op(conv_step(), "cpu")) == {"Conv2DBackpropInput",
+                                                      "Conv2DBackpropFilter"}
+
+
+def test_workspace_limit_caps_the_estimate(monkeypatch):
+    monkeypatch.setenv("TF_CUDNN_WORKSPACE_LIMIT_IN_MB", "1")
+    assert set(scratch_by_op(conv_step(), "gpu").values()) == {MIB}
+    monkeypatch.delenv("TF_CUDNN_WORKSPACE_LIMIT_IN_MB")
+    assert scratch.workspace_limit() == 4 << 30
+
+
+def test_placement_decides_the_default_kind():
+    assert scratch.device_kind(conv_step()) == "cpu"
+    placed = conv_step("/device:GPU:0")
+    assert scratch.device_kind(placed) == "gpu"
+    found = shapes.infer(placed)
+    default = memory.simulate(placed, found, ["dx", "dw"])
+    assert default.accelerator and default.scratch == \
+        memory.simulate(placed, found, ["dx", "dw"], "gpu").scratch
+    on_cpu = memory.simulate(placed, found, ["dx", "dw"], "cpu")
+    assert not on_cpu.accelerator and set(on_cpu.scratch.values()) != set(default.scratch.values())
+
+
+def test_inspect_device_changes_the_allocator_peak_not_the_live_tensors():
+    peaks = {}
+    for device in ("cpu", "gpu"):
+        result = run_cli("inspect", fixture_path("resnet_cnn"), "--json", "--device", device)
+        assert result.exit_code == 0, result.output
+        facts = json.loads(result.output)
+        peaks[device] = (facts["peak_bytes"], facts["live_peak_bytes"])
+    assert peaks["cpu"][0] != peaks["gpu"][0]
+    assert peaks["cpu"][1] == peaks["gpu"][1]
