@@ -6,7 +6,7 @@ DEMO   ?= fixtures/mlp.pbtxt
 MODE   ?= memory
 ZOO    ?= out/zoo
 
-.PHONY: install demo test test-fast fixtures goldens zoo train-zoo bench clean
+.PHONY: install demo test test-fast fixtures goldens zoo train-zoo bench bench-scaling clean
 
 install: $(VENV)/.installed
 
@@ -51,6 +51,10 @@ bench: install $(ZOO)/manifest.json
 		--only resnet50,deep_mlp,transformer_encoder,mobilenetv2,densenet121,mlp,resnet_cnn,transformer_dropout \
 		--swap-table out/bench/swap.md
 	$(BIN)/python fixtures/bench.py --zoo $(ZOO) --markdown BENCHMARKS.md
+
+# How optimize scales with graph size (nodes vs seconds vs RSS), on generated residual MLPs.
+bench-scaling: install
+	$(BIN)/python fixtures/scaling.py --depths 64,256,1024,3584 --out out/scaling
 
 clean:
 	rm -rf out .pytest_cache
