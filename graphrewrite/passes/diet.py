@@ -402,9 +402,14 @@ class _Diet:
         b.gate = TensorRef(_through_identity_n(graph, update.terms["grad"]), -1)
         if "grad_indices" in update.terms:
             update.terms["grad"] = self._dense_gradient(b, update.terms, shape)
-        current = self._read(b, var, resource, shape)
         step, slot_writes = getattr(self, "_" + update.kind)(b, update, shape, resource, var)
+        # The weight is read once the step exists, and the rounding noise drawn once the new
+        # value does: each update then holds two or three float32 tensors of the weight's size
+        # at a time, not five, while back-propagation goes on beside it.
+        b.gate = TensorRef(step.node, -1)
+        current = self._read(b, var, resource, shape)
         new = b.binary("Sub", current, step, "new_value")
+        b.gate = TensorRef(new.node, -1)
         stochastic = options.rounding == "stochastic"
         value = quantize(b, new, shape, self.fmt, options.scale, stochastic, SEED)
         writes = [TensorRef(w, -1) for w in slot_writes]
@@ -964,9 +969,8 @@ def _writers(graph: Graph, var: str) -> list[str]:
 def _why_not(graph: Graph, var: str) -> str:
     ops_seen = sorted({graph.op(w) for w in _writers(graph, var)})
     if any(o.startswith(("AssignAdd", "AssignSub")) for o in ops_seen):
-        return ("updated by " + "/".join(ops_seen) + " (a decomposed update: a Keras "
-                "optimizer's, or tf.compat.v1 Adam's sparse update of an embedding; not "
-                "supported yet)")
+        return ("updated by " + "/".join(ops_seen) + " (a decomposed update of a form not "
+                "read as Adam's or SGD's: Nesterov, weight decay, a sparse momentum update)")
     return "updated by " + "/".join(ops_seen) + " (not a supported optimizer update)"
 
 
