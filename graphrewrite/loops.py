@@ -46,7 +46,8 @@ ENTER, EXIT, MERGE = ("Enter", "RefEnter"), ("Exit", "RefExit"), ("Merge", "RefM
 NEXT = ("NextIteration", "RefNextIteration")
 # Ops whose output is (a view of) their first input, followed when tracing a handle or a list.
 PASS_THROUGH = frozenset({"Identity", "Enter", "RefEnter", "Exit", "RefExit", "Merge", "RefMerge",
-                          "Switch", "RefSwitch", "NextIteration", "RefNextIteration", "Snapshot"})
+                          "Switch", "RefSwitch", "NextIteration", "RefNextIteration", "Snapshot",
+                          "IdentityN"})
 # Accumulating op -> index of the element it adds.
 ACCUMULATE = {"StackPushV2": 1, "TensorListPushBack": 1, "TensorListSetItem": 2,
               "TensorArrayWriteV3": 2}
@@ -280,10 +281,18 @@ def _container_size(graph: Graph, shapes, names: list[str]) -> int | None:
 # --- tracing ---------------------------------------------------------------------------------
 
 def _through(graph: Graph, ref: TensorRef, ops) -> TensorRef:
+    """`ref` traced back through `ops` (each passing its first input on) and IdentityN (an
+    inlined call's results: output k is input k)."""
     seen = set()
-    while graph.op(ref.node) in ops and ref.node not in seen and graph.data_inputs(ref.node):
+    while ref.node not in seen and graph.data_inputs(ref.node):
         seen.add(ref.node)
-        ref = graph.data_inputs(ref.node)[0]
+        op = graph.op(ref.node)
+        if op == "IdentityN" and ref.port < len(graph.data_inputs(ref.node)):
+            ref = graph.data_inputs(ref.node)[ref.port]
+        elif op in ops:
+            ref = graph.data_inputs(ref.node)[0]
+        else:
+            break
     return ref
 
 
