@@ -306,20 +306,10 @@ def _source(graph: Graph, ref: TensorRef) -> TensorRef:
 
 def _writers(graph: Graph, source: TensorRef) -> list[str]:
     """Accumulating ops that write into the container `source` makes."""
-    found, seen, stack = [], set(), [source.node]
-    while stack:
-        name = stack.pop()
-        for consumer, port in graph.consumers(name):
-            if consumer in seen or port is None or port == CONTROL:
-                continue
-            seen.add(consumer)
-            op = graph.op(consumer)
-            if op in ACCUMULATE and port == 0:
-                found.append(consumer)
-                stack.append(consumer)
-            elif op in PASS_THROUGH:
-                stack.append(consumer)
-    return found
+    def writes(op, port):
+        return op in ACCUMULATE and port == 0
+    return _walk(graph, source.node, writes,
+                 lambda op, port: writes(op, port) or op in PASS_THROUGH)
 
 
 def _readers(graph: Graph, name: str) -> list[str]:
@@ -327,7 +317,15 @@ def _readers(graph: Graph, name: str) -> list[str]:
     lets go of an element when it is read (`clear_after_read`), else at the step's end."""
     source = _source(graph, graph.data_inputs(name)[0])
     take = ("TensorArrayReadV3",) if graph.op(name) == "TensorArrayWriteV3" else TAKE
-    found, seen, stack = [], set(), [source.node]
+    return _walk(graph, source.node, lambda op, port: op in take,
+                 lambda op, port: (op in PASS_THROUGH or (op in ACCUMULATE and port == 0)
+                                   or op == "TensorListPopBack"))
+
+
+def _walk(graph: Graph, start: str, take, follow) -> list[str]:
+    """The data consumers reachable from `start` through those `follow(op, port)` holds for;
+    those `take(op, port)` holds for, in the order found."""
+    found, seen, stack = [], set(), [start]
     while stack:
         node = stack.pop()
         for consumer, port in graph.consumers(node):
@@ -335,10 +333,9 @@ def _readers(graph: Graph, name: str) -> list[str]:
                 continue
             seen.add(consumer)
             op = graph.op(consumer)
-            if op in take:
+            if take(op, port):
                 found.append(consumer)
-            if op in PASS_THROUGH or (op in ACCUMULATE and port == 0) \
-                    or op in ("TensorListPopBack",):
+            if follow(op, port):
                 stack.append(consumer)
     return found
 
