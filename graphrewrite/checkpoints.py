@@ -194,11 +194,12 @@ def bottlenecks(ctx: Context) -> list[str]:
         forward.add_edges_from((r.node, name) for r in graph.data_inputs(name)
                                if r.node in members)
     source, sink = "graphrewrite:source", "graphrewrite:sink"
+    fed = _fed_values(graph, shapes, nodes, fixed)
     for name in large:
         computed = [r.node for r in graph.data_inputs(name) if r.node not in fixed]
         floating = _is_floating(shapes[TensorRef(name)])
         if floating and (graph.op(name) in PLACEHOLDER_OPS or (computed and all(
-                graph.op(n) in PLACEHOLDER_OPS for n in computed))):
+                n in fed or graph.op(n) in PLACEHOLDER_OPS for n in computed))):
             forward.add_edge(source, name)
     if source not in forward:
         return []
@@ -214,6 +215,19 @@ def bottlenecks(ctx: Context) -> list[str]:
     position = {n: i for i, n in enumerate(nodes)}
     chain.sort(key=position.get)
     return [n for n, after in zip(chain, chain[1:] + [None]) if not _feeds_only(ctx, n, after)]
+
+
+def _fed_values(graph, shapes, nodes: list[str], fixed) -> set[str]:
+    """Inputs, and values that are not floating point computed from them and the parameters
+    alone (a 16-bit embedding row gathered by token ids, before the diet pass's dequantizing
+    Cast): what an entry of the forward pass may be computed from."""
+    fed: set[str] = set()
+    for name in nodes:
+        computed = [r.node for r in graph.data_inputs(name) if r.node not in fixed]
+        if computed and all(n in fed or graph.op(n) in PLACEHOLDER_OPS for n in computed) \
+                and not _is_floating(shapes[TensorRef(name)]):
+            fed.add(name)
+    return fed
 
 
 def _feeds_only(ctx: Context, name: str, after: str | None) -> bool:
