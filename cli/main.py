@@ -67,6 +67,13 @@ tag_option = click.option("--tag", metavar="TAGS",
                                "(default: the only one, else 'serve').")
 
 
+def plot_option(what: str):
+    """`--plot FILE`, drawing `what`; the format and the extra it needs are the same for all."""
+    return click.option("--plot", "plot_path", type=click.Path(), metavar="FILE",
+                        help=f"Draw {what} (.png, .svg or .pdf; needs pip install "
+                             "'graphrewrite[plot]').")
+
+
 def _parse_input_shapes(ctx, param, values):
     from graphrewrite.shapes import parse_input_shape
 
@@ -192,9 +199,7 @@ mode_option = click.option("--mode", default="memory", show_default=True, metava
               help="Also write the report as JSON to this file.")
 @click.option("--explain", metavar="NODE", multiple=True,
               help="Say why this node's output was kept, recomputed or swapped (repeatable).")
-@click.option("--plot", "plot_path", type=click.Path(), metavar="FILE",
-              help="Draw the original's and the rewritten step's modelled memory on one "
-                   "chart (.png, .svg or .pdf; needs pip install 'graphrewrite[plot]').")
+@plot_option("the original's and the rewritten step's modelled memory on one chart")
 @click.option("--plan-out", "plan_out", type=click.Path(dir_okay=False), metavar="FILE",
               help="Also write the rewrite's plan as JSON: the pipeline and what each search "
                    "chose (checkpoints, those recomputed ahead, the recomputed nodes as a "
@@ -298,9 +303,7 @@ def _parse_feeds(ctx, param, values):
 @click.option("--int-high", default=10, show_default=True,
               help="Integer inputs are drawn from [0, INT_HIGH) (class ids, token ids).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object (keys in the README).")
-@click.option("--plot", "plot_path", type=click.Path(), metavar="FILE",
-              help="Draw both graphs' measured allocator bytes in use over a traced step "
-                   "(.png, .svg or .pdf; needs pip install 'graphrewrite[plot]').")
+@plot_option("both graphs' measured allocator bytes in use over a traced step")
 @click.option("--trace", "trace_dir", type=click.Path(file_okay=False), metavar="DIR",
               help="Write each graph's traced step to DIR: original.trace.json and "
                    "rewritten.trace.json (Chrome trace with memory counters: Perfetto, "
@@ -522,9 +525,8 @@ def _format_curves(facts: dict) -> str:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object (keys in the README).")
 @click.option("--top", default=10, show_default=True, help="How many tensors live at the peak "
                                                            "to list.")
-@click.option("--plot", "plot_path", type=click.Path(), metavar="FILE",
-              help="Draw the step's modelled memory over its schedule, the peak and its largest "
-                   "tensors labelled (.png, .svg or .pdf; needs pip install 'graphrewrite[plot]').")
+@plot_option("the step's modelled memory over its schedule, the peak and its largest "
+             "tensors labelled")
 @analysis_options
 @device_option
 @tag_option

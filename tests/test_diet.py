@@ -76,6 +76,17 @@ def _build(path, optimizer="adam", resource=True, seed=3, lr=None):
     return path
 
 
+def _adam_meta_graph(loss, lr: float):
+    """The default graph's MetaGraphDef with an AdamOptimizer minimizing `loss`, in the
+    collections a training MetaGraphDef names its step by."""
+    import tensorflow as tf
+
+    train = tf.compat.v1.train.AdamOptimizer(lr).minimize(loss)
+    tf.compat.v1.add_to_collection("train_op", train)
+    tf.compat.v1.add_to_collection("losses", loss)
+    return tf.compat.v1.train.export_meta_graph()
+
+
 @pytest.fixture(scope="module")
 def graphs(tmp_path_factory):
     directory = tmp_path_factory.mktemp("diet")
@@ -255,7 +266,6 @@ def test_stochastic_rounding_is_unbiased_and_nearest_is_not(fmt):
     from tensorflow.core.framework import graph_pb2
 
     from graphrewrite.graph import Graph
-    from graphrewrite.tensor_ref import TensorRef
 
     options = diet.DietOptions(format=fmt)
     if fmt == "int16":  # grid points k * scale, as the graph computes them
@@ -295,10 +305,7 @@ def test_recompute_after_diet_never_copies_its_random_ops(tmp_path):
             h = tf.compat.v1.layers.dense(h, 64, activation=tf.nn.tanh, name=f"d{i}")
         loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
             labels=y, logits=tf.compat.v1.layers.dense(h, CLASSES, name="out")), name="loss")
-        train = tf.compat.v1.train.AdamOptimizer(1e-3).minimize(loss)
-        tf.compat.v1.add_to_collection("train_op", train)
-        tf.compat.v1.add_to_collection("losses", loss)
-        meta = tf.compat.v1.train.export_meta_graph()
+        meta = _adam_meta_graph(loss, 1e-3)
     (tmp_path / "deep.meta").write_bytes(meta.SerializeToString())
     result, model = _diet(tmp_path / "deep.meta", tmp_path / "out.meta",
                           "diet(min_size=1000) recompute(policy=memory)")
@@ -574,10 +581,7 @@ def test_convolution_kernels_get_a_second_moment_factored_over_kh_kw_cin_by_cout
             logits = tf.compat.v1.layers.dense(tf.reduce_mean(h, [1, 2]), CLASSES, name="out")
         loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
             labels=y, logits=logits), name="loss")
-        train = tf.compat.v1.train.AdamOptimizer(1e-3).minimize(loss)
-        tf.compat.v1.add_to_collection("train_op", train)
-        tf.compat.v1.add_to_collection("losses", loss)
-        meta = tf.compat.v1.train.export_meta_graph()
+        meta = _adam_meta_graph(loss, 1e-3)
     (tmp_path / "cnn.meta").write_bytes(meta.SerializeToString())
     result, model = _diet(tmp_path / "cnn.meta", tmp_path / "out.meta")
     assert result.results["diet"].dieted == ["cnn/conv/kernel"]
@@ -622,10 +626,7 @@ def _embedding_step_tf1(path):
             logits = tf.compat.v1.layers.dense(pooled, CLASSES, name="out")
         loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
             labels=y, logits=logits), name="loss")
-        train = tf.compat.v1.train.AdamOptimizer(1e-2).minimize(loss)
-        tf.compat.v1.add_to_collection("train_op", train)
-        tf.compat.v1.add_to_collection("losses", loss)
-        meta = tf.compat.v1.train.export_meta_graph()
+        meta = _adam_meta_graph(loss, 1e-2)
     path.write_bytes(meta.SerializeToString())
     return path
 
