@@ -78,7 +78,6 @@ class LoopMemory:
 def analyse(graph: Graph, shapes, order: list[str]) -> LoopMemory:
     """Sizes and holders for the accumulators of the loops among `order` (the scheduled nodes)."""
     result = LoopMemory()
-    position = {name: i for i, name in enumerate(order)}
     for name in order:  # containers and list handles: their elements, or nothing
         op = graph.op(name)
         if op in FILLED_FROM:
@@ -95,6 +94,7 @@ def analyse(graph: Graph, shapes, order: list[str]) -> LoopMemory:
     accumulators = [n for n in order if graph.op(n) in ACCUMULATE]
     if not accumulators:
         return result
+    position = {name: i for i, name in enumerate(order)}
     frames = frame_of(graph)
     result.trips = trip_counts(graph, shapes, frames)
     last = {frames[n]: n for n in order if frames.get(n)}  # frame -> its last scheduled node
