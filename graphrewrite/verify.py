@@ -80,6 +80,8 @@ class VerifyResult:
             "loss_curves": {"original": first, "rewritten": second},
             "final_loss": {"original": first[-1], "rewritten": second[-1]},
             "rtol": self.curves["rtol"],
+            "batches": self.curves.get("batches", 0),
+            "trend": self.curves.get("trend", {}),
             "peak_bytes": {"original": self.original.peak_bytes,
                            "rewritten": self.rewritten.peak_bytes},
             "step_seconds": {"original": self.original.median_seconds,
@@ -102,17 +104,24 @@ def load_feeds(specs: dict[str, str]) -> dict[str, np.ndarray]:
 def verify(original: Model, rewritten: Model, fetches: list[str] | None = None,
            input_shapes: dict | None = None, feeds: dict[str, np.ndarray] | None = None,
            rtol: float = 0.0, atol: float = 0.0, runs: int = 5, seed: int = 0,
-           int_high: int = 10, isolated: bool = True, steps: int = 0) -> VerifyResult:
+           int_high: int = 10, isolated: bool = True, steps: int = 0,
+           batches: int = 0) -> VerifyResult:
     """Run both models on equal inputs for two steps; compare every fetched output of each step
     and every variable after them, and measure both.
 
     `steps` > 0 is for lossy rewrites (diet): both run that many training steps, step k on the
     same seeded batch (seed + k), and match when their final losses agree within `rtol` (and
-    `atol`); the variables, of other dtypes now, are not compared.
+    `atol`); the variables, of other dtypes now, are not compared. `batches` > 0 makes the
+    data a fixed small set instead: that many seeded batches, cycled over the steps, so a
+    model can learn it (random labels drawn afresh each step cannot be learned); then the
+    rewritten graph's loss must also fall where the original's does.
 
     `isolated` runs each model in a fresh process, so both are measured from an empty allocator,
     and times them in a third; otherwise all of it runs in this process (faster, for tests).
     """
+    if batches and not steps or batches < 0:
+        raise GraphRewriteError("--batches K (K >= 1) is for --steps N: the fixed data set the "
+                                "N steps cycle over")
     shapes = shapes_mod.infer(original.graph, input_shapes)
     fetches = fetches or analysis.default_fetches(original, shapes=shapes)
     missing = [f for f in fetches if f.split(":")[0] not in rewritten.graph]
@@ -132,7 +141,7 @@ def verify(original: Model, rewritten: Model, fetches: list[str] | None = None,
     run = measure.run_step_isolated if isolated else measure.run_step
     if steps:
         return _verify_steps(original, rewritten, fetches, shapes, given, inputs, rtol, atol,
-                             runs, seed, int_high, steps, run)
+                             runs, seed, int_high, steps, run, batches)
     first = run(original.runnable(), inputs, fetches, 0)
     second = run(rewritten.runnable(), own_variables(rewritten, inputs, seed), fetches, 0)
     if runs:
@@ -150,17 +159,22 @@ def verify(original: Model, rewritten: Model, fetches: list[str] | None = None,
 
 
 def _verify_steps(original, rewritten, fetches, shapes, given, inputs, rtol, atol, runs, seed,
-                  int_high, steps, run) -> VerifyResult:
+                  int_high, steps, run, batches=0) -> VerifyResult:
     loss = _loss_output(original, fetches, shapes)
-    batches = [inputs] + [{**measure.random_feeds(original.graph, shapes, seed + k, int_high,
-                                                  set(given)), **given}
-                          for k in range(1, steps)]
-    curves = {"loss": loss, "rtol": rtol}
+    count = min(batches, steps) if batches else steps
+    data = [inputs] + [{**measure.random_feeds(original.graph, shapes, seed + k, int_high,
+                                               set(given)), **given}
+                       for k in range(1, count)]
+    schedule = [data[k % count] for k in range(steps)]
+    curves = {"loss": loss, "rtol": rtol, "batches": batches}
     import tensorflow as tf
 
+    start = training_start(original, schedule[0], set(given))
     for label, model in (("original", original), ("rewritten", rewritten)):
-        own = batches if model is original else [own_variables(model, batches[0], seed)] + [
-            {k: v for k, v in batch.items() if k in model.graph} for batch in batches[1:]]
+        first = start if model is original else training_start(
+            model, own_variables(model, start, seed), set(given))
+        own = [first] + [{k: v for k, v in batch.items() if k in model.graph}
+                         for batch in schedule[1:]]
         try:
             curves[label] = measure.loss_curve(model.runnable(), own, fetches, loss)
         except tf.errors.OpError as err:
@@ -170,7 +184,74 @@ def _verify_steps(original, rewritten, fetches, shapes, given, inputs, rtol, ato
     second = run(rewritten.runnable(), own_variables(rewritten, inputs, seed), fetches, runs)
     a, b = curves["original"][-1], curves["rewritten"][-1]
     match = bool(np.isfinite(b) and abs(a - b) <= atol + rtol * abs(a))
+    trends = {label: loss_trend(curves[label], batches) for label in ("original", "rewritten")}
+    curves["trend"] = trends
+    if batches and trends["original"]["fell"] and not trends["rewritten"]["fell"]:
+        match = False  # on a set it can learn, the rewritten graph did not
     return VerifyResult(match, [], first, second, fetches, steps, "", curves)
+
+
+def loss_trend(curve: list[float], batches: int) -> dict:
+    """Where a loss curve starts and ends, and whether it fell. On a fixed set of `batches`
+    cycled batches, start and end are the mean loss over the first and the last pass over the
+    set (one batch's loss says as much about the batch as about the model); otherwise the first
+    and the last step's loss."""
+    window = max(1, min(batches, len(curve) // 2)) if batches else 1
+    start = float(np.mean(curve[:window]))
+    end = float(np.mean(curve[-window:]))
+    return {"start": start, "end": end, "fell": bool(np.isfinite(end) and end < start),
+            "window": window}
+
+
+def training_start(model: Model, feeds: dict, given: set = frozenset()) -> dict:
+    """`feeds` with a TF2 step's captured optimizer state as a training run starts it, for
+    `--steps`: every optimizer slot (the updates' own and the diet pass's) zero, and a captured
+    learning-rate variable (a float scalar read by an update's rate) at LEARNING_RATE instead
+    of a seeded value (up to 0.1, too large a rate for Adam). Values the user `given` stay.
+    A MetaGraphDef starts from its own initialisers: nothing here applies to it."""
+    from . import optimizers
+    from .passes.diet import SLOT_OF_ATTR
+
+    graph = model.graph
+    captured = set(bind.resource_placeholders(graph))
+    if not captured:
+        return feeds
+    updates = optimizers.updates(graph)
+    slots = {s for u in updates for s in u.slots.values()}
+    slots |= {n for n in captured if SLOT_OF_ATTR in graph.node_def(n).attr}
+    out = dict(feeds)
+    for name in (slots & captured) - set(given):
+        if name in out:
+            out[name] = np.zeros_like(out[name])
+    for name in _learning_rates(graph, updates, captured) - set(given):
+        if name in out and out[name].shape == () and np.issubdtype(out[name].dtype, np.floating):
+            log.info("--steps: captured learning rate %s starts at %g (give another with "
+                     "--feed %s=FILE.npy)", name, LEARNING_RATE, name)
+            out[name] = np.asarray(LEARNING_RATE, out[name].dtype)
+    return out
+
+
+LEARNING_RATE = 1e-3  # Keras Adam's default; a TF2 step's captured rate holds no value
+
+
+def _learning_rates(graph, updates, captured: set, depth: int = 8) -> set[str]:
+    """Captured variables read, within `depth` ops, by an update's rate term (Keras Adam's
+    `alpha`, SGD's `lr`)."""
+    found = set()
+    for update in updates:
+        todo = [(update.terms[k].node, 0) for k in ("rate_drop", "rate_keep", "lr")
+                if update.terms.get(k) is not None]
+        seen = set()
+        while todo:
+            name, level = todo.pop()
+            if name in seen or level > depth:
+                continue
+            seen.add(name)
+            if name in captured:
+                found.add(name)
+                continue
+            todo += [(ref.node, level + 1) for ref in graph.data_inputs(name)]
+    return found
 
 
 def own_variables(model: Model, inputs: dict, seed: int) -> dict:

@@ -12,6 +12,7 @@ from graphrewrite import io, names, optimizers, pipeline
 from graphrewrite.errors import GraphRewriteError
 from graphrewrite.passes import diet
 from graphrewrite.passes.base import RecomputeResult
+from graphrewrite.tensor_ref import TensorRef
 
 FEATURES, HIDDEN, CLASSES, BATCH = 32, 128, 4, 256
 
@@ -335,6 +336,16 @@ def test_frozen_graph_constants_are_stored_in_16_bits(tmp_path):
     assert facts.constants and facts.bytes_saved > 0
     for name in facts.constants:
         assert result.graph.op(name) == "Mul"  # the constant's name now reads the dequantized
+    # Each dequantization waits for the activation its reader multiplies (computed from the
+    # constants alone, it would run when the step starts: every weight a float32 copy at once).
+    graph = result.graph
+    for name in facts.constants:
+        cast = graph.data_inputs(name)[0].node
+        readers = {u for u, _ in graph.consumers(TensorRef(name))}
+        readers |= {u for r in readers for u, _ in graph.consumers(TensorRef(r))}  # its Identity
+        inputs = {ref.node for r in readers if graph.op(r) == "MatMul"
+                  for ref in graph.data_inputs(r)}
+        assert graph.op(cast) == "Cast" and set(graph.control_inputs(cast)) & inputs, name
     # as run: Grappler's constant folding leaves the 16-bit constants 16-bit (it folded
     # Cast(Const) * scale back into float32 before they were read through a placeholder)
     from graphrewrite import analysis, grappler
@@ -384,10 +395,11 @@ def test_verify_steps_compares_loss_curves_and_inspect_counts_bytes(graphs, tmp_
     assert after["persistent_bytes"] < 0.3 * before["persistent_bytes"]
 
 
-def _keras_step(optimizer: str, lr: float, hidden: int = HIDDEN):
+def _keras_step(optimizer: str, lr: float, hidden: int = HIDDEN, schedule: bool = True):
     """A TF2 training step (GradientTape + a Keras optimizer's apply_gradients) over a 2-layer
     MLP, its GraphDef exported as `concrete.graph.as_graph_def(add_shapes=True)`; returns
-    (tf.function, its input signature, the model, the GraphDef)."""
+    (tf.function, its input signature, the model, the GraphDef). `schedule=False` keeps the
+    rate a float, which Keras holds in a captured variable."""
     import tensorflow as tf
 
     tf.keras.utils.set_random_seed(5)
@@ -396,7 +408,8 @@ def _keras_step(optimizer: str, lr: float, hidden: int = HIDDEN):
     model.build((None, FEATURES))
     # A schedule, not a float: Keras keeps a float rate in a variable, which a bound step's
     # seeded values would replace; a schedule's rate is a constant of the step.
-    lr = tf.keras.optimizers.schedules.ExponentialDecay(lr, 1000, 1.0)
+    if schedule:
+        lr = tf.keras.optimizers.schedules.ExponentialDecay(lr, 1000, 1.0)
     make = {"adam": lambda: tf.keras.optimizers.Adam(lr, jit_compile=False),
             "momentum": lambda: tf.keras.optimizers.SGD(lr, momentum=0.9, jit_compile=False),
             "sgd": lambda: tf.keras.optimizers.SGD(lr, jit_compile=False)}
@@ -472,6 +485,80 @@ def test_tf2_keras_steps_are_dieted_and_train_like_the_original(tmp_path, optimi
     assert dieted[0] == pytest.approx(start[0], rel=1e-2)  # the same start, quantized
     assert dieted[-1] < 0.9 * dieted[0]
     assert abs(dieted[-1] - start[-1]) <= 0.1 * start[-1], (start[-1], dieted[-1])
+
+
+@pytest.mark.tf
+def test_verify_steps_on_a_fixed_set_sees_learning_and_a_graph_that_does_not_learn(graphs,
+                                                                                   tmp_path):
+    from cli.main import format_verify
+
+    from graphrewrite import verify
+
+    original = io.load(graphs["adam_resource"])
+    _diet(graphs["adam_resource"], tmp_path / "diet.meta")
+    learns = verify.verify(original, io.load(tmp_path / "diet.meta"), rtol=0.1, runs=0,
+                           int_high=CLASSES, isolated=False, steps=30, batches=2)
+    facts = learns.to_json()
+    trend = facts["trend"]
+    assert facts["batches"] == 2 and trend["original"]["window"] == 2
+    assert trend["original"]["fell"] and trend["rewritten"]["fell"], trend
+    assert trend["original"]["end"] < 0.95 * trend["original"]["start"]  # it memorises
+    assert learns.match
+    # Both curves start at the mean of the first pass over the set and end at the last's.
+    curve = facts["loss_curves"]["original"]
+    assert trend["original"]["start"] == pytest.approx(np.mean(curve[:2]))
+    assert trend["original"]["end"] == pytest.approx(np.mean(curve[-2:]))
+    # The same model with a learning rate of (almost) nothing: its loss does not fall, and that
+    # alone fails the check, though its final loss is within the (loose) rtol.
+    still = verify.verify(original, io.load(_build(tmp_path / "still.meta", lr=1e-30)),
+                          rtol=0.5, runs=0, int_high=CLASSES, isolated=False, steps=30,
+                          batches=2)
+    facts = still.to_json()
+    final = facts["final_loss"]
+    assert abs(final["rewritten"] - final["original"]) <= 0.5 * final["original"]
+    assert not facts["trend"]["rewritten"]["fell"] and not still.match
+    shown = format_verify(facts)
+    assert "MISMATCH" in shown and "fell" in shown and "2 fixed batches" in shown
+
+
+def test_verify_batches_needs_steps():
+    from graphrewrite import verify
+
+    with pytest.raises(GraphRewriteError, match="--batches"):
+        verify.verify(None, None, batches=4)
+    with pytest.raises(GraphRewriteError, match="--batches"):
+        verify.verify(None, None, steps=5, batches=-1)
+
+
+@pytest.mark.tf
+def test_verify_steps_starts_a_tf2_step_with_zero_slots_and_a_sane_learning_rate(tmp_path):
+    """A Keras float rate is a captured variable with no value in the step: verify --steps
+    starts it at 1e-3 (a seeded value would be up to 0.1) and every slot at zero, the diet
+    graph's new ones too, as a training run starts."""
+    from graphrewrite import bind, verify
+
+    *_, graph_def = _keras_step("adam", 1e-3, schedule=False)
+    (tmp_path / "step.pb").write_bytes(graph_def.SerializeToString())
+    original = io.load(tmp_path / "step.pb")
+    _, model = _diet(tmp_path / "step.pb", tmp_path / "diet.pb")
+    from graphrewrite import measure
+
+    seeded = measure.random_feeds(original.graph, _shapes(original), 0, CLASSES)
+    start = verify.training_start(original, seeded)
+    scalars = {n for n in bind.resource_placeholders(original.graph)
+               if start[n].shape == () and start[n].dtype == np.float32}
+    assert len(scalars) == 1 and float(start[scalars.pop()]) == pytest.approx(1e-3)
+    slots = {s for u in optimizers.updates(original.graph) for s in u.slots.values()}
+    assert len(slots) == 8 and all(not start[s].any() for s in slots)
+    assert all(seeded[s].any() for s in slots)  # what a bitwise verify still binds
+    ours = verify.training_start(model, verify.own_variables(model, start, 0))
+    new = [n for n in bind.resource_placeholders(model.graph)
+           if diet.SLOT_OF_ATTR in model.graph.node_def(n).attr]
+    assert new and all(not ours[n].any() for n in new)
+    checked = verify.verify(original, model, rtol=0.1, runs=0, int_high=CLASSES,
+                            isolated=False, steps=20, batches=1)
+    trend = checked.to_json()["trend"]
+    assert checked.match and trend["original"]["fell"] and trend["rewritten"]["fell"], trend
 
 
 def _shapes(model):

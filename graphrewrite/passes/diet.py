@@ -988,7 +988,7 @@ def _diet_constants(graph: Graph, options: DietOptions) -> DietResult:
 
     graph = graph.copy()
     fmt = FORMATS[options.format]
-    done, saved = [], 0
+    done, saved, firsts = [], 0, {}
     for name in list(graph.nodes()):
         node = graph.node_def(name)
         if node.op != "Const" or node.attr["dtype"].type != FLOAT_CONST:
@@ -1016,8 +1016,42 @@ def _diet_constants(graph: Graph, options: DietOptions) -> DietResult:
         op, args = dequantize(b, stored, fmt, scale)
         graph.redefine(name, op, args, _dequantize_attrs(fmt))
         done.append(name)
+        firsts[name] = name if fmt == types_pb2.DT_BFLOAT16 else args[0].node
         saved += value.size * 2
     if not done:
         return DietResult(graph, False, note=f"diet: no variables, and no float32 constant of "
                                              f"at least min_size={options.min_size} elements")
+    _gate_constant_reads(graph, firsts)
     return DietResult(graph, True, constants=done, bytes_saved=saved)
+
+
+def _gate_constant_reads(graph: Graph, firsts: dict[str, str]) -> None:
+    """Make each dequantization (`firsts`: dequantized constant -> its first op) wait for the
+    other inputs of the ops that read it. A dequantization computed from constants alone is
+    ready when the step starts, and the executor runs it then: every weight would be a
+    float32 copy at once, beside its 16-bit form, for the whole step (a frozen ResNet-50
+    modelled 1.4x its original). Gated, each lives from its reader's input to its reader.
+    Gates are inputs computed from the graph's placeholders and not downstream of a reader
+    (so no cycle); readers are found through views (a frozen variable's Identity)."""
+    placeholders = [n for n in graph.nodes() if graph.op(n) in bind.PLACEHOLDERS]
+    dependent = reachable(graph.nx, placeholders)
+    for name, first in firsts.items():
+        views, readers, todo = {name}, set(), [name]
+        while todo:
+            for user, slot in graph.consumers(TensorRef(todo.pop())):
+                if slot is None or slot < 0:
+                    continue
+                if graph.op(user) in VIEW_OPS and slot == 0 and user not in dependent:
+                    if user not in views:
+                        views.add(user)
+                        todo.append(user)
+                else:
+                    readers.add(user)
+        if not readers:
+            continue
+        downstream = reachable(graph.nx, readers)
+        gates = {ref.node for user in readers for ref in graph.data_inputs(user)
+                 if ref.node in dependent and ref.node not in downstream
+                 and ref.node not in views}
+        for gate in sorted(gates):
+            graph.add_control(gate, first)
