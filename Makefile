@@ -54,7 +54,8 @@ bench: install $(ZOO)/manifest.json
 
 # How optimize scales with graph size (nodes vs seconds vs RSS), on generated residual MLPs.
 bench-scaling: install
-	$(BIN)/python fixtures/scaling.py --depths 64,256,1024,3584 --out out/scaling
+	$(BIN)/python fixtures/scaling.py --depths 128,1024,3584,11000 --planners estimate --out out/scaling
+	$(BIN)/python fixtures/scaling.py --depths 128,1024 --planners search --out out/scaling
 
 clean:
 	rm -rf out .pytest_cache

@@ -188,6 +188,11 @@ mode_option = click.option("--mode", default="memory", show_default=True, metava
                    "goes).")
 @click.option("--bandwidth", type=float, metavar="BYTES_PER_S",
               help="Swapping: host transfer bandwidth for timing swap-ins [default: 16e9].")
+@click.option("--planner", type=click.Choice(["estimate", "search"]), default=None,
+              help="Mode memory: how checkpoint choices are priced. estimate (the default): "
+                   "each on the original's schedule, then the best few rewritten and simulated "
+                   "(seconds on 10k nodes); search: every choice rewritten and simulated "
+                   "(minutes on 10k nodes; the reference the estimate is measured against).")
 @click.option("--passes", metavar="PIPELINE",
               help="Run these passes instead of MODE's, in order, separated by spaces, with "
                    "options: e.g. 'recompute(policy=memory) accumulate relax_assign', "
@@ -216,9 +221,9 @@ mode_option = click.option("--mode", default="memory", show_default=True, metava
 @tag_option
 @click.pass_context
 def optimize(ctx, model_path, output, in_place, mode, checkpoints, swap_tensors,
-             swap_checkpoints, swap_form, budget, bandwidth, passes, report_path, explain,
-             plot_path, plan_out, plan_path, as_json, input_shapes, outputs, backward_scope,
-             device, tag):
+             swap_checkpoints, swap_form, budget, bandwidth, planner, passes, report_path,
+             explain, plot_path, plan_out, plan_path, as_json, input_shapes, outputs,
+             backward_scope, device, tag):
     """Rewrite model IN with MODE and write it to OUT in the same format.
 
     IN is a GraphDef (.pb, .pbtxt), a MetaGraphDef (.meta, .meta.txt) or a SavedModel directory;
@@ -231,6 +236,7 @@ def optimize(ctx, model_path, output, in_place, mode, checkpoints, swap_tensors,
     if plan_path:
         given = [flag for flag, value in (("--passes", passes), ("--checkpoints", checkpoints),
                                           ("--swap", swap_tensors), ("--budget", budget),
+                                          ("--planner", planner),
                                           ("--swap-checkpoints", swap_checkpoints)) if value]
         if ctx.get_parameter_source("mode") != click.core.ParameterSource.DEFAULT:
             given.insert(0, "--mode")
@@ -240,7 +246,7 @@ def optimize(ctx, model_path, output, in_place, mode, checkpoints, swap_tensors,
     if not in_place:
         io.refuse_overwriting(model_path, output)
     text = pipeline.compose(mode, passes, checkpoints=checkpoints, budget=budget,
-                            swap_checkpoints=swap_checkpoints,
+                            planner=planner, swap_checkpoints=swap_checkpoints,
                             swap_options={"form": swap_form, "bandwidth": bandwidth,
                                           "tensors": swap_tensors})
     model = io.load(model_path, tag=tag)
@@ -299,12 +305,6 @@ def _parse_feeds(ctx, param, values):
               help="For lossy rewrites (mode diet): run N training steps of both, step k on "
                    "the same seeded batch, and compare the final losses within --rtol; the "
                    "report shows both loss curves. 0: the bitwise two-step check.")
-@click.option("--batches", default=0, show_default=True, metavar="K",
-              help="With --steps: a fixed data set of K seeded batches, cycled over the N "
-                   "steps (the same for both graphs), so the loss can fall (a model memorises "
-                   "it); the rewritten graph's loss must then fall where the original's does. "
-                   "0: a fresh random batch each step (random labels: a sanity check, not a "
-                   "learning curve).")
 @click.option("--seed", default=0, show_default=True, help="Seed of the random inputs.")
 @click.option("--int-high", default=10, show_default=True,
               help="Integer inputs are drawn from [0, INT_HIGH) (class ids, token ids).")
@@ -317,8 +317,7 @@ def _parse_feeds(ctx, param, values):
                    "(tensorboard --logdir DIR: the graphs with per-node memory and time).")
 @analysis_options
 @tag_option
-def verify(original_path, rewritten_path, rtol, atol, feeds, runs, steps, batches, seed, int_high,
-           as_json,
+def verify(original_path, rewritten_path, rtol, atol, feeds, runs, steps, seed, int_high, as_json,
            plot_path, trace_dir, input_shapes, outputs, backward_scope, tag):
     """Run ORIGINAL and REWRITTEN on the same seeded inputs and compare every output.
 
@@ -336,7 +335,7 @@ def verify(original_path, rewritten_path, rtol, atol, feeds, runs, steps, batche
     rewritten = io.load(rewritten_path, tag=tag)
     result = verify_mod.verify(original, rewritten, outputs, input_shapes,
                                verify_mod.load_feeds(feeds), rtol, atol, runs, seed, int_high,
-                               steps=steps, batches=batches)
+                               steps=steps)
     facts = result.to_json()
     if as_json:
         click.echo(json.dumps(facts, indent=2))
@@ -506,10 +505,6 @@ def dump(model_path, tag):
     click.echo(text.dump(model.graph, model.meta_graph), nl=False)
 
 
-def _yes(flag: bool) -> str:
-    return "yes" if flag else "no"
-
-
 def _format_curves(facts: dict) -> str:
     """`verify --steps`: both loss curves and the verdict on the final losses."""
     curves, final = facts["loss_curves"], facts["final_loss"]
@@ -525,16 +520,6 @@ def _format_curves(facts: dict) -> str:
                     *range(0, len(curves["original"]), max(1, len(curves["original"]) // 8))})
     lines += [f"{k + 1:>13} {curves['original'][k]:>12.5g} {curves['rewritten'][k]:>12.5g}"
               for k in shown]
-    trend = facts.get("trend") or {}
-    if trend:
-        window = trend["original"]["window"]
-        data = (f"{facts['batches']} fixed batches, mean of {window} steps"
-                if facts.get("batches") else "fresh batches, one step")
-        for key in ("start", "end"):
-            lines.append(f"{key:>13} {trend['original'][key]:>12.5g} "
-                         f"{trend['rewritten'][key]:>12.5g}   ({data})")
-        lines.append(f"{'fell':>13} {_yes(trend['original']['fell']):>12} "
-                     f"{_yes(trend['rewritten']['fell']):>12}")
     lines.append(f"{'peak memory':13} {format_bytes(peak['original'] or 0):>12} "
                  f"{format_bytes(peak['rewritten'] or 0):>12}")
     lines.append(f"device        {facts['device']}")

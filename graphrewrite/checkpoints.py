@@ -24,6 +24,7 @@ answer), nodes inside v1 while-loop frames, function calls (While, If, Partition
 
 from __future__ import annotations
 
+import bisect
 import functools
 
 import networkx as nx
@@ -195,12 +196,14 @@ def bottlenecks(ctx: Context) -> list[str]:
                                if r.node in members)
     source, sink = "graphrewrite:source", "graphrewrite:sink"
     fed = _fed_values(graph, shapes, nodes, fixed)
+    entries = []
     for name in large:
         computed = [r.node for r in graph.data_inputs(name) if r.node not in fixed]
         floating = _is_floating(shapes[TensorRef(name)])
         if floating and (graph.op(name) in PLACEHOLDER_OPS or (computed and all(
                 n in fed or graph.op(n) in PLACEHOLDER_OPS for n in computed))):
-            forward.add_edge(source, name)
+            entries.append(name)
+    forward.add_edges_from((source, name) for name in _main_entries(forward, entries))
     if source not in forward:
         return []
     for name in reachable(forward, [source]) - {source}:
@@ -215,6 +218,17 @@ def bottlenecks(ctx: Context) -> list[str]:
     position = {n: i for i, n in enumerate(nodes)}
     chain.sort(key=position.get)
     return [n for n, after in zip(chain, chain[1:] + [None]) if not _feeds_only(ctx, n, after)]
+
+
+def _main_entries(forward: nx.DiGraph, entries: list[str]) -> list[str]:
+    """The entries whose forward reach no other entry's strictly contains, in their order. A
+    regression target as large as the activations, read only by the loss, reaches a part of
+    what the input reaches: as a source it would make the loss its own bottleneck and hide the
+    model's. Inputs that meet (token and segment embeddings summed) reach the same nodes and
+    both stay."""
+    reach = {name: frozenset(nx.descendants(forward, name)) for name in entries}
+    return [name for name in entries
+            if not any(reach[other] > reach[name] for other in entries if other != name)]
 
 
 def _fed_values(graph, shapes, nodes: list[str], fixed) -> set[str]:
@@ -291,13 +305,22 @@ def _even(chain: list[str], weights: list[int], count: int, tapered: bool = Fals
     that `_budgeted` approximates when checkpoints are alike)."""
     total = weights[-1] or 1
     shares = [count + 1 - i if tapered else 1 for i in range(count + 1)]
-    chosen = []
+    chosen, below = [], 0
     for part in range(1, count + 1):
-        target = total * sum(shares[:part]) / sum(shares)
-        best = min(range(len(chain)), key=lambda i: (abs(weights[i] - target), i))
+        below += shares[part - 1]
+        best = _nearest(weights, total * below / sum(shares))
         if chain[best] not in chosen:
             chosen.append(chain[best])
     return chosen
+
+
+def _nearest(weights: list[int], target: float) -> int:
+    """The first index of the (non-decreasing) weights nearest to `target`, by bisection."""
+    above = bisect.bisect_left(weights, target)
+    near = [above] if above < len(weights) else []
+    if above > 0:
+        near.append(bisect.bisect_left(weights, weights[above - 1]))
+    return min(near, key=lambda i: (abs(weights[i] - target), i))
 
 
 def _budgeted(chain: list[str], needed: list[int], sizes: list[int], fetched: list[int],

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import ops, parameters
+from . import flops, ops, parameters
 from .analysis import Analysis
 from .graph import Graph
 from .split import loop_frame_nodes
@@ -38,6 +38,7 @@ class Context:
     _chain: tuple | None = None   # the bottlenecks and their byte counts (see `_chain`)
     _order: list | None = None
     _flow_reads: dict | None = None
+    _node_flops: dict = field(default_factory=dict)
 
     def order(self) -> list[str]:
         """The graph's topological order, computed once (the graph is not changed in place)."""
@@ -54,6 +55,15 @@ class Context:
                     if any(v in split.gradient_flow for v, _ in self.graph.consumers(r))]
                 for n in self.order() if n in split.forward}
         return self._flow_reads
+
+    def flops(self, names) -> int:
+        """FLOPs of one run of each of `names` (each node's found once per context: the
+        planners price a hundred plans that recompute mostly the same nodes)."""
+        known = self._node_flops
+        for name in names:
+            if name not in known:
+                known[name] = flops.node_flops(self.graph, self.analysis.shapes, name)
+        return sum(known[name] for name in names)
 
     @classmethod
     def build(cls, graph: Graph, analysis: Analysis) -> "Context":

@@ -39,6 +39,7 @@ CLI_OPTIONS = {
     "tensors": ("--swap", "swap", "tensors"),
     "form": ("--swap-form", "swap", "form"),
     "bandwidth": ("--bandwidth", "swap", "bandwidth"),
+    "planner": ("--planner", "recompute", "planner"),
 }
 
 
@@ -151,14 +152,15 @@ def pass_options(name: str, raw: dict[str, str]):
 
 def compose(mode: str, passes: str | None = None, checkpoints: str | None = None,
             swap_options: dict | None = None, swap_checkpoints: bool = False,
-            budget: str | None = None) -> str:
+            budget: str | None = None, planner: str | None = None) -> str:
     """The pipeline that `mode` (or the text `passes`, which replaces it) and the command line's
     options describe, with each option written into the passes it is for.
 
     `swap_checkpoints` adds a swap pass after recomputation, which then moves the checkpoints
     to host memory. `swap_options` holds `--swap` (`tensors`), `--swap-form` (`form`) and
     `--bandwidth`. `budget` (bytes, or a share of the original's modelled peak, resolved when
-    the pipeline runs) goes to the passes that search. Every option is checked here, before any
+    the pipeline runs) goes to the passes that search, `planner` (`--planner`) to recompute.
+    Every option is checked here, before any
     work is done."""
     if mode not in MODES:
         raise GraphRewriteError(f"unknown mode '{mode}' (modes: {', '.join(MODES)})")
@@ -172,7 +174,7 @@ def compose(mode: str, passes: str | None = None, checkpoints: str | None = None
             raise GraphRewriteError(f"--swap-checkpoints needs a recompute mode "
                                     f"(memory, speed, collection), not '{mode}'")
         steps.append(("swap", {}))
-    given = {"checkpoints": checkpoints, **(swap_options or {})}
+    given = {"checkpoints": checkpoints, "planner": planner, **(swap_options or {})}
     for key, value in given.items():
         flag, target, option = CLI_OPTIONS[key]
         if value is None or value == "":

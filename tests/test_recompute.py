@@ -200,6 +200,26 @@ def test_bottlenecks_of_a_residual_block_are_its_outputs():
     assert not {"inner_0", "inner_1"} & set(chain)  # skipped by the residual path
 
 
+def test_a_regression_target_as_large_as_the_activations_hides_no_bottleneck():
+    """A float target of the activations' size reaches the loss alone: as an entry of the
+    forward pass it would make the loss the only bottleneck (nothing to checkpoint)."""
+    from graphrewrite import analysis, checkpoints
+
+    def graph():
+        x = tf.compat.v1.placeholder(tf.float32, (64, 64), name="x")
+        y = tf.compat.v1.placeholder(tf.float32, (64, 64), name="y")
+        w = tf.constant(np.full((64, 64), 0.01, np.float32), name="w")
+        h = x
+        for i in range(6):
+            h = tf.add(h, tf.nn.relu(tf.matmul(h, w)), name=f"block_{i}")
+        loss = tf.reduce_mean(tf.square(h - y), name="loss")
+        tf.compat.v1.gradients(loss, [w])
+    g = build(graph)
+    model = io.Model(fixture_path("mlp"), io.Format("graphdef"), g.to_graph_def(), g)
+    chain = checkpoints.bottlenecks(checkpoints.Context.build(g, analysis.analyse(model, g)))
+    assert {f"block_{i}" for i in range(5)} <= set(chain)
+
+
 def test_a_residual_sum_read_only_by_its_relu_is_no_bottleneck():
     """Keeping the sum as well as its ReLU would hold two buffers for one block output."""
     from graphrewrite import analysis, checkpoints

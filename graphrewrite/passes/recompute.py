@@ -48,9 +48,10 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from .. import checkpoints as policies
-from .. import flops, memory
+from .. import memory
 from ..analysis import Analysis
 from ..context import Context
+from ..estimate import PlanEstimator
 from ..budget import parse_budget
 from ..errors import GraphRewriteError
 from ..graph import Graph
@@ -72,6 +73,8 @@ REFINE_ROUNDS, REFINE_TRIES = 3, 4  # bounded local search after the candidate s
 # with steps timed in turns: deep MLP +13% FLOPs, step 1.35x; DenseNet-121 +13%, 1.19x-1.28x).
 AHEAD_GAIN, AHEAD_FLOPS = 0.05, 0.15
 SIDE_OUTPUT_RATIO = 16  # outputs this many times smaller than their node's largest are held
+PLANNERS = ("estimate", "search")
+FINALISTS = 4  # planner estimate: the first stage's plans applied and simulated (later ones: 2)
 
 
 @dataclass(frozen=True)
@@ -80,8 +83,12 @@ class RecomputeOptions(PassOptions):
     checkpoints: str | None = None  # selectors, for policy=collection
     ahead: str | None = None        # policy collection: checkpoints recomputed ahead (a plan's)
     budget: str | None = None       # policy memory: the least recomputation under this peak
+    planner: str = "estimate"       # policy memory: estimate | search (see `run`)
 
     def __post_init__(self):
+        if self.planner not in PLANNERS:
+            raise GraphRewriteError(f"recompute: unknown planner '{self.planner}' (planners: "
+                                    f"{', '.join(PLANNERS)})")
         if self.policy not in policies.POLICIES:
             raise GraphRewriteError(f"recompute: unknown policy '{self.policy}' (policies: "
                                     f"{', '.join(policies.POLICIES)})")
@@ -119,11 +126,16 @@ class Rewrite:
 def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None):
     """Keep the policy's checkpoints and recompute the rest the backward pass reads.
 
-    Every candidate checkpoint set is applied and its rewritten step modelled; the lowest peak
-    wins (the cheapest recomputation among near-equal peaks). Automatic policies leave the graph
-    alone unless the modelled peak drops by MIN_GAIN. With a budget, policy memory takes the
-    least recomputation (extra FLOPs) among all it tried whose peak is within it, two-level
-    spreads included whatever their cost.
+    Every candidate checkpoint set is priced; the lowest peak wins (the cheapest recomputation
+    among near-equal peaks). Planner `search` applies each candidate and simulates the rewritten
+    step (a hundred rewrites and simulations of the whole graph); planner `estimate` (the
+    default) prices them on the original's schedule (`estimate.py`, linear in what a plan
+    recomputes) and applies and simulates only the best few of each stage (`Pricer`): the
+    spreads, their fine-tuning, each round of dropping checkpoints, the two-level trials.
+    Decisions between stages are taken on the simulated peaks, as `search` takes them. Automatic policies leave
+    the graph alone unless the modelled peak drops by MIN_GAIN. With a budget, policy memory
+    takes the least recomputation (extra FLOPs) among all it tried whose peak is within it,
+    two-level spreads included whatever their cost.
     """
     if not analysis.split.seeds:
         return RecomputeResult(graph, False, note="no backward pass found: nothing to do")
@@ -140,20 +152,17 @@ def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None)
         return RecomputeResult(graph, False, note=(
             "the modelled peak is already within the budget: graph left unchanged"))
     ahead = frozenset(select(graph, options.ahead)) if options.ahead else frozenset()
-    attempts = [_evaluate(ctx, checkpoints, ahead) for checkpoints in candidates]
-    best = _choose(attempts)
     note = ""
     if options.policy == "memory":
-        attempts += [_evaluate(ctx, c) for c in policies.memory_policy(ctx, near=best.checkpoints)]
-        best = _refine(ctx, _choose(attempts), attempts)
-        trials = [*_ahead_trials(ctx, best), *_two_level_trials(ctx)]
-        if budget:
-            best, note = _within_budget([*attempts, *trials], budget)
-        else:
-            affordable = best.extra_flops + AHEAD_FLOPS * analysis.flops
-            better = [t for t in trials if t.peak <= best.peak * (1 - AHEAD_GAIN)
-                      and t.extra_flops <= affordable]
-            best = _choose(better) if better else best
+        pricer = Pricer(ctx, options.planner, budget)
+        attempts = pricer.keep([pricer.score(c) for c in candidates], FINALISTS)
+        attempts += pricer.keep([pricer.score(c) for c in policies.memory_policy(
+            ctx, near=_choose(attempts).checkpoints)], 2)
+        best = _refine(ctx, _choose(attempts), attempts, pricer)
+        trials = [*_ahead_trials(ctx, best, pricer), *_two_level_trials(ctx, pricer)]
+        best, note = _decide(attempts, trials, budget, analysis.flops)
+    else:
+        best = _choose([_evaluate(ctx, checkpoints, ahead) for checkpoints in candidates])
     automatic = options.policy in ("memory", "speed")  # hints and selectors are obeyed as given
     if automatic and best.peak > analysis.memory.peak() * (1 - MIN_GAIN):
         return RecomputeResult(graph, False, note=(
@@ -167,11 +176,80 @@ def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None)
     return _result(best, note)
 
 
+def _decide(attempts: list[Rewrite], trials: list[Rewrite], budget: int,
+            step_flops: int) -> tuple[Rewrite, str]:
+    """The best single-level plan, unless a two-level one (`trials`) lowers the peak by
+    AHEAD_GAIN for at most AHEAD_FLOPS of the step's FLOPs more; with a budget, the least
+    recomputation within it."""
+    if budget:
+        return _within_budget([*attempts, *trials], budget)
+    best = _choose(attempts)
+    affordable = best.extra_flops + AHEAD_FLOPS * step_flops
+    better = [t for t in trials if t.peak <= best.peak * (1 - AHEAD_GAIN)
+              and t.extra_flops <= affordable]
+    return (_choose(better) if better else best), ""
+
+
+class Pricer:
+    """Prices plans for policy memory's search. Planner `search`: `score` applies and simulates
+    each plan, `keep` keeps them all. Planner `estimate`: `score` estimates (`estimate.py`),
+    `keep` applies and simulates the `count` best of a stage's estimates: those of lowest peak
+    (the cheapest first among near-equal ones) and, with a budget, the cheapest within it."""
+
+    def __init__(self, ctx: Context, planner: str, budget: int):
+        self.ctx, self.budget = ctx, budget
+        self.estimator = PlanEstimator(ctx.graph, ctx.analysis) if planner == "estimate" else None
+        self.evaluated: dict[tuple, Rewrite] = {}
+
+    def score(self, checkpoints: set[str], ahead: frozenset = frozenset()) -> Rewrite:
+        if self.estimator is None:
+            return _evaluate(self.ctx, checkpoints, ahead)
+        return _estimate(self.estimator, self.ctx, checkpoints, ahead)
+
+    def keep(self, scored: list[Rewrite], count: int) -> list[Rewrite]:
+        if self.estimator is None or not scored:
+            return scored
+        lowest = min(a.peak for a in scored)
+        ranked = sorted(scored, key=lambda a: (max(a.peak, lowest * (1 + PEAK_SLACK)),
+                                               a.extra_flops, a.peak))[:count]
+        if self.budget:
+            ranked += sorted((a for a in scored if a.peak <= self.budget),
+                             key=lambda a: (a.extra_flops, a.peak))[:count]
+        kept = []
+        for plan in ranked:
+            key = (frozenset(plan.checkpoints), plan.ahead_checkpoints)
+            if key not in self.evaluated:
+                self.evaluated[key] = _evaluate(self.ctx, plan.checkpoints,
+                                                plan.ahead_checkpoints)
+                kept.append(self.evaluated[key])
+        return kept
+
+
 def _with_executor_gates(ctx: Context, best: Rewrite) -> Rewrite:
     final = apply(ctx, best.checkpoints, best.ahead_checkpoints, executor_gates=True)
     final.peak, final.extra_flops = best.peak, best.extra_flops
     final.live_at_peak = best.live_at_peak
     return final
+
+
+def _estimate(estimator: PlanEstimator, ctx: Context, checkpoints: set[str],
+              ahead: frozenset = frozenset()) -> Rewrite:
+    """Price a checkpoint choice on the original's schedule (`estimate.py`), without applying
+    it: a Rewrite with no graph."""
+    blocked: dict[str, set[str]] = {}
+    recomputed, recomputable = _recomputed_nodes(ctx, checkpoints, blocked)
+    early = _ahead_members(ctx, ahead, recomputable)
+    groups = [(chain & ahead, {v for a in chain & ahead for v in ctx.graph.successors(a)
+                               if v in recomputed})
+              for chain in _segments(ctx.graph, early)]
+    found = estimator.estimate(_segments(ctx.graph, recomputed), groups)
+    attempt = Rewrite(None, set(checkpoints), dict.fromkeys(recomputed, ""), {}, 0, blocked,
+                      None, ahead=dict.fromkeys(early, ""), ahead_checkpoints=frozenset(ahead),
+                      peak=found.peak, live_at_peak=found.live_at_peak)
+    attempt.extra_flops = ctx.flops([*recomputed, *early])
+    log.debug("recompute: %d checkpoints -> estimated peak %d bytes, %d extra FLOPs",
+              len(checkpoints), attempt.peak, attempt.extra_flops)
+    return attempt
 
 
 def _evaluate(ctx: Context, checkpoints: set[str],
@@ -183,8 +261,7 @@ def _evaluate(ctx: Context, checkpoints: set[str],
         report = memory.simulate(attempt.graph, attempt.shapes, analysis.fetches)
     attempt.peak = report.peak()
     attempt.live_at_peak = {ref.node for ref, _ in report.live_at_peak.get(memory.DEVICE, [])}
-    attempt.extra_flops = flops.total_flops(ctx.graph, analysis.shapes,
-                                            [*attempt.recomputed, *attempt.ahead])
+    attempt.extra_flops = ctx.flops([*attempt.recomputed, *attempt.ahead])
     log.info("recompute: %d checkpoints -> modelled peak %d bytes, %d extra FLOPs",
              len(checkpoints), attempt.peak, attempt.extra_flops)
     return attempt
@@ -224,7 +301,7 @@ def _within_budget(attempts: list[Rewrite], budget: int) -> tuple[Rewrite, str]:
                     f"found is {lowest.peak / 2**20:.1f} MiB")
 
 
-def _refine(ctx: Context, best: Rewrite, attempts: list[Rewrite]) -> Rewrite:
+def _refine(ctx: Context, best: Rewrite, attempts: list[Rewrite], pricer: Pricer) -> Rewrite:
     """Drop checkpoints whose buffers are live at the modelled peak, one at a time, while the
     peak goes down: big early checkpoints can cost more than recomputing their segment."""
     for _ in range(REFINE_ROUNDS):
@@ -232,7 +309,7 @@ def _refine(ctx: Context, best: Rewrite, attempts: list[Rewrite]) -> Rewrite:
                         ctx.analysis.shapes.outputs(n)) for n in best.checkpoints}
         live = sorted((n for n in best.checkpoints if _owner_live(ctx, n, best.live_at_peak)),
                       key=lambda n: (-sizes[n], n))[:REFINE_TRIES]
-        trials = [_evaluate(ctx, best.checkpoints - {n}) for n in live]
+        trials = pricer.keep([pricer.score(best.checkpoints - {n}) for n in live], 2)
         attempts.extend(trials)
         better = [t for t in trials if t.peak < best.peak * (1 - MIN_GAIN / 2)]
         if not better:
@@ -241,16 +318,16 @@ def _refine(ctx: Context, best: Rewrite, attempts: list[Rewrite]) -> Rewrite:
     return _choose([a for a in attempts if a.peak <= best.peak * (1 + PEAK_SLACK)] or [best])
 
 
-def _ahead_trials(ctx: Context, best: Rewrite) -> list[Rewrite]:
+def _ahead_trials(ctx: Context, best: Rewrite, pricer: Pricer) -> list[Rewrite]:
     """The chosen checkpoints with the first j of them (from the input) recomputed ahead
     instead of held (two-level recomputation of the early layers), j = 1, 2, 3, 4, 6, 8, ..."""
     position = {n: i for i, n in enumerate(ctx.order())}
     kept = sorted(best.checkpoints, key=position.get)
     counts = sorted({round(1.4 ** e) for e in range(20) if round(1.4 ** e) < len(kept)})
-    return [_evaluate(ctx, best.checkpoints, frozenset(kept[:j])) for j in counts]
+    return pricer.keep([pricer.score(best.checkpoints, frozenset(kept[:j])) for j in counts], 2)
 
 
-def _two_level_trials(ctx: Context) -> list[Rewrite]:
+def _two_level_trials(ctx: Context, pricer: Pricer) -> list[Rewrite]:
     """Two-level checkpoints (`checkpoints.two_level`) on the coarse grid of cuts and budgets,
     then on the finer grid around the best of them."""
     tried: dict[tuple, Rewrite] = {}
@@ -259,7 +336,7 @@ def _two_level_trials(ctx: Context) -> list[Rewrite]:
         checkpoints, ahead = policies.two_level(ctx, *params)
         key = (frozenset(checkpoints), ahead)
         if checkpoints and key not in tried:
-            tried[key] = _evaluate(ctx, checkpoints, ahead)
+            tried[key] = pricer.score(checkpoints, ahead)
         return tried.get(key)
 
     coarse = {p: r for p in policies.TWO_LEVEL_GRID if (r := trial(p))}
@@ -269,7 +346,7 @@ def _two_level_trials(ctx: Context) -> list[Rewrite]:
         for i in (-1, 0, 1):
             for j in (-1, 0, 1):
                 trial((split + i * step_split, budget + j * step_budget))
-    return list(tried.values())
+    return pricer.keep(list(tried.values()), 2)
 
 
 def _owner_live(ctx: Context, name: str, live_nodes: set[str]) -> bool:
@@ -288,22 +365,12 @@ def apply(ctx: Context, checkpoints: set[str], ahead: frozenset = frozenset(),
     `_recompute_ahead`)."""
     graph = ctx.graph.copy()
     split = ctx.analysis.split
-    flow, forward = split.gradient_flow, split.forward
+    flow = split.gradient_flow
     blocked: dict[str, set[str]] = {}
-
-    def recomputable(name: str) -> bool:
-        if name in checkpoints or name not in forward:
-            return False
-        reason = ctx.blocker(name)
-        if reason:
-            blocked.setdefault(reason, set()).add(name)
-        return reason is None
-
+    recomputed, recomputable = _recomputed_nodes(ctx, checkpoints, blocked)
     order = ctx.order()  # the copy's, as nothing was added yet
     reads = ctx.flow_reads()  # likewise
-    worth = _worth_nodes(ctx, reads)
-    boundary = [n for n in reads if n in worth and recomputable(n)]
-    copies = _copy(graph, _with_ancestors(ctx.graph, boundary, recomputable), order, COPY_SUFFIX)
+    copies = _copy(graph, recomputed, order, COPY_SUFFIX)
     backward = split.backward
     for name, copy in copies.items():
         for ref in reads[name]:
@@ -318,6 +385,53 @@ def apply(ctx: Context, checkpoints: set[str], ahead: frozenset = frozenset(),
             shapes.tensors[TensorRef(copy_name, ref.port)] = shapes.tensors[ref]
     return Rewrite(graph, set(checkpoints), copies, triggers, ungated, blocked, shapes,
                    ahead=early, ahead_checkpoints=frozenset(ahead))
+
+
+def _recomputed_nodes(ctx: Context, checkpoints: set[str], blocked: dict[str, set[str]]):
+    """What keeping `checkpoints` recomputes: the outputs the gradient flow reads that are worth
+    it and may be copied, with their ancestors up to the checkpoints and what may not be copied
+    (recorded in `blocked` by reason). Returns those nodes and the test `recomputable`."""
+    forward = ctx.analysis.split.forward
+
+    def recomputable(name: str) -> bool:
+        if name in checkpoints or name not in forward:
+            return False
+        reason = ctx.blocker(name)
+        if reason:
+            blocked.setdefault(reason, set()).add(name)
+        return reason is None
+
+    reads = ctx.flow_reads()
+    worth = _worth_nodes(ctx, reads)
+    boundary = [n for n in reads if n in worth and recomputable(n)]
+    return _with_ancestors(ctx.graph, boundary, recomputable), recomputable
+
+
+def _ahead_members(ctx: Context, ahead, recomputable) -> set[str]:
+    """The checkpoints recomputed ahead with what lies between them and the kept ones below."""
+    return _with_ancestors(ctx.graph, ahead, lambda n: n in ahead or recomputable(n))
+
+
+def _segments(graph: Graph, recomputed: set[str]) -> list[set[str]]:
+    """The connected groups of recomputed nodes (one trigger each), by their data edges."""
+    linked: dict[str, list[str]] = {name: [] for name in recomputed}
+    for name in recomputed:
+        for ref in graph.data_inputs(name):
+            if ref.node in linked:
+                linked[name].append(ref.node)
+                linked[ref.node].append(name)
+    segments, seen = [], set()
+    for start in recomputed:
+        if start not in seen:
+            segment, stack = set(), [start]
+            while stack:
+                name = stack.pop()
+                if name not in segment:
+                    segment.add(name)
+                    stack.extend(linked[name])
+            seen |= segment
+            segments.append(segment)
+    return segments
 
 
 # Ops that read only their input's shape.
@@ -391,8 +505,7 @@ def _recompute_ahead(graph: Graph, ctx, ahead, copies, gate_of, recomputable, or
     if not ahead:
         return {}
     flow = ctx.analysis.split.gradient_flow
-    members = _with_ancestors(ctx.graph, ahead, lambda n: n in ahead or recomputable(n))
-    early = _copy(graph, members, order, AHEAD_SUFFIX)
+    early = _copy(graph, _ahead_members(ctx, ahead, recomputable), order, AHEAD_SUFFIX)
     copy_names = set(copies.values())
     for name in ahead:
         for ref in ctx.analysis.shapes.outputs(name):
@@ -417,13 +530,8 @@ def _recompute_ahead(graph: Graph, ctx, ahead, copies, gate_of, recomputable, or
 def _add_triggers(graph: Graph, ctx, copies: dict[str, str], flow, order, executor_gates: bool):
     """One trigger per connected segment of copies, deepest segment first. Returns the
     triggers with their waits, each gated copy's trigger, and how many segments got none."""
-    segments = nx.Graph()
-    segments.add_nodes_from(copies)
-    for name in copies:
-        segments.add_edges_from((r.node, name) for r in ctx.graph.data_inputs(name)
-                                if r.node in copies)
     position = {n: i for i, n in enumerate(order)}
-    components = sorted((sorted(c, key=position.get) for c in nx.connected_components(segments)),
+    components = sorted((sorted(c, key=position.get) for c in _segments(ctx.graph, set(copies))),
                         key=lambda c: position[c[0]], reverse=True)
     all_copies = set(copies.values())
     triggers, gate_of, ungated = {}, {}, 0
