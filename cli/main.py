@@ -305,6 +305,12 @@ def _parse_feeds(ctx, param, values):
               help="For lossy rewrites (mode diet): run N training steps of both, step k on "
                    "the same seeded batch, and compare the final losses within --rtol; the "
                    "report shows both loss curves. 0: the bitwise two-step check.")
+@click.option("--batches", default=0, show_default=True, metavar="K",
+              help="With --steps: a fixed data set of K seeded batches, cycled over the N "
+                   "steps (the same for both graphs), so the loss can fall (a model memorises "
+                   "it); the rewritten graph's loss must then fall where the original's does. "
+                   "0: a fresh random batch each step (random labels: a sanity check, not a "
+                   "learning curve).")
 @click.option("--seed", default=0, show_default=True, help="Seed of the random inputs.")
 @click.option("--int-high", default=10, show_default=True,
               help="Integer inputs are drawn from [0, INT_HIGH) (class ids, token ids).")
@@ -317,7 +323,8 @@ def _parse_feeds(ctx, param, values):
                    "(tensorboard --logdir DIR: the graphs with per-node memory and time).")
 @analysis_options
 @tag_option
-def verify(original_path, rewritten_path, rtol, atol, feeds, runs, steps, seed, int_high, as_json,
+def verify(original_path, rewritten_path, rtol, atol, feeds, runs, steps, batches, seed, int_high,
+           as_json,
            plot_path, trace_dir, input_shapes, outputs, backward_scope, tag):
     """Run ORIGINAL and REWRITTEN on the same seeded inputs and compare every output.
 
@@ -335,7 +342,7 @@ def verify(original_path, rewritten_path, rtol, atol, feeds, runs, steps, seed, 
     rewritten = io.load(rewritten_path, tag=tag)
     result = verify_mod.verify(original, rewritten, outputs, input_shapes,
                                verify_mod.load_feeds(feeds), rtol, atol, runs, seed, int_high,
-                               steps=steps)
+                               steps=steps, batches=batches)
     facts = result.to_json()
     if as_json:
         click.echo(json.dumps(facts, indent=2))
@@ -505,6 +512,10 @@ def dump(model_path, tag):
     click.echo(text.dump(model.graph, model.meta_graph), nl=False)
 
 
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
 def _format_curves(facts: dict) -> str:
     """`verify --steps`: both loss curves and the verdict on the final losses."""
     curves, final = facts["loss_curves"], facts["final_loss"]
@@ -520,6 +531,16 @@ def _format_curves(facts: dict) -> str:
                     *range(0, len(curves["original"]), max(1, len(curves["original"]) // 8))})
     lines += [f"{k + 1:>13} {curves['original'][k]:>12.5g} {curves['rewritten'][k]:>12.5g}"
               for k in shown]
+    trend = facts.get("trend") or {}
+    if trend:
+        window = trend["original"]["window"]
+        data = (f"{facts['batches']} fixed batches, mean of {window} steps"
+                if facts.get("batches") else "fresh batches, one step")
+        for key in ("start", "end"):
+            lines.append(f"{key:>13} {trend['original'][key]:>12.5g} "
+                         f"{trend['rewritten'][key]:>12.5g}   ({data})")
+        lines.append(f"{'fell':>13} {_yes(trend['original']['fell']):>12} "
+                     f"{_yes(trend['rewritten']['fell']):>12}")
     lines.append(f"{'peak memory':13} {format_bytes(peak['original'] or 0):>12} "
                  f"{format_bytes(peak['rewritten'] or 0):>12}")
     lines.append(f"device        {facts['device']}")
