@@ -341,11 +341,13 @@ def test_frozen_graph_constants_are_stored_in_16_bits(tmp_path):
     graph = result.graph
     for name in facts.constants:
         cast = graph.data_inputs(name)[0].node
+        copy = graph.data_inputs(cast)[0].node
         readers = {u for u, _ in graph.consumers(TensorRef(name))}
         readers |= {u for r in readers for u, _ in graph.consumers(TensorRef(r))}  # its Identity
         inputs = {ref.node for r in readers if graph.op(r) == "MatMul"
                   for ref in graph.data_inputs(r)}
-        assert graph.op(cast) == "Cast" and set(graph.control_inputs(cast)) & inputs, name
+        assert graph.op(cast) == "Cast" and graph.op(copy) == "DeepCopy"
+        assert set(graph.control_inputs(copy)) & inputs, name
     # as run: Grappler's constant folding leaves the 16-bit constants 16-bit (it folded
     # Cast(Const) * scale back into float32 before they were read through a placeholder)
     from graphrewrite import analysis, grappler
@@ -360,6 +362,37 @@ def test_frozen_graph_constants_are_stored_in_16_bits(tmp_path):
     checked = verify.verify(model, io.load(tmp_path / "mlp.pbtxt"), ["outputs/loss"], runs=0,
                             isolated=False, rtol=1e-2)
     assert checked.match, checked.to_json()["mismatched"]
+
+
+@pytest.mark.tf
+def test_frozen_diet_measures_its_weights_halved(tmp_path):
+    """As the session runs it: its own graph optimizer (not Grappler) folds a dequantization
+    of a constant read through a PlaceholderWithDefault back into a float32 constant, and each
+    dequantization left ungated runs when the step starts; then the peak does not fall."""
+    import tensorflow as tf
+
+    from graphrewrite import measure
+
+    graph = tf.Graph()
+    rng = np.random.RandomState(0)
+    with graph.as_default():
+        h = tf.compat.v1.placeholder(tf.float32, [4, 512], name="x")
+        for i in range(12):  # 12 x 1 MiB of float32 weights, activations of 8 KiB
+            h = tf.nn.relu(tf.matmul(h, tf.constant(rng.standard_normal([512, 512]).astype(
+                np.float32) / 23, name=f"w{i}")), name=f"relu{i}")
+        tf.identity(h, name="out")
+    (tmp_path / "frozen.pb").write_bytes(graph.as_graph_def().SerializeToString())
+    model = io.load(tmp_path / "frozen.pb")
+    result = pipeline.optimize(model, "diet", composed="diet")
+    io.save(model, result.graph, tmp_path / "diet.pb")
+    feeds = {"x": rng.standard_normal([4, 512]).astype(np.float32)}
+    before = measure.run_step(model.runnable(), feeds, ["out"], 0)
+    after = measure.run_step(io.load(tmp_path / "diet.pb").runnable(), feeds, ["out"], 0)
+    saved = result.results["diet"].bytes_saved
+    assert saved == 12 * 512 * 512 * 2
+    assert before.peak_bytes - after.peak_bytes >= 0.6 * saved, (before.peak_bytes,
+                                                                  after.peak_bytes)
+    assert np.allclose(before.outputs["out:0"], after.outputs["out:0"], rtol=1e-2, atol=1e-3)
 
 
 @pytest.mark.tf
