@@ -243,8 +243,10 @@ def optimize(model: Model, mode: str, input_shapes: dict | None = None,
             graph = result.graph
             found = analysis_mod.analyse(model, graph, input_shapes, backward_scope,
                                          found.fetches, shapes=result.shapes, device=device)
-    run_reports = tuple(analysis_mod.as_run(model, g, a, input_shapes, device)
-                        for g, a in ((model.graph, original), (graph, found)))
+    run_before = analysis_mod.as_run(model, model.graph, original, input_shapes, device)
+    changed = any(r.modified for r in results.values())  # else Grappler's run would repeat
+    run_reports = (run_before, analysis_mod.as_run(model, graph, found, input_shapes, device)
+                   if changed else run_before)
     result = OptimizeResult(graph, mode, text, len(model.graph), len(graph), peak_before,
                             found.memory.peak(), time.perf_counter() - start, results,
                             run_reports)

@@ -159,7 +159,9 @@ def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None)
         attempts += pricer.keep([pricer.score(c) for c in policies.memory_policy(
             ctx, near=_choose(attempts).checkpoints)], 2)
         best = _refine(ctx, _choose(attempts), attempts, pricer)
-        trials = [*_ahead_trials(ctx, best, pricer), *_two_level_trials(ctx, pricer)]
+        bases = [best] if pricer.estimator is None else _runners_up(attempts, best)
+        trials = [t for base in bases for t in _ahead_trials(ctx, base, pricer)]
+        trials += _two_level_trials(ctx, pricer)
         best, note = _decide(attempts, trials, budget, analysis.flops)
     else:
         best = _choose([_evaluate(ctx, checkpoints, ahead) for checkpoints in candidates])
@@ -174,6 +176,18 @@ def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None)
     best.pads = pad_readers(best.graph, ctx.graph, analysis,
                             {c: o for o, c in [*best.recomputed.items(), *best.ahead.items()]})
     return _result(best, note)
+
+
+def _runners_up(attempts: list[Rewrite], best: Rewrite, count: int = 3) -> list[Rewrite]:
+    """`best` and the next plans of lowest simulated peak with other checkpoints: the estimate
+    planner tries recomputing ahead on each (a plan a little above the best single-level one
+    can be the better base for two-level recomputation)."""
+    bases, seen = [best], {frozenset(best.checkpoints)}
+    for attempt in sorted(attempts, key=lambda a: (a.peak, a.extra_flops)):
+        if len(bases) < count and frozenset(attempt.checkpoints) not in seen:
+            seen.add(frozenset(attempt.checkpoints))
+            bases.append(attempt)
+    return bases
 
 
 def _decide(attempts: list[Rewrite], trials: list[Rewrite], budget: int,
