@@ -338,16 +338,17 @@ def test_frozen_graph_constants_are_stored_in_16_bits(tmp_path):
         assert result.graph.op(name) == "Mul"  # the constant's name now reads the dequantized
     # Each dequantization waits for the activation its reader multiplies (computed from the
     # constants alone, it would run when the step starts: every weight a float32 copy at once).
-    graph = result.graph
+    graph, gated = result.graph, 0
     for name in facts.constants:
         cast = graph.data_inputs(name)[0].node
         copy = graph.data_inputs(cast)[0].node
         readers = {u for u, _ in graph.consumers(TensorRef(name))}
         readers |= {u for r in readers for u, _ in graph.consumers(TensorRef(r))}  # its Identity
         inputs = {ref.node for r in readers if graph.op(r) == "MatMul"
-                  for ref in graph.data_inputs(r)}
+                  for ref in graph.data_inputs(r)} - {"x"}  # the fed input is there at start
         assert graph.op(cast) == "Cast" and graph.op(copy) == "DeepCopy"
-        assert set(graph.control_inputs(copy)) & inputs, name
+        gated += bool(set(graph.control_inputs(copy)) & inputs)
+    assert gated == len(facts.constants) - 1  # all but the first layer's
     # as run: Grappler's constant folding leaves the 16-bit constants 16-bit (it folded
     # Cast(Const) * scale back into float32 before they were read through a placeholder)
     from graphrewrite import analysis, grappler
@@ -362,6 +363,20 @@ def test_frozen_graph_constants_are_stored_in_16_bits(tmp_path):
     checked = verify.verify(model, io.load(tmp_path / "mlp.pbtxt"), ["outputs/loss"], runs=0,
                             isolated=False, rtol=1e-2)
     assert checked.match, checked.to_json()["mismatched"]
+
+
+@pytest.mark.tf
+def test_forward_reads_of_a_dieted_weight_wait_for_their_activation(graphs, tmp_path):
+    """A dequantizing read has no input from the step: ungated, the executor runs it when the
+    step starts and every weight is a float32 copy until its forward use."""
+    _, model = _diet(graphs["adam_resource"], tmp_path / "diet.meta")
+    graph = model.graph
+    casts = [n for n in graph.nodes() if graph.op(n) == "Cast"
+             and graph.op(graph.data_inputs(n)[0].node) == "ReadVariableOp"
+             and graph.data_inputs(graph.data_inputs(n)[0].node)[0].node
+             == "mlp/dense_1/kernel"]
+    gates = {c for n in casts for c in graph.control_inputs(n)}
+    assert "mlp/dense/Relu" in gates, {n: graph.control_inputs(n) for n in casts}
 
 
 @pytest.mark.tf
