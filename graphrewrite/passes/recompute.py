@@ -623,17 +623,18 @@ def _unfinished_readers(graph: Graph, original: Graph, waits, flow, downstream: 
     (`pads.can_gate`)."""
     ancestors: set[str] = set()
     stack = list(waits)
+    predecessors, successors = graph.nx._pred, graph.nx._succ  # networkx's dicts: no views
     while stack:
         name = stack.pop()
         if name not in ancestors:
             ancestors.add(name)
-            stack.extend(p for p in graph.nx._pred[name] if p not in ancestors and (
+            stack.extend(p for p in predecessors[name] if p not in ancestors and (
                 p in flow or p in all_copies or p.startswith(TRIGGER_PREFIX)))
-    readers = {v for a in ancestors if a in flow for v in graph.successors(a)
+    readers = {v for a in ancestors if a in flow for v in successors[a]
                if v in flow and v not in ancestors and v not in downstream
-               and v not in all_copies and graph.op(v) not in FORWARDING_OPS
-               and can_gate(original, v)}
-    return {v for v in readers if not any(s in readers for s in graph.successors(v))}
+               and v not in all_copies}
+    readers = {v for v in readers if graph.op(v) not in FORWARDING_OPS and can_gate(original, v)}
+    return {v for v in readers if not any(s in readers for s in successors[v])}
 
 
 FORWARDING_OPS = ("Identity", "IdentityN", "Snapshot")
