@@ -132,10 +132,10 @@ def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None)
     default) prices them on the original's schedule (`estimate.py`, linear in what a plan
     recomputes) and applies and simulates only the best few of each stage (`Pricer`): the
     spreads, their fine-tuning, each round of dropping checkpoints, the two-level trials.
-    Decisions between stages are taken on the simulated peaks, as `search` takes them. Automatic policies leave
-    the graph alone unless the modelled peak drops by MIN_GAIN. With a budget, policy memory
-    takes the least recomputation (extra FLOPs) among all it tried whose peak is within it,
-    two-level spreads included whatever their cost.
+    Decisions between stages are taken on the simulated peaks, as `search` takes them.
+    Automatic policies leave the graph alone unless the modelled peak drops by MIN_GAIN. With a
+    budget, policy memory takes the least recomputation (extra FLOPs) among all it tried whose
+    peak is within it, two-level spreads included whatever their cost.
     """
     if not analysis.split.seeds:
         return RecomputeResult(graph, False, note="no backward pass found: nothing to do")
@@ -208,7 +208,8 @@ class Pricer:
     """Prices plans for policy memory's search. Planner `search`: `score` applies and simulates
     each plan, `keep` keeps them all. Planner `estimate`: `score` estimates (`estimate.py`),
     `keep` applies and simulates the `count` best of a stage's estimates: those of lowest peak
-    (the cheapest first among near-equal ones) and, with a budget, the cheapest within it."""
+    (the cheapest first among near-equal ones) and, with a budget, the cheapest within it; it
+    returns the plans not simulated before (the others are among the attempts already)."""
 
     def __init__(self, ctx: Context, planner: str, budget: int):
         self.ctx, self.budget = ctx, budget
