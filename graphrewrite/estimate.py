@@ -66,7 +66,7 @@ class PlanEstimator:
                         (step_of[name], name in flow, ref.node))
         self.first_flow_read = {}  # node -> the step its outputs are first read by the flow
         self.flow_readers: dict[str, set[str]] = {}  # forward node -> its flow readers
-        for i, reads in self.reads.items():
+        for reads in self.reads.values():
             for step, in_flow, node in reads:
                 if in_flow:
                     self.first_flow_read[node] = min(step, self.first_flow_read.get(
