@@ -159,6 +159,23 @@ def test_optimize_memory_reports_and_explains(tmp_path):
     assert bad.exit_code == 2 and not (tmp_path / "o.pb").exists()
 
 
+def test_optimize_planner_is_written_into_the_pipeline_and_needs_a_recompute_pass(tmp_path):
+    out = tmp_path / "o.pb"
+    search = run_cli("optimize", fixture_path("mlp"), "-o", out, "--planner", "search", "--json")
+    assert search.exit_code == 0, search.stderr
+    facts = json.loads(search.stdout)
+    assert facts["pipeline"] == "defer recompute(policy=memory, planner=search)"
+    replayed = run_cli("optimize", fixture_path("mlp"), "-o", tmp_path / "p.pb", "--passes",
+                       facts["pipeline"], "--json")
+    assert (tmp_path / "p.pb").read_bytes() == out.read_bytes()
+    assert json.loads(replayed.stdout)["pipeline"] == facts["pipeline"]
+    for args, message in ((["--planner", "guess"], "guess"),
+                          (["--mode", "swap", "--planner", "search"], "recompute")):
+        refused = run_cli("optimize", fixture_path("mlp"), "-o", tmp_path / "x.pb", *args)
+        assert refused.exit_code == 2 and message in refused.stderr
+        assert not (tmp_path / "x.pb").exists()
+
+
 def test_optimize_collection_needs_selectors(tmp_path):
     out = tmp_path / "o.pb"
     result = run_cli("optimize", fixture_path("resnet_cnn"), "-o", out, "--mode", "collection")
