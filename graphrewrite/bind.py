@@ -42,6 +42,7 @@ SCALE = 0.1
 EXPORT_HINT = "export the step with concrete_fn.graph.as_graph_def(add_shapes=True)"
 BIND_SCOPE = "graphrewrite_bound"
 DIET_ATTR = "_graphrewrite_diet"  # set by passes.diet: "int16 <scale>" or "bfloat16"
+INT16_MAX = 32767  # diet's int16 range is symmetric: [-INT16_MAX, INT16_MAX]
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,8 @@ def seeded_value(name: str, spec: ValueSpec, seed: int, diet: str = "") -> np.nd
     if fmt:
         value = seeded_value(name, ValueSpec(types_pb2.DT_FLOAT, spec.shape), seed)
         if fmt == "int16":
-            return np.clip(np.round(value / np.float32(scale)), -32767, 32767).astype(np.int16)
+            return np.clip(np.round(value / np.float32(scale)), -INT16_MAX,
+                           INT16_MAX).astype(np.int16)
         return value.astype(dtype)
     if np.issubdtype(dtype, np.floating):
         rng = np.random.RandomState(zlib.crc32(f"{seed}:{name}".encode()))

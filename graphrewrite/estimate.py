@@ -64,13 +64,10 @@ class PlanEstimator:
                 if buffer is not None and id(buffer) in index:
                     self.reads.setdefault(index[id(buffer)], []).append(
                         (step_of[name], name in flow, ref.node))
-        self.first_flow_read = {}  # node -> the step its outputs are first read by the flow
         self.flow_readers: dict[str, set[str]] = {}  # forward node -> its flow readers
         for reads in self.reads.values():
             for step, in_flow, node in reads:
                 if in_flow:
-                    self.first_flow_read[node] = min(step, self.first_flow_read.get(
-                        node, self.steps))
                     self.flow_readers.setdefault(node, set()).add(report.order[step])
         self.step_of = step_of
         self.flow_inputs = {t: [r.node for r in graph.data_inputs(t) if r.node in flow
@@ -85,10 +82,16 @@ class PlanEstimator:
         for are done (what the recompute pass's trigger waits on; the executor then runs the
         copies at once), at the latest its first gradient-flow read."""
         targets = {t for n in segment for t in self.flow_readers.get(n, ())}
-        first = min((self.step_of[t] for t in targets), default=self.steps)
+        first = self._first_read(segment)
         waits = [self.step_of[r] for t in targets for r in self.flow_inputs[t]
                  if r not in targets]
         return min(max(waits, default=first), first)
+
+    def _first_read(self, nodes) -> int:
+        """The step at which the gradient flow first reads any of `nodes` (the schedule's
+        length when it reads none)."""
+        return min((self.step_of[t] for n in nodes for t in self.flow_readers.get(n, ())),
+                   default=self.steps)
 
     def estimate(self, segments: list[set[str]],
                  ahead: list[tuple[set[str], set[str]]] = ()) -> Estimate:
@@ -101,7 +104,7 @@ class PlanEstimator:
             trigger_of.update(dict.fromkeys(segment, self._trigger(segment)))
         for group, readers in ahead:
             at = min([trigger_of.get(r, self.steps) for r in readers]
-                     + [self.first_flow_read.get(n, self.steps) for n in group])
+                     + [self._first_read(group)])
             trigger_of.update(dict.fromkeys(group, at))
         changed, starts, ends, sizes = [], [], [], []
         for i in {i for n in trigger_of for i in self.buffers_of.get(n, ())}:

@@ -240,6 +240,12 @@ def _keras_momentum(graph: Graph, write: str, var: str, delta: TensorRef,
         "m_new": delta}, {"accum": slot_write})
 
 
+def slots_of(found: list[Update]) -> set[str]:
+    """The optimizer slots `found` updates keep (a Keras slot's own write, read as an update of
+    its own, is one of them: not a weight)."""
+    return {slot for update in found for slot in update.slots.values()}
+
+
 def updates(graph: Graph) -> list[Update]:
     """Every update this module reads, of either form."""
     found = []

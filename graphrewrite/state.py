@@ -19,7 +19,7 @@ from .passes.diet import DIET_ATTR, SLOT_OF_ATTR
 def _weights_and_slots(graph: Graph) -> dict[str, set[str]]:
     found: dict[str, set[str]] = {}
     updates = optimizers.updates(graph)
-    slots_of_updates = {s for u in updates for s in u.slots.values()}
+    slots_of_updates = optimizers.slots_of(updates)
     for update in updates:
         if update.var not in slots_of_updates:  # not a Keras slot's own write
             found.setdefault(update.var, set()).update(update.slots.values())

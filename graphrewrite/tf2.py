@@ -142,8 +142,8 @@ def _own_variables(graph: Graph, bindings) -> tuple[dict, dict]:
             value = tf.raw_ops.ReadVariableOp(resource=handles[name], dtype=tf.float32)
             fmt, _, scale = mark.partition(" ")
             if fmt == "int16":
-                value = tf.cast(tf.clip_by_value(tf.round(value / float(scale)), -32767, 32767),
-                                tf.int16)
+                value = tf.cast(tf.clip_by_value(tf.round(value / float(scale)),
+                                                 -bind.INT16_MAX, bind.INT16_MAX), tf.int16)
             initial = tf.cast(value, dtype)
             originals[name] = (handles[name], mark)
         else:  # a new optimizer slot

@@ -217,7 +217,7 @@ def training_start(model: Model, feeds: dict, given: set = frozenset()) -> dict:
     if not captured:
         return feeds
     updates = optimizers.updates(graph)
-    slots = {s for u in updates for s in u.slots.values()}
+    slots = optimizers.slots_of(updates)
     slots |= {n for n in captured if SLOT_OF_ATTR in graph.node_def(n).attr}
     out = dict(feeds)
     for name in (slots & captured) - set(given):

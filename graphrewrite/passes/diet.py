@@ -47,14 +47,14 @@ from ..analysis import Analysis
 from ..errors import GraphRewriteError
 from ..graph import Graph
 from ..metagraph import NEW_VARIABLE_ATTR
-from ..saver import NewEntry, drop_control, edit as edit_saver, entry_variable
+from ..saver import NewEntry, drop_control, edit as edit_saver
 from ..split import reachable
 from ..tensor_ref import TensorRef
 from .base import PassOptions, PassResult
 
 log = logging.getLogger(__name__)
 
-INT16_MAX = 32767
+INT16_MAX = bind.INT16_MAX
 SMALL = "fewer than"  # the reason small variables stay float32
 DEFAULT_SCALE = 10.0 / INT16_MAX  # the seed's: values in [-10, 10], quantum 3.05e-4
 PREFIX = "graphrewrite_diet"
@@ -137,7 +137,7 @@ def run(graph: Graph, analysis: Analysis, options: DietOptions, model=None) -> D
             diet.unread[graph.data_inputs(name)[0].node] = update
             continue
         found.append(update)
-    slots = {s for u in found for s in u.slots.values()}
+    slots = optimizers.slots_of(found)
     for update in found:
         if update.var in slots:  # a Keras slot's own write, read as an update: not a weight
             continue

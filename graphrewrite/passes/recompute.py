@@ -74,7 +74,8 @@ REFINE_ROUNDS, REFINE_TRIES = 3, 4  # bounded local search after the candidate s
 AHEAD_GAIN, AHEAD_FLOPS = 0.05, 0.15
 SIDE_OUTPUT_RATIO = 16  # outputs this many times smaller than their node's largest are held
 PLANNERS = ("estimate", "search")
-FINALISTS = 4  # planner estimate: the first stage's plans applied and simulated (later ones: 2)
+# Planner estimate: plans applied and simulated from the first stage, and from each later one.
+FINALISTS, STAGE_FINALISTS = 4, 2
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,7 @@ def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None)
         pricer = Pricer(ctx, options.planner, budget)
         attempts = pricer.keep([pricer.score(c) for c in candidates], FINALISTS)
         attempts += pricer.keep([pricer.score(c) for c in policies.memory_policy(
-            ctx, near=_choose(attempts).checkpoints)], 2)
+            ctx, near=_choose(attempts).checkpoints)], STAGE_FINALISTS)
         best = _refine(ctx, _choose(attempts), attempts, pricer)
         bases = [best] if pricer.estimator is None else _runners_up(attempts, best)
         trials = [t for base in bases for t in _ahead_trials(ctx, base, pricer)]
@@ -324,7 +325,8 @@ def _refine(ctx: Context, best: Rewrite, attempts: list[Rewrite], pricer: Pricer
                         ctx.analysis.shapes.outputs(n)) for n in best.checkpoints}
         live = sorted((n for n in best.checkpoints if _owner_live(ctx, n, best.live_at_peak)),
                       key=lambda n: (-sizes[n], n))[:REFINE_TRIES]
-        trials = pricer.keep([pricer.score(best.checkpoints - {n}) for n in live], 2)
+        trials = pricer.keep([pricer.score(best.checkpoints - {n}) for n in live],
+                             STAGE_FINALISTS)
         attempts.extend(trials)
         better = [t for t in trials if t.peak < best.peak * (1 - MIN_GAIN / 2)]
         if not better:
@@ -339,7 +341,8 @@ def _ahead_trials(ctx: Context, best: Rewrite, pricer: Pricer) -> list[Rewrite]:
     position = {n: i for i, n in enumerate(ctx.order())}
     kept = sorted(best.checkpoints, key=position.get)
     counts = sorted({round(1.4 ** e) for e in range(20) if round(1.4 ** e) < len(kept)})
-    return pricer.keep([pricer.score(best.checkpoints, frozenset(kept[:j])) for j in counts], 2)
+    return pricer.keep([pricer.score(best.checkpoints, frozenset(kept[:j])) for j in counts],
+                       STAGE_FINALISTS)
 
 
 def _two_level_trials(ctx: Context, pricer: Pricer) -> list[Rewrite]:
@@ -361,7 +364,7 @@ def _two_level_trials(ctx: Context, pricer: Pricer) -> list[Rewrite]:
         for i in (-1, 0, 1):
             for j in (-1, 0, 1):
                 trial((split + i * step_split, budget + j * step_budget))
-    return pricer.keep(list(tried.values()), 2)
+    return pricer.keep(list(tried.values()), STAGE_FINALISTS)
 
 
 def _owner_live(ctx: Context, name: str, live_nodes: set[str]) -> bool:
