@@ -89,7 +89,7 @@ def run_job(job: Job) -> dict:
             line["error"] = "output is newer than the input (--force to redo)"
             return line
         model = io.load(job.source)
-        result = pipeline.optimize(model, job.mode, budget=job.budget)
+        result = pipeline.optimize(model, job.mode, budget=job.budget, as_run=False)
         io.save(model, result.graph, job.output)
         line.update(peak_before=result.peak_before, peak_after=result.peak_after,
                     nodes_added=result.nodes_after - result.nodes_before)

@@ -39,12 +39,21 @@ class Context:
     _order: list | None = None
     _flow_reads: dict | None = None
     _node_flops: dict = field(default_factory=dict)
+    _sources: dict | None = None
 
     def order(self) -> list[str]:
         """The graph's topological order, computed once (the graph is not changed in place)."""
         if self._order is None:
             self._order = self.graph.topological_order()
         return self._order
+
+    def sources(self) -> dict[str, tuple[str, ...]]:
+        """Node -> the nodes its data inputs come from, computed once: the planners walk them
+        for every plan they price."""
+        if self._sources is None:
+            self._sources = {n: tuple(r.node for r in self.graph.data_inputs(n))
+                             for n in self.graph.nodes()}
+        return self._sources
 
     def flow_reads(self) -> dict[str, list[TensorRef]]:
         """Forward node -> its outputs the gradient flow reads, in order, computed once."""

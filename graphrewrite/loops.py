@@ -78,6 +78,8 @@ class LoopMemory:
 def analyse(graph: Graph, shapes, order: list[str]) -> LoopMemory:
     """Sizes and holders for the accumulators of the loops among `order` (the scheduled nodes)."""
     result = LoopMemory()
+    if not _has_containers(graph, shapes, order):
+        return result  # most graphs: the model runs this for every plan it prices
     for name in order:  # containers and list handles: their elements, or nothing
         op = graph.op(name)
         if op in FILLED_FROM:
@@ -130,6 +132,15 @@ def analyse(graph: Graph, shapes, order: list[str]) -> LoopMemory:
                     "TensorArray/TensorList size or the loop it differentiates; what it keeps "
                     "for the backward pass counts one iteration", frame)
     return result
+
+
+def _has_containers(graph: Graph, shapes, order: list[str]) -> bool:
+    """Whether anything `analyse` sizes can be there: a variant tensor (a list or stack
+    handle) or an op that fills, pops or accumulates into a container."""
+    if any(info is not None and info.dtype == DT_VARIANT for info in shapes.tensors.values()):
+        return True
+    container_ops = FILLED_FROM.keys() | POPPED.keys() | ACCUMULATE.keys()
+    return any(graph.op(n) in container_ops for n in order)
 
 
 def _overlap(graph: Graph, shapes, order, frames, result: LoopMemory) -> None:

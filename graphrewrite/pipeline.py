@@ -204,9 +204,10 @@ def compose(mode: str, passes: str | None = None, checkpoints: str | None = None
 def optimize(model: Model, mode: str, input_shapes: dict | None = None,
              backward_scope: str | None = None, fetches: list[str] | None = None,
              composed: str | None = None, plan: dict | None = None,
-             device: str | None = None, **options) -> OptimizeResult:
+             device: str | None = None, as_run: bool = True, **options) -> OptimizeResult:
     """Run the pipeline `composed` (by default `compose(mode, **options)`) on a copy of the
-    model's graph.
+    model's graph; with `as_run`, also model both steps as TensorFlow runs them (after
+    Grappler: about a third of the time on large graphs, for the report only).
 
     A budget that is a share is of the original's modelled peak, for every pass alike. A pass
     that raises (other than a GraphRewriteError, which is about the input) or leaves a graph
@@ -243,10 +244,12 @@ def optimize(model: Model, mode: str, input_shapes: dict | None = None,
             graph = result.graph
             found = analysis_mod.analyse(model, graph, input_shapes, backward_scope,
                                          found.fetches, shapes=result.shapes, device=device)
-    run_before = analysis_mod.as_run(model, model.graph, original, input_shapes, device)
-    changed = any(r.modified for r in results.values())  # else Grappler's run would repeat
-    run_reports = (run_before, analysis_mod.as_run(model, graph, found, input_shapes, device)
-                   if changed else run_before)
+    run_reports = (None, None)
+    if as_run:
+        run_before = analysis_mod.as_run(model, model.graph, original, input_shapes, device)
+        changed = any(r.modified for r in results.values())  # else Grappler's run repeats
+        run_reports = (run_before, analysis_mod.as_run(model, graph, found, input_shapes, device)
+                       if changed else run_before)
     result = OptimizeResult(graph, mode, text, len(model.graph), len(graph), peak_before,
                             found.memory.peak(), time.perf_counter() - start, results,
                             run_reports)

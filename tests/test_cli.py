@@ -159,6 +159,21 @@ def test_optimize_memory_reports_and_explains(tmp_path):
     assert bad.exit_code == 2 and not (tmp_path / "o.pb").exists()
 
 
+def test_optimize_without_the_as_run_report_writes_the_same_bytes(tmp_path):
+    full, fast = tmp_path / "full.pb", tmp_path / "fast.pb"
+    assert run_cli("optimize", fixture_path("resnet_cnn"), "-o", full).exit_code == 0
+    result = run_cli("optimize", fixture_path("resnet_cnn"), "-o", fast, "--no-as-run", "--json")
+    assert result.exit_code == 0, result.stderr
+    assert fast.read_bytes() == full.read_bytes()
+    facts = json.loads(result.stdout)
+    assert facts["peak_bytes_as_run"] == {"before": None, "after": None}
+    assert facts["peak_bytes"]["after"] < facts["peak_bytes"]["before"]
+    refused = run_cli("optimize", fixture_path("resnet_cnn"), "-o", tmp_path / "x.pb",
+                      "--no-as-run", "--plot", tmp_path / "x.png")
+    assert refused.exit_code == 2 and "--no-as-run" in refused.stderr
+    assert not (tmp_path / "x.pb").exists()
+
+
 def test_optimize_planner_is_written_into_the_pipeline_and_needs_a_recompute_pass(tmp_path):
     out = tmp_path / "o.pb"
     search = run_cli("optimize", fixture_path("mlp"), "-o", out, "--planner", "search", "--json")

@@ -12,14 +12,8 @@ the recomputation runs when back-propagation reaches the segment. A backward sha
 but it holds the original's buffer until it runs, and a TF1 optimizer's `minimize` under
 `control_dependencies(model.updates)` makes it wait for every batch-norm update, the end of the
 forward pass. Without control inputs it runs as soon as the original exists and keeps it: read
-from the copy, it would hold the input gradient back until the recomputation. A trigger input
-is only taken if it does not itself depend on the segment's copies (checked on the graph as it
-grows), so no cycle can form. A trigger also waits for every gradient-flow reader of what
-back-propagation computed before its inputs (a layer's weight gradient beside its input
-gradient), and in the chosen rewrite (not in the candidates the model compares: it runs one node
-at a time and ranks them as well without) copies read later than their segment's first get
-triggers of their own: the executor's second thread would otherwise start a recomputation beside
-the large gradient those readers hold.
+from the copy, it would hold the input gradient back until the recomputation. What each trigger
+waits on, and how that is found without walking the graph once per segment: `triggers.py`.
 
 In memory mode the first few checkpoints may be recomputed ahead (`_recompute_ahead`): copied
 too, and computed when back-propagation reaches the first segment reading them, rather than held
@@ -55,13 +49,14 @@ from ..estimate import PlanEstimator
 from ..budget import parse_budget
 from ..errors import GraphRewriteError
 from ..graph import Graph
-from ..names import AHEAD_SUFFIX, COPY_SUFFIX, TRIGGER_PREFIX
+from ..names import AHEAD_SUFFIX, COPY_SUFFIX
 from ..selectors import select
 from ..shapes import Shapes
 from ..split import reachable
-from ..tensor_ref import CONTROL, TensorRef
+from ..tensor_ref import TensorRef
 from .base import PassOptions, RecomputeResult
-from .pads import can_gate, pad_readers
+from .pads import pad_readers
+from .triggers import add_triggers
 
 log = logging.getLogger(__name__)
 
@@ -257,8 +252,8 @@ def _estimate(estimator: PlanEstimator, ctx: Context, checkpoints: set[str],
     early = _ahead_members(ctx, ahead, recomputable)
     groups = [(chain & ahead, {v for a in chain & ahead for v in ctx.graph.successors(a)
                                if v in recomputed})
-              for chain in _segments(ctx.graph, early)]
-    found = estimator.estimate(_segments(ctx.graph, recomputed), groups)
+              for chain in _segments(ctx, early)]
+    found = estimator.estimate(_segments(ctx, recomputed), groups)
     attempt = Rewrite(None, set(checkpoints), dict.fromkeys(recomputed, ""), {}, 0, blocked,
                       None, ahead=dict.fromkeys(early, ""), ahead_checkpoints=frozenset(ahead),
                       peak=found.peak, live_at_peak=found.live_at_peak)
@@ -378,7 +373,7 @@ def _owner_live(ctx: Context, name: str, live_nodes: set[str]) -> bool:
 def apply(ctx: Context, checkpoints: set[str], ahead: frozenset = frozenset(),
           executor_gates: bool = False) -> Rewrite:
     """Copy what the gradient flow reads between `checkpoints`, rewire it, add the triggers
-    (with `executor_gates`, `_gate_late_copies`'s too).
+    (with `executor_gates`, those for copies read late too: `triggers.py`).
     The checkpoints in `ahead` are not kept from the forward pass but recomputed too (see
     `_recompute_ahead`)."""
     graph = ctx.graph.copy()
@@ -395,7 +390,9 @@ def apply(ctx: Context, checkpoints: set[str], ahead: frozenset = frozenset(),
             readers = [v for v, _ in graph.consumers(ref)
                        if v in flow or _gated_shape_reader(graph, v, backward)]
             graph.replace_uses(ref, TensorRef(copy, ref.port), readers)
-    triggers, gate_of, ungated = _add_triggers(graph, ctx, copies, flow, order, executor_gates)
+    triggers, gate_of, ungated = add_triggers(graph, ctx.graph, copies,
+                                              _segments(ctx, set(copies)), flow, order,
+                                              executor_gates)
     early = _recompute_ahead(graph, ctx, ahead, copies, gate_of, recomputable, order)
     shapes = Shapes(dict(ctx.analysis.shapes.tensors))
     for name, copy_name in [*copies.items(), *early.items()]:
@@ -422,22 +419,23 @@ def _recomputed_nodes(ctx: Context, checkpoints: set[str], blocked: dict[str, se
     reads = ctx.flow_reads()
     worth = _worth_nodes(ctx, reads)
     boundary = [n for n in reads if n in worth and recomputable(n)]
-    return _with_ancestors(ctx.graph, boundary, recomputable), recomputable
+    return _with_ancestors(ctx, boundary, recomputable), recomputable
 
 
 def _ahead_members(ctx: Context, ahead, recomputable) -> set[str]:
     """The checkpoints recomputed ahead with what lies between them and the kept ones below."""
-    return _with_ancestors(ctx.graph, ahead, lambda n: n in ahead or recomputable(n))
+    return _with_ancestors(ctx, ahead, lambda n: n in ahead or recomputable(n))
 
 
-def _segments(graph: Graph, recomputed: set[str]) -> list[set[str]]:
+def _segments(ctx: Context, recomputed: set[str]) -> list[set[str]]:
     """The connected groups of recomputed nodes (one trigger each), by their data edges."""
+    sources = ctx.sources()
     linked: dict[str, list[str]] = {name: [] for name in recomputed}
     for name in recomputed:
-        for ref in graph.data_inputs(name):
-            if ref.node in linked:
-                linked[name].append(ref.node)
-                linked[ref.node].append(name)
+        for source in sources[name]:
+            if source in linked:
+                linked[name].append(source)
+                linked[source].append(name)
     segments, seen = [], set()
     for start in recomputed:
         if start not in seen:
@@ -488,15 +486,15 @@ def _worth_recomputing(ctx: Context, name: str, reads: list[TensorRef]) -> bool:
     return any((shapes.nbytes(r) or 0) * SIDE_OUTPUT_RATIO >= largest for r in reads)
 
 
-def _with_ancestors(graph: Graph, starts, include) -> set[str]:
+def _with_ancestors(ctx: Context, starts, include) -> set[str]:
     """`starts` and their data ancestors for which `include` holds, through those only."""
+    sources = ctx.sources()
     found, stack = set(), list(starts)
     while stack:
         name = stack.pop()
         if name not in found:
             found.add(name)
-            stack.extend(r.node for r in graph.data_inputs(name)
-                         if r.node not in found and include(r.node))
+            stack.extend(s for s in sources[name] if s not in found and include(s))
     return found
 
 
@@ -543,120 +541,6 @@ def _recompute_ahead(graph: Graph, ctx, ahead, copies, gate_of, recomputable, or
                 if not any(r.node in chain for r in graph.data_inputs(root)):
                     graph.add_control(gates[0], root)
     return early
-
-
-def _add_triggers(graph: Graph, ctx, copies: dict[str, str], flow, order, executor_gates: bool):
-    """One trigger per connected segment of copies, deepest segment first. Returns the
-    triggers with their waits, each gated copy's trigger, and how many segments got none."""
-    position = {n: i for i, n in enumerate(order)}
-    components = sorted((sorted(c, key=position.get) for c in _segments(ctx.graph, set(copies))),
-                        key=lambda c: position[c[0]], reverse=True)
-    all_copies = set(copies.values())
-    triggers, gate_of, ungated = {}, {}, 0
-    for component in components:
-        members = {copies[n] for n in component}
-        targets = {v for c in members for v in graph.successors(c) if v not in all_copies}
-        downstream = reachable(graph.nx, members)
-        waits = {_wait_of(graph, r.node, flow) for t in targets
-                 for r in graph.data_inputs(t)
-                 if r.node in flow and r.node not in downstream}
-        # In every candidate, not only the chosen one: without these waits the model ranks
-        # ResNet-50's candidates differently (TF2 step: 0.47x -> 0.57x measured).
-        waits = sorted(waits | _unfinished_readers(graph, ctx.graph, waits, flow, downstream,
-                                                   all_copies))
-        if not waits:
-            ungated += 1
-            continue
-        roots = [copies[n] for n in component
-                 if not any(r.node in copies for r in ctx.graph.data_inputs(n))]
-        trigger = _add_trigger(graph, component[0], waits, roots)
-        triggers[trigger] = waits
-        gate_of.update(dict.fromkeys(members, trigger))
-        if executor_gates:
-            triggers.update(_gate_late_copies(graph, ctx.graph, [copies[n] for n in component],
-                                              all_copies, flow, set(waits)))
-    return triggers, gate_of, ungated
-
-
-def _gate_late_copies(graph: Graph, original: Graph, members: list[str], all_copies: set[str],
-                      flow, segment_waits: set[str]) -> dict[str, list[str]]:
-    """Triggers for the copies of a segment that back-propagation reads later than its first:
-    each waits for the gradients its readers read, as the segment's roots do. Without them
-    the executor computes the whole segment as soon as the roots' trigger fires, beside the
-    large gradient of the layer above (the model's one-at-a-time schedule would not show it).
-    A group of copies is only given the waits not reachable from it, checked on the graph as
-    it grows, so no cycle can form. Returns the new triggers with their waits."""
-    groups: dict[tuple, list[str]] = {}
-    for copy in members:
-        targets = {v for v in graph.successors(copy) if v in flow and v not in all_copies}
-        waits = {_wait_of(graph, r.node, flow) for t in targets for r in graph.data_inputs(t)
-                 if r.node in flow and r.node not in all_copies} - segment_waits
-        if waits:
-            groups.setdefault(tuple(sorted(waits)), []).append(copy)
-    triggers = {}
-    for waits, gated in groups.items():
-        downstream = reachable(graph.nx, gated)
-        waits = {w for w in waits if w not in downstream and can_gate(original, w)}
-        waits = sorted(waits | _unfinished_readers(graph, original, waits, flow, downstream,
-                                                   all_copies))
-        if not waits:
-            continue
-        triggers[_add_trigger(graph, gated[0], waits, gated)] = waits
-    return triggers
-
-
-def _add_trigger(graph: Graph, name: str, waits: list[str], gated: list[str]) -> str:
-    """A NoOp `graphrewrite/recompute_trigger/<name>` waiting on `waits`, which `gated` wait on."""
-    trigger = graph.add_node(graph.unique_name(TRIGGER_PREFIX + name), "NoOp",
-                             [TensorRef(w, CONTROL) for w in waits],
-                             device=graph.node_def(gated[0]).device)
-    for node in gated:
-        graph.add_control(trigger, node)
-    return trigger
-
-
-def _unfinished_readers(graph: Graph, original: Graph, waits, flow, downstream: set[str],
-                        all_copies: set[str]) -> set[str]:
-    """The gradient-flow nodes that read what back-propagation computed before `waits` but
-    that `waits` do not depend on (a layer's weight gradient beside its input gradient, which
-    holds the large gradient of the layer above until it ends). A recomputation started before
-    they finish would overlap that gradient; the model, one node at a time, would not show it.
-    Nodes `downstream` of the copies are left out (waiting on them would be a cycle), and so are
-    readers that only feed other such readers (a Reshape before the MatMul), Identities (see
-    `_wait_of`) and nodes a new control output would change Grappler's rewrites of
-    (`pads.can_gate`)."""
-    ancestors: set[str] = set()
-    stack = list(waits)
-    predecessors, successors = graph.nx._pred, graph.nx._succ  # networkx's dicts: no views
-    while stack:
-        name = stack.pop()
-        if name not in ancestors:
-            ancestors.add(name)
-            stack.extend(p for p in predecessors[name] if p not in ancestors and (
-                p in flow or p in all_copies or p.startswith(TRIGGER_PREFIX)))
-    readers = {v for a in ancestors if a in flow for v in successors[a]
-               if v in flow and v not in ancestors and v not in downstream
-               and v not in all_copies}
-    readers = {v for v in readers if graph.op(v) not in FORWARDING_OPS and can_gate(original, v)}
-    return {v for v in readers if not any(s in readers for s in successors[v])}
-
-
-FORWARDING_OPS = ("Identity", "IdentityN", "Snapshot")
-
-
-def _wait_of(graph: Graph, name: str, flow) -> str:
-    """The node a trigger waits on for `name`: `name`, or, when it only forwards a value, the
-    gradient-flow node whose value it forwards. Grappler's dependency optimizer removes an
-    Identity only while its inputs times its readers are at most their sum; a trigger reading
-    it would keep it (and a tf.tuple's control_dependency Identity is what the gradient flow
-    reads), so its readers would keep a data input instead of the control input the original
-    forwards to them, which MinimizeBroadcasts then groups differently (issue 14)."""
-    while graph.op(name) in FORWARDING_OPS:
-        inputs = [r.node for r in graph.data_inputs(name)[:1] if r.node in flow]
-        if not inputs:
-            break
-        name = inputs[0]
-    return name
 
 
 def _result(best: Rewrite, note: str) -> RecomputeResult:
