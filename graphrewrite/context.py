@@ -40,12 +40,21 @@ class Context:
     _flow_reads: dict | None = None
     _node_flops: dict = field(default_factory=dict)
     _sources: dict | None = None
+    _readers: dict | None = None
+    _forward_blockers: dict | None = None
+    _loops_back: bool | None = None
 
     def order(self) -> list[str]:
         """The graph's topological order, computed once (the graph is not changed in place)."""
         if self._order is None:
             self._order = self.graph.topological_order()
         return self._order
+
+    def loops_back(self) -> bool:
+        """Whether the graph has v1 loop back edges (NextIteration -> Merge), found once."""
+        if self._loops_back is None:
+            self._loops_back = any(self.graph.loops_back(n) for n in self.order())
+        return self._loops_back
 
     def sources(self) -> dict[str, tuple[str, ...]]:
         """Node -> the nodes its data inputs come from, computed once: the planners walk them
@@ -54,6 +63,24 @@ class Context:
             self._sources = {n: tuple(r.node for r in self.graph.data_inputs(n))
                              for n in self.graph.nodes()}
         return self._sources
+
+    def readers(self) -> dict[str, tuple[str, ...]]:
+        """Node -> the nodes reading its outputs (once per data edge), computed once."""
+        if self._readers is None:
+            readers: dict[str, list[str]] = {n: [] for n in self.graph.nodes()}
+            for name, sources in self.sources().items():
+                for source in sources:
+                    readers.setdefault(source, []).append(name)
+            self._readers = {n: tuple(r) for n, r in readers.items()}
+        return self._readers
+
+    def forward_blockers(self) -> dict[str, str | None]:
+        """Forward node -> `blocker(node)`, for all of them at once: the planners ask about
+        the same nodes for every plan they price."""
+        if self._forward_blockers is None:
+            self._forward_blockers = {n: self.blocker(n) for n in self.analysis.split.forward
+                                      if n in self.graph}
+        return self._forward_blockers
 
     def flow_reads(self) -> dict[str, list[TensorRef]]:
         """Forward node -> its outputs the gradient flow reads, in order, computed once."""

@@ -11,7 +11,7 @@ topological sort algorithm for directed acyclic graphs", JEA 2007): an edge agai
 reorders only the nodes between its two ends that depend on them. Positions are floats; a new
 node takes the midpoint of a free gap and everything is renumbered on the rare occasion a gap is
 used up. Loop back edges (NextIteration -> Merge) would break the order's premise: graphs with
-v1 loops are answered by plain walks instead (`TopoOrder.build` returns None).
+v1 loops are answered by plain walks instead.
 """
 
 from __future__ import annotations
@@ -30,13 +30,11 @@ class TopoOrder:
         self.slots = sorted(position.values())
 
     @classmethod
-    def build(cls, graph: Graph, order: list[str], late: list[str]) -> "TopoOrder | None":
+    def build(cls, graph: Graph, order: list[str], late: list[str]) -> "TopoOrder":
         """The order `order` (topological, of every node but `late`) with each node of `late`
         (given in a topological order of theirs) placed as late as its consumers allow: in
-        the gap before the earliest of them, so what waits on it later reorders little. None
+        the gap before the earliest of them, so what waits on it later reorders little. Not
         for graphs with loop back edges."""
-        if any(graph.loops_back(n) for n in order):
-            return None
         position = {n: float(i) for i, n in enumerate(order)}
         position.update((n, -1.0) for n in graph.nx if n not in position and n not in late)
         succ = graph.nx._succ

@@ -5,7 +5,6 @@ import random
 
 import networkx as nx
 import pytest
-from tensorflow.core.framework import graph_pb2
 
 from graphrewrite.graph import Graph
 from graphrewrite.names import TRIGGER_PREFIX
@@ -54,15 +53,6 @@ def test_order_stays_valid_and_answers_reachability_as_a_full_walk(seed):
         expected = {n for n in asked
                     if n in sources or any(n in nx.descendants(graph.nx, s) for s in sources)}
         assert order.reaching(sources, asked) == expected
-
-
-def test_graphs_with_loop_back_edges_get_no_order():
-    graph_def = graph_pb2.GraphDef()
-    for name, op, inputs in (("enter", "Enter", []), ("merge", "Merge", ["enter", "next"]),
-                             ("next", "NextIteration", ["merge"])):
-        graph_def.node.add(name=name, op=op, input=inputs)
-    graph = Graph.from_graph_def(graph_def)
-    assert TopoOrder.build(graph, graph.topological_order(), []) is None
 
 
 @pytest.mark.parametrize("seed", range(8))

@@ -392,7 +392,7 @@ def apply(ctx: Context, checkpoints: set[str], ahead: frozenset = frozenset(),
             graph.replace_uses(ref, TensorRef(copy, ref.port), readers)
     triggers, gate_of, ungated = add_triggers(graph, ctx.graph, copies,
                                               _segments(ctx, set(copies)), flow, order,
-                                              executor_gates)
+                                              executor_gates, ctx.loops_back())
     early = _recompute_ahead(graph, ctx, ahead, copies, gate_of, recomputable, order)
     shapes = Shapes(dict(ctx.analysis.shapes.tensors))
     for name, copy_name in [*copies.items(), *early.items()]:
@@ -406,12 +406,12 @@ def _recomputed_nodes(ctx: Context, checkpoints: set[str], blocked: dict[str, se
     """What keeping `checkpoints` recomputes: the outputs the gradient flow reads that are worth
     it and may be copied, with their ancestors up to the checkpoints and what may not be copied
     (recorded in `blocked` by reason). Returns those nodes and the test `recomputable`."""
-    forward = ctx.analysis.split.forward
+    reasons = ctx.forward_blockers()
 
     def recomputable(name: str) -> bool:
-        if name in checkpoints or name not in forward:
+        if name in checkpoints or name not in reasons:
             return False
-        reason = ctx.blocker(name)
+        reason = reasons[name]
         if reason:
             blocked.setdefault(reason, set()).add(name)
         return reason is None
@@ -429,22 +429,17 @@ def _ahead_members(ctx: Context, ahead, recomputable) -> set[str]:
 
 def _segments(ctx: Context, recomputed: set[str]) -> list[set[str]]:
     """The connected groups of recomputed nodes (one trigger each), by their data edges."""
-    sources = ctx.sources()
-    linked: dict[str, list[str]] = {name: [] for name in recomputed}
-    for name in recomputed:
-        for source in sources[name]:
-            if source in linked:
-                linked[name].append(source)
-                linked[source].append(name)
+    sources, readers = ctx.sources(), ctx.readers()
     segments, seen = [], set()
     for start in recomputed:
         if start not in seen:
-            segment, stack = set(), [start]
+            segment, stack = {start}, [start]
             while stack:
                 name = stack.pop()
-                if name not in segment:
-                    segment.add(name)
-                    stack.extend(linked[name])
+                for other in (*sources[name], *readers[name]):
+                    if other in recomputed and other not in segment:
+                        segment.add(other)
+                        stack.append(other)
             seen |= segment
             segments.append(segment)
     return segments

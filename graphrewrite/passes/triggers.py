@@ -28,16 +28,16 @@ FORWARDING_OPS = ("Identity", "IdentityN", "Snapshot")
 
 
 def add_triggers(graph: Graph, original: Graph, copies: dict[str, str], segments, flow,
-                 order: list[str], executor_gates: bool):
-    """One trigger per segment of `copies` (original -> copy; `segments`: sets of originals).
-    Returns the triggers with their waits, each gated copy's trigger, and how many segments got
-    none."""
+                 order: list[str], executor_gates: bool, loops_back: bool):
+    """One trigger per segment of `copies` (original -> copy; `segments`: sets of originals;
+    `loops_back`: whether the graph has v1 loop back edges). Returns the triggers with their
+    waits, each gated copy's trigger, and how many segments got none."""
     position = {n: i for i, n in enumerate(order)}
     components = sorted((sorted(c, key=position.get) for c in segments),
                         key=lambda c: position[c[0]], reverse=True)
     all_copies = set(copies.values())
     late = [copies[n] for n in order if n in copies]
-    reach = _Reach(graph, TopoOrder.build(graph, order, late))
+    reach = _Reach(graph, None if loops_back else TopoOrder.build(graph, order, late))
     ancestry = _Ancestry(graph, flow, all_copies)
     triggers, gate_of, ungated = {}, {}, 0
     for component in components:
