@@ -76,10 +76,12 @@ class Context:
 
     def forward_blockers(self) -> dict[str, str | None]:
         """Forward node -> `blocker(node)`, for all of them at once: the planners ask about
-        the same nodes for every plan they price."""
+        the same nodes for every plan they price. Found in topological order: a node's reason
+        can depend on its inputs' (`_distils_a_draw`), which are then known, so the recursion
+        stays shallow however deep the graph."""
         if self._forward_blockers is None:
-            self._forward_blockers = {n: self.blocker(n) for n in self.analysis.split.forward
-                                      if n in self.graph}
+            forward = self.analysis.split.forward
+            self._forward_blockers = {n: self.blocker(n) for n in self.order() if n in forward}
         return self._forward_blockers
 
     def flow_reads(self) -> dict[str, list[TensorRef]]:
