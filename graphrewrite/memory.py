@@ -28,6 +28,15 @@ Two peaks come out: the liveness peak (the bytes of the live tensors, what the p
 minimises) and the allocator's (`allocated_peak`): the same allocations and frees replayed for
 two steps through a model of TensorFlow's BFC allocator (`bfc.py`), whose `bytes_in_use` counts
 rounded, sometimes oversized chunks. The second is what TensorFlow measures.
+
+Only the allocator's replay sees variables change buffers during a step (`Move`): a read of a
+resource variable shares its buffer, and an update that finds such a read still alive copies the
+variable first (TensorFlow's copy-on-write, `PrepareToUpdateVariable`, in AssignAdd/Sub and the
+fused `ResourceApply*` kernels), while `AssignVariableOp` makes the variable share the value's
+buffer. A TF2 step, whose updates run as soon as their gradients are ready, moves its variables
+into the middle of the activations' chunks that way, so the next step finds its free memory cut
+into pieces that serve requests oversized (TF1 gradients wait for every gradient of an op, so
+its updates rarely find a live read).
 """
 
 from __future__ import annotations
@@ -35,7 +44,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-from . import bfc, loops, parameters, scratch
+from . import bfc, dtypes, loops, parameters, scratch
 from .graph import Graph
 from .shapes import Shapes, TensorInfo
 from .split import reachable
@@ -76,6 +85,11 @@ HOST_BANDWIDTH = 16e9  # bytes/s each way between host and device (Grappler's PC
 # What a buffer lives for: the whole session (constants, variables), one step (feeds, made
 # before it starts), or part of a step.
 STATE, FEED, STEP = "state", "feed", "step"
+# Variable writes that update in place, copying the variable first while a read of it is alive
+# (every resource input of a fused `ResourceApply*` kernel is such a write).
+UPDATE_OPS = frozenset({"AssignAddVariableOp", "AssignSubVariableOp"})
+UPDATE_PREFIX = "ResourceApply"
+ADOPT_OPS = frozenset({"AssignVariableOp"})  # the variable takes the value's buffer
 
 
 @dataclass(eq=False)
@@ -91,6 +105,18 @@ class Buffer:
     pinned: bool = False        # persistent, fed or fetched: never freed during the step
     lifetime: str = STEP
     pieces: int = 1             # allocations of size / pieces each (a loop's kept elements)
+
+
+@dataclass(eq=False)
+class Move:
+    """A variable changes buffers at `step`: it takes `new` (the buffer of the value an
+    `AssignVariableOp` gave it) or, with `new` None, a copy of itself an update made while a read
+    was alive; its old buffer is freed at `free_at`, when the last read of it is done."""
+
+    step: int
+    variable: Buffer
+    new: Buffer | None
+    free_at: int
 
 
 @dataclass
@@ -109,7 +135,18 @@ class MemoryReport:
     accelerator: bool = False  # the device is a GPU-like one (its allocator has one region)
     scratch: dict[int, int] = field(default_factory=dict)  # step -> CPU kernel scratch bytes
     timeline: list[int] = field(default_factory=list)  # device bytes of live tensors per step
+    _writes: _Writes | None = field(default=None, repr=False)  # what `moves` comes from
+    _moves: list[Move] | None = field(default=None, repr=False)
     _allocated: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def moves(self) -> list[Move]:
+        """The variables changing buffers during the step, which only the allocator's replay
+        sees; worked out on first use (most simulations only want the liveness peak)."""
+        if self._moves is None:
+            self._moves = self._writes.moves(self.order) if self._writes is not None else []
+            self._writes = None
+        return self._moves
 
     def peak(self, place: str = DEVICE) -> int:
         """The liveness peak: the most bytes of live tensors at once."""
@@ -138,27 +175,36 @@ class MemoryReport:
         CPU's or a host's grows regions, an accelerator's holds one."""
         return replay([b for b in self.buffers if b.place == place],
                       bfc.Allocator(growth=place == HOST or not self.accelerator),
-                      self.scratch if place == DEVICE else {}, timeline=timeline)
+                      self.scratch if place == DEVICE else {}, timeline=timeline,
+                      moves=self.moves)
+
 
 def replay(buffers: list[Buffer], allocator: bfc.Allocator, scratch: dict[int, int],
-           steps: int = 2, timeline: dict[int, int] | None = None) -> int:
+           steps: int = 2, timeline: dict[int, int] | None = None,
+           moves: list[Move] = ()) -> int:
     """Allocate and free `buffers` (in the order `simulate` made them) through `allocator`:
     the state once, then `steps` steps, each with its feeds first and every output it still
     holds (fetched) freed at its end; a step's kernel scratch comes after its outputs and goes
-    before its inputs. The peak of the last step; `timeline` (schedule step -> the most bytes
-    in use during it; -1: before the first) is filled in for the last step when given."""
-    for buffer in buffers:
-        if buffer.lifetime == STATE:
-            allocator.allocate(buffer.size)
+    before its inputs; a variable's `moves` after both, its old buffer freed with the inputs
+    (an adopted buffer stays the variable's). The peak of the last step; `timeline` (schedule
+    step -> the most bytes in use during it; -1: before the first) is filled in for the last
+    step when given."""
+    position = {id(b): i for i, b in enumerate(buffers)}
+    moves = [m for m in moves if id(m.variable) in position
+             and (m.new is None or id(m.new) in position)]
+    adopted = {position[id(m.new)] for m in moves if m.new is not None}
+    held = {i: allocator.allocate(b.size) for i, b in enumerate(buffers) if b.lifetime == STATE}
     feeds = [b for b in buffers if b.lifetime == FEED]
     events = sorted([(b.start, 0, i) for i, b in enumerate(buffers) if b.lifetime == STEP]
                     + [(step, 1, size) for step, size in scratch.items()]
-                    + [(b.end, 2, i) for i, b in enumerate(buffers)
-                       if b.lifetime == STEP and b.end is not None])
+                    + [(m.step, 2, k) for k, m in enumerate(moves)]
+                    + [(m.free_at, 3, k) for k, m in enumerate(moves)]
+                    + [(b.end, 4, i) for i, b in enumerate(buffers)
+                       if b.lifetime == STEP and b.end is not None and i not in adopted])
     for round_ in range(steps):
         allocator.peak = allocator.in_use
         fed = [allocator.allocate(b.size) for b in feeds]
-        chunks = {}
+        chunks, displaced = {}, {}
         record = timeline if round_ == steps - 1 else None
         if record is not None:
             record[-1] = allocator.in_use  # state and feeds, before the first node runs
@@ -169,11 +215,18 @@ def replay(buffers: list[Buffer], allocator: bfc.Allocator, scratch: dict[int, i
                                  for _ in range(buffer.pieces)]
             elif kind == 1:
                 scratch_chunk = allocator.allocate(index)  # index: the scratch's bytes
+            elif kind == 2:
+                move, variable = moves[index], position[id(moves[index].variable)]
+                displaced[index] = held[variable]
+                held[variable] = (allocator.allocate(move.variable.size) if move.new is None
+                                  else chunks.pop(position[id(move.new)])[0])
             if record is not None:
                 record[step] = max(record.get(step, 0), allocator.in_use)
             if kind == 1:
                 allocator.free(scratch_chunk)
-            elif kind == 2:
+            elif kind == 3:
+                allocator.free(displaced.pop(index))
+            elif kind == 4:
                 for chunk in chunks.pop(index):
                     allocator.free(chunk)
         for chunk in [c for pieces in chunks.values() for c in pieces] + fed:
@@ -357,6 +410,7 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
     for buffer in buffers:
         if op_of[buffer.owner.node] in PERSISTENT_OPS or buffer.owner.node in variable_sizes:
             persistent[buffer.place] = persistent.get(buffer.place, 0) + buffer.size
+    writes = _Writes({id(b) for b in buffers if b.owner.node in variable_sizes})
 
     for step, name in enumerate(order):
         op = op_of[name]
@@ -372,6 +426,7 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
                     buffer = allocate(ref, place, step, pinned=False)
                 buffer.pinned |= name in fetched
                 add_output(ref, buffer)
+        writes.saw(step, name, op, reads[name], outputs[name], buffer_of, shapes)
         extra = scratch.kernel_bytes(kind, graph, shapes, name) + looped.overlap.get(name, 0)
         if extra:
             scratch_at[step] = extra
@@ -397,7 +452,107 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
                         {w: order[at] for w, (_, at) in peak.items()}, live_at_peak, persistent,
                         buffers, buffer_of, sum(shapes.nbytes(r) or 0 for r, _ in transfers),
                         sorted(set(unknown)), host_split if device is None else device == "gpu",
-                        scratch_at, timeline)
+                        scratch_at, timeline, writes.done(graph, order))
+
+
+class _Writes:
+    """The variables' reads and writes as `simulate` runs the step, turned into `Move`s.
+
+    An update copies its variable when a read of it is still to be consumed: one the schedule
+    runs later, or one it does not wait for (not its ancestor). The executor runs that one on
+    another thread while the update's short chain catches up, so the copy is made while it
+    runs and its old buffer goes when it is done."""
+
+    def __init__(self, variables: set[int]):
+        self.variables = variables  # ids of the variables' buffers
+        self.view_of: dict[TensorRef, TensorRef] = {}  # tensor -> the read it is a view of
+        self.readers: dict[TensorRef, list[tuple[int, str]]] = {}  # read -> (step, reader)
+        self.events: dict[int, tuple[Buffer, list]] = {}  # variable -> (buffer, events)
+
+    def _event(self, buffer: Buffer | None, event: tuple) -> None:
+        if buffer is not None and id(buffer) in self.variables:
+            self.events.setdefault(id(buffer), (buffer, []))[1].append(event)
+
+    def saw(self, step: int, name: str, op: str, reads: list[TensorRef],
+            outputs: list[TensorRef], buffer_of: dict[TensorRef, Buffer], shapes: Shapes) -> None:
+        for ref in reads:
+            if ref in self.view_of:
+                self.readers[self.view_of[ref]].append((step, name))
+        if op == "ReadVariableOp":
+            for ref in outputs:
+                self.view_of[ref], self.readers[ref] = ref, []
+                self._event(buffer_of.get(ref), (step, name, "read", ref))
+        elif op in ALIAS_OPS:
+            present = [r for r in reads if r in buffer_of]
+            for ref in outputs:
+                source = _alias_source(op, ref, present)
+                if source in self.view_of and buffer_of.get(ref) is buffer_of.get(source):
+                    self.view_of[ref] = self.view_of[source]
+        if op in ADOPT_OPS and len(reads) > 1:
+            self._event(buffer_of.get(reads[0]),
+                        (step, name, "adopt", buffer_of.get(reads[1])))
+        elif op in UPDATE_OPS or op.startswith(UPDATE_PREFIX):
+            for ref in reads:
+                info = shapes[ref]
+                if info is not None and dtypes.base(info.dtype) == dtypes.RESOURCE:
+                    self._event(buffer_of.get(ref), (step, name, "update", None))
+
+    def done(self, graph: Graph, order: list[str]) -> "_Writes":
+        """Keeps the edges `moves` walks (the graph may change before it is asked)."""
+        pred = graph.nx._pred
+        self.parents = {name: tuple(pred[name]) for name in order}
+        return self
+
+    def moves(self, order: list[str]) -> list[Move]:
+        step_of = {name: i for i, name in enumerate(order)}
+        found, adopted = [], set()
+        for variable, events in self.events.values():
+            reads: list[TensorRef] = []
+            for step, name, kind, item in events:
+                if kind == "read":
+                    reads.append(item)
+                    continue
+                readers = [r for read in reads for r in self.readers[read]]
+                later = max((s for s, _ in readers if s > step), default=-1)
+                if kind == "adopt":
+                    if (item is None or item.lifetime != STEP or item.pinned or item.pieces != 1
+                            or item.place != variable.place or id(item) in adopted):
+                        continue
+                    adopted.add(id(item))
+                    found.append(Move(step, variable, item, max(later, step)))
+                elif later > step:
+                    found.append(Move(step, variable, None, later))
+                else:
+                    racing = _first_not_waited(self.parents, name, step_of,
+                                               sorted({r for r in readers if r[0] < step}))
+                    if racing is None:
+                        continue
+                    found.append(Move(racing, variable, None, racing))
+                reads = []
+        return sorted(found, key=lambda m: m.step)
+
+
+def _first_not_waited(parents: dict[str, tuple], name: str, step_of: dict[str, int],
+                      readers: list[tuple[int, str]]) -> int | None:
+    """The step of the last of `readers` ((step, node), in schedule order) that is not an
+    ancestor of `name`, or None. Walks `name`'s ancestors down the schedule only as far as the
+    reader it asks about (most updates race their last reader, found at once)."""
+    seen: set[str] = set()
+    waiting: list[str] = [name]  # reached, their parents not yet walked
+    for step, reader in reversed(readers):
+        stack, waiting = [n for n in waiting], []
+        while stack:
+            node = stack.pop()
+            if step_of.get(node, -1) < step and node != name:
+                waiting.append(node)  # below this reader: walked when an earlier one asks
+                continue
+            for parent in parents.get(node, ()):
+                if parent not in seen:
+                    seen.add(parent)
+                    stack.append(parent)
+        if reader not in seen:
+            return step
+    return None
 
 
 def _nbytes(info: TensorInfo | None) -> int | None:

@@ -1,0 +1,78 @@
+"""Variables changing buffers in the allocator's replay: copy-on-write updates and adopted values.
+
+One 1 KiB resource variable `v`, read once (`r`); a reader of `r` and an update of `v` in the
+orders that decide whether TensorFlow copies the variable first.
+"""
+
+import tensorflow as tf
+
+from graphrewrite import memory, shapes
+from graphrewrite.tensor_ref import TensorRef
+
+from tfgraphs import KIB_FLOATS, build, placeholder
+
+KIB = 1024
+
+
+def variable_and_read():
+    handle = tf.raw_ops.VarHandleOp(dtype=tf.float32, shape=[KIB_FLOATS], shared_name="v",
+                                    name="v")
+    return handle, tf.raw_ops.ReadVariableOp(resource=handle, dtype=tf.float32, name="r")
+
+
+def simulate(fn, fetches):
+    graph = build(fn)
+    return graph, memory.simulate(graph, shapes.infer(graph), fetches)
+
+
+def test_an_update_before_a_pending_reader_copies_the_variable_until_that_reader_ran():
+    def graph():
+        handle, read = variable_and_read()
+        x = placeholder()
+        update = tf.raw_ops.AssignSubVariableOp(resource=handle, value=tf.exp(x), name="u")
+        with tf.control_dependencies([update]):
+            tf.negative(read, name="late")
+    built, report = simulate(graph, ["late"])
+    (move,) = report.moves
+    assert move.new is None and move.variable.owner == TensorRef("v")
+    assert (report.order[move.step], report.order[move.free_at]) == ("u", "late")
+    # x, v and Exp(x) at the update; the copy adds v's KiB there (the liveness peak does not)
+    assert report.allocated_peak() == report.peak() + KIB
+
+
+def test_an_update_that_waits_for_every_reader_writes_in_place():
+    def graph():
+        handle, read = variable_and_read()
+        x = placeholder()
+        late = tf.negative(read, name="late")
+        with tf.control_dependencies([late]):
+            tf.raw_ops.AssignSubVariableOp(resource=handle, value=tf.exp(x), name="u")
+    _, report = simulate(graph, ["u", "late"])
+    assert report.moves == []
+    assert report.allocated_peak() == report.peak()
+
+
+def test_an_update_racing_a_reader_it_does_not_wait_for_copies_while_that_reader_runs():
+    # The schedule runs the reader first, but nothing makes the update wait for it: on another
+    # thread the update can run while the reader still holds the read.
+    def graph():
+        handle, read = variable_and_read()
+        x = placeholder()
+        tf.negative(read, name="reader")
+        tf.raw_ops.AssignSubVariableOp(resource=handle, value=tf.exp(tf.exp(x)), name="u")
+    _, report = simulate(graph, ["reader", "u"])
+    (move,) = report.moves
+    assert move.new is None
+    assert report.order[move.step] == report.order[move.free_at] == "reader"
+
+
+def test_assign_variable_makes_the_variable_share_its_value_buffer():
+    def graph():
+        handle, _ = variable_and_read()
+        x = placeholder()
+        tf.raw_ops.AssignVariableOp(resource=handle, value=tf.exp(x, name="e"), name="a")
+    _, report = simulate(graph, ["a"])
+    (move,) = report.moves
+    assert move.new.owner == TensorRef("e") and report.order[move.step] == "a"
+    # No byte more: the old buffer goes as the value's stays.
+    assert report.allocated_peak() == report.peak()
