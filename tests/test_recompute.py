@@ -391,3 +391,22 @@ def test_a_dropout_mask_is_held_not_its_uniform_draw(mode):
         assert "Random" in graph.op(drawn)
         assert all(copied_from(v) is None for v, _ in graph.consumers(drawn))
     assert any(copied_from(v) for m in masks for v, _ in graph.consumers(m))
+
+
+def test_a_graph_deeper_than_pythons_recursion_limit_is_planned(tmp_path):
+    """Why a node may not be copied can depend on its inputs' reasons; found for a chain of
+    1,200 layers at once, they must not recurse through all of them."""
+    def chain():
+        h = tf.compat.v1.placeholder(tf.float32, [8, 16], name="x")
+        for i in range(1200):
+            h = tf.tanh(h, name=f"t{i}")
+        tf.gradients(tf.reduce_sum(h), [h.op.inputs[0]], name="gradients")
+
+    path = tmp_path / "deep.pb"
+    path.write_bytes(build(chain).to_graph_def().SerializeToString())
+    from graphrewrite import analysis
+    from graphrewrite.context import Context
+
+    model = io.load(str(path))
+    blockers = Context.build(model.graph, analysis.analyse(model)).forward_blockers()
+    assert blockers["x"] == "graph input" and blockers["t1199"] is None
