@@ -342,6 +342,16 @@ def test_a_budget_takes_the_least_recomputation_within_it():
     assert within.of(RecomputeResult).note == ""  # met: no note
 
 
+def test_a_loose_budget_buys_back_compute_by_keeping_segments_whole():
+    _, lowest = rewrite("resnet_cnn", "memory")
+    budget = int(lowest.peak_before * 0.9)
+    _, loose = rewrite("resnet_cnn", "memory", budget=str(budget))
+    assert lowest.peak_after < loose.peak_after <= budget
+    cheap, best = loose.of(RecomputeResult), lowest.of(RecomputeResult)
+    assert 0 < cheap.extra_flops < best.extra_flops / 2
+    assert len(cheap.checkpoints) > len(best.checkpoints)  # what is kept whole is held
+
+
 def test_an_unreachable_budget_gives_the_lowest_peak_and_says_so():
     _, lowest = rewrite("resnet_cnn", "memory")
     _, result = rewrite("resnet_cnn", "memory", budget="1%")

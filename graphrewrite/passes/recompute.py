@@ -159,6 +159,8 @@ def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None)
         trials = [t for base in bases for t in _ahead_trials(ctx, base, pricer)]
         trials += _two_level_trials(ctx, pricer)
         best, note = _decide(attempts, trials, budget, analysis.flops)
+        if budget and best.peak <= budget:
+            best, note = _within_budget([best, *_kept_whole(ctx, best, budget)], budget)
     else:
         best = _choose([_evaluate(ctx, checkpoints, ahead) for checkpoints in candidates])
     automatic = options.policy in ("memory", "speed")  # hints and selectors are obeyed as given
@@ -299,6 +301,39 @@ def _choose(attempts: list[Rewrite]) -> Rewrite:
     lowest = min(a.peak for a in attempts)
     return min((a for a in attempts if a.peak <= lowest * (1 + PEAK_SLACK)),
                key=lambda a: (a.extra_flops, a.peak))
+
+
+def _kept_whole(ctx: Context, base: Rewrite, budget: int) -> list[Rewrite]:
+    """With a budget: plans that recompute less than `base` by keeping some of its segments
+    whole (every value of the segment the backward pass reads is held, none recomputed), those
+    whose recomputation costs the most FLOPs per byte held first; as many as keep the peak
+    within the budget, found by bisection on simulated peaks (the estimate is least sure of
+    plans that recompute little). Every plan the checkpoint spreads make recomputes nearly the
+    whole forward pass, however low or high its peak: without these a budget could not buy
+    back compute. Returns the plans simulated."""
+    recomputed, _ = _recomputed_nodes(ctx, base.checkpoints, {})
+    reads, shapes = ctx.flow_reads(), ctx.analysis.shapes
+    cost = {}
+    for segment in _segments(ctx, recomputed):
+        held = sum(shapes.nbytes(r) or 0 for n in segment for r in reads.get(n, ()))
+        cost[min(segment)] = (ctx.flops(segment) / max(held, 1), segment)
+    ranked = [cost[k][1] for k in sorted(cost, key=lambda k: (-cost[k][0], k))]
+    tried: dict[int, Rewrite] = {}
+
+    def peak(count: int) -> int:
+        if count not in tried:
+            kept = set(base.checkpoints).union(*ranked[:count])
+            tried[count] = _evaluate(ctx, kept, base.ahead_checkpoints)
+        return tried[count].peak
+
+    low, high = 0, len(ranked)  # the plan keeping `low` segments whole is within the budget
+    while low < high:
+        middle = (low + high + 1) // 2
+        if peak(middle) <= budget:
+            low = middle
+        else:
+            high = middle - 1
+    return list(tried.values())
 
 
 def _within_budget(attempts: list[Rewrite], budget: int) -> tuple[Rewrite, str]:
