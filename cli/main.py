@@ -188,11 +188,13 @@ mode_option = click.option("--mode", default="memory", show_default=True, metava
                    "goes).")
 @click.option("--bandwidth", type=float, metavar="BYTES_PER_S",
               help="Swapping: host transfer bandwidth for timing swap-ins [default: 16e9].")
-@click.option("--planner", type=click.Choice(["estimate", "search"]), default=None,
+@click.option("--planner", type=click.Choice(["estimate", "search", "exact"]), default=None,
               help="Mode memory: how checkpoint choices are priced. estimate (the default): "
                    "each on the original's schedule, then the best few rewritten and simulated "
                    "(seconds on 10k nodes); search: every choice rewritten and simulated "
-                   "(minutes on 10k nodes; the reference the estimate is measured against).")
+                   "(minutes on 10k nodes; the reference the estimate is measured against); "
+                   "exact: the optimal single-level choice under the estimate, by a MILP "
+                   "(graphs up to 1,000 nodes; needs pip install 'graphrewrite[exact]').")
 @click.option("--passes", metavar="PIPELINE",
               help="Run these passes instead of MODE's, in order, separated by spaces, with "
                    "options: e.g. 'recompute(policy=memory) accumulate relax_assign', "

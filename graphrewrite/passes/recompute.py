@@ -68,7 +68,7 @@ REFINE_ROUNDS, REFINE_TRIES = 3, 4  # bounded local search after the candidate s
 # with steps timed in turns: deep MLP +13% FLOPs, step 1.35x; DenseNet-121 +13%, 1.19x-1.28x).
 AHEAD_GAIN, AHEAD_FLOPS = 0.05, 0.15
 SIDE_OUTPUT_RATIO = 16  # outputs this many times smaller than their node's largest are held
-PLANNERS = ("estimate", "search")
+PLANNERS = ("estimate", "search", "exact")  # exact: `exact.py`, an optional extra
 # Planner estimate: plans applied and simulated from the first stage, and from each later one.
 FINALISTS, STAGE_FINALISTS = 4, 2
 
@@ -149,7 +149,11 @@ def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None)
             "the modelled peak is already within the budget: graph left unchanged"))
     ahead = frozenset(select(graph, options.ahead)) if options.ahead else frozenset()
     note = ""
-    if options.policy == "memory":
+    if options.policy == "memory" and options.planner == "exact":
+        from .. import exact  # its solver is an optional extra: imported only when asked for
+        chosen, note = exact.plan(ctx, budget)
+        best = _evaluate(ctx, chosen)
+    elif options.policy == "memory":
         pricer = Pricer(ctx, options.planner, budget)
         attempts = pricer.keep([pricer.score(c) for c in candidates], FINALISTS)
         attempts += pricer.keep([pricer.score(c) for c in policies.memory_policy(
