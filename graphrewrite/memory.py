@@ -296,7 +296,10 @@ def schedule(graph: Graph, fetches: list[str],
     if loops_back:
         pending = {name: sum(len(edges) for u, edges in pred[name].items()
                              if u not in loops_back) for name in needed}
-        body_ends = loops.body_ends(graph, needed)  # a loop's Exits wait for its whole body
+        # A loop's Exits wait for its whole body; they then join in file order (`needed` is a
+        # set: its order changes from one process to the next).
+        body_ends = {n: sorted(exits, key=order_index.get)
+                     for n, exits in loops.body_ends(graph, needed).items()}
         for exits in body_ends.values():
             for name in exits:
                 pending[name] += 1
