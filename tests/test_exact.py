@@ -41,10 +41,6 @@ KERAS_CNN_BATCHES = [8, 32]
 # Where the default planner is more than 5% off (the default's plans never add a checkpoint
 # away from the peak: see BENCHMARKS.md, "Default planner vs exact"). Strict: a default that
 # closes the gap fails here until the mark goes.
-KNOWN_GAPS = {"mlp": "the default never adds a checkpoint that costs nothing at the peak "
-                     "(dense_5/Relu, the softmax cross entropy): 1.39x the exact FLOPs"}
-
-
 @dataclass
 class Row:
     """One graph: the default planner's single-level plan against the exact planner's at the
@@ -200,9 +196,7 @@ def test_the_split_model_is_the_estimate_and_the_milp_the_best_plan(name):
 # --------------------------------------------------------------------------- default vs exact
 
 @needs_highspy
-@pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=KNOWN_GAPS[n]))
-    if n in KNOWN_GAPS else n for n in SMALL_FIXTURES])
+@pytest.mark.parametrize("name", SMALL_FIXTURES)
 def test_default_planner_near_exact_on_fixtures(name):
     model = io.load(fixture_path(name))
     assert len(model.graph) <= NODES
