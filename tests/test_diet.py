@@ -366,17 +366,79 @@ def test_frozen_graph_constants_are_stored_in_16_bits(tmp_path):
 
 
 @pytest.mark.tf
-def test_forward_reads_of_a_dieted_weight_wait_for_their_activation(graphs, tmp_path):
+def test_forward_reads_of_a_dieted_weight_wait_for_their_activation(graphs):
     """A dequantizing read has no input from the step: ungated, the executor runs it when the
-    step starts and every weight is a float32 copy until its forward use."""
-    _, model = _diet(graphs["adam_resource"], tmp_path / "diet.meta")
-    graph = model.graph
+    step starts and every weight is a float32 copy until its forward use. (Without a model
+    of the step to price the two orders with, the pass keeps them gated.)"""
+    from graphrewrite import analysis
+
+    model = io.load(graphs["adam_resource"])
+    result = diet.run(model.graph, analysis.analyse(model), diet.DietOptions(), model=None)
+    assert (result.forward_reads, result.read_peaks) == ("gated", [])
+    graph = result.graph
     casts = [n for n in graph.nodes() if graph.op(n) == "Cast"
              and graph.op(graph.data_inputs(n)[0].node) == "ReadVariableOp"
              and graph.data_inputs(graph.data_inputs(n)[0].node)[0].node
              == "mlp/dense_1/kernel"]
     gates = {c for n in casts for c in graph.control_inputs(n)}
     assert "mlp/dense/Relu" in gates, {n: graph.control_inputs(n) for n in casts}
+
+
+def _frozen(path, build):
+    """A frozen graph built by `build(tf, rng)` in a fresh tf.Graph, written to `path`."""
+    import tensorflow as tf
+
+    graph = tf.Graph()
+    with graph.as_default():
+        build(tf, np.random.RandomState(0))
+    path.write_bytes(graph.as_graph_def().SerializeToString())
+    return io.load(path)
+
+
+def _chain(tf, rng):
+    """12 x 1 MiB of float32 weights, activations of 8 KiB: each dequantized weight copy
+    should exist only around its use."""
+    h = tf.compat.v1.placeholder(tf.float32, [None, 512], name="x")  # 4 rows, given
+    for i in range(12):
+        h = tf.nn.relu(tf.matmul(h, tf.constant(rng.standard_normal([512, 512]).astype(
+            np.float32) / 23, name=f"w{i}")), name=f"relu{i}")
+    tf.identity(h, name="out")
+
+
+def _tied(tf, rng):
+    """One small weight read by two readers on parallel branches (tied weights): by a 4 MiB
+    activation early, and at the end of a branch that holds 12 MiB later. Gated, the early
+    reader waits for the late one's input too (a gate is every input of every reader), so the
+    4 MiB stay through the other branch's 12."""
+    x = tf.compat.v1.placeholder(tf.float32, [None, 512], name="x")  # 64 rows, given
+    w = tf.constant(rng.standard_normal([512, 8]).astype(np.float32), name="w")
+    early = tf.matmul(tf.tile(x, [32, 1], name="a1"), w, name="early")
+    wide = tf.concat([tf.tile(tf.sin(tf.cos(tf.sin(x))), [1, 32], name="b1")] * 2, 0,
+                     name="b2")
+    late = tf.matmul(tf.reduce_sum(tf.reshape(tf.reduce_sum(wide, 0), [32, 512]), 0,
+                                   keepdims=True, name="x2"), w, name="late")
+    tf.add(tf.reduce_sum(early), tf.reduce_sum(late), name="out")
+
+
+@pytest.mark.tf
+@pytest.mark.parametrize("build, rows, kept", [(_chain, 4, "gated"), (_tied, 64, "ungated")])
+def test_diet_keeps_the_order_of_forward_reads_that_peaks_lower_as_run(tmp_path, build, rows,
+                                                                        kept):
+    """Both orders are priced as `optimize` reports the step (Grappler, then the allocator
+    model, at the --input-shape given); the kept graph is the lower one, and the report's
+    as-run peak is its price."""
+    model = _frozen(tmp_path / "frozen.pb", build)
+    result = pipeline.optimize(model, "diet", composed="diet", input_shapes={"x": (rows, 512)})
+    dieted = result.results["diet"]
+    gated, ungated = dieted.read_peaks
+    assert dieted.forward_reads == kept, (gated / 2**20, ungated / 2**20)
+    low, high = sorted((gated, ungated))
+    assert high - low >= 2**21, "the orders should differ clearly here (2 MiB or more)"
+    assert result.run_peaks[1] == low
+    graph = result.graph
+    cast = next(n for n in graph.nodes() if graph.op(n) == "DeepCopy"
+                and n.startswith("w/" if build is _tied else "w1/"))
+    assert bool(graph.control_inputs(cast)) == (kept == "gated")
 
 
 @pytest.mark.tf
