@@ -109,9 +109,37 @@ def _in_fresh_process(function, payloads, feeds, fetches, runs):
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
+    from concurrent.futures.process import BrokenProcessPool
+
+    from .errors import GraphRewriteError
+
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
-        return pool.submit(function, payloads, feeds, fetches, runs).result()
+    try:
+        with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+            failure, result = pool.submit(_reporting, function, payloads, feeds, fetches,
+                                          runs).result()
+    except BrokenProcessPool:
+        raise GraphRewriteError(
+            "TensorFlow's process died running the step (a kernel abort: often an integer "
+            "input out of range, such as a class id past the last class; see --int-high and "
+            "--feed)") from None
+    if failure:
+        raise GraphRewriteError(f"running the step failed: {failure}")
+    return result
+
+
+def _reporting(function, *args) -> tuple[str, object]:
+    """(failure, result) of `function(*args)` in the child, a failure as one line of text:
+    TensorFlow's errors hold the failing Operation, which cannot be sent back to the parent
+    (the pool would break and print a traceback)."""
+    try:
+        return "", function(*args)
+    except Exception as err:  # noqa: BLE001  (anything TensorFlow raises running the step)
+        noise = ("Graph execution error", "Detected at node", "Original stack trace", "File ",
+                 "Node:", "[[", "Stack trace", "Traceback")
+        lines = [line.strip() for line in str(getattr(err, "message", err)).splitlines()]
+        first = next((line for line in lines if line and not line.startswith(noise)), "")
+        return f"{type(err).__name__}: {first.split('  ')[0][:200]}", None
 
 
 def _deserialize(payload) -> tuple:

@@ -124,3 +124,20 @@ def test_models_that_do_not_fit_together_are_timed_alone(monkeypatch, caplog):
     light, heavy = _time_light_and_heavy()
     assert len(light) == len(heavy) == 3 and np.median(heavy) > 3 * np.median(light)
     assert "timed alone" in caplog.text
+
+
+def test_a_step_tensorflow_refuses_is_one_line_and_exit_2():
+    """Class ids past the last class: the measuring child's error cannot be pickled back (it
+    holds an Operation); the user gets TensorFlow's reason in one line, no traceback."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    mlp = fixture_path("mlp")
+    done = subprocess.run([sys.executable, "-m", "cli.main", "verify", str(mlp), str(mlp),
+                           "--int-high", "100", "--runs", "1"], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parent.parent, timeout=300)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert "graphrewrite: error: running the step failed: InvalidArgumentError: Received a " \
+           "label value of" in done.stderr
