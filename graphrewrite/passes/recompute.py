@@ -379,9 +379,8 @@ def _add_free(ctx: Context, best: Rewrite, attempts: list[Rewrite], pricer: Pric
     found such plans 9-39% cheaper on small graphs (`exact.py`). At most FREE_TRIES
     bottlenecks a round, spread along the chain; the result is simulated and kept if its peak
     is no higher. Planner estimate only (search stays the reference it was), on graphs of up to
-    FREE_NODES nodes: on the zoo's larger ones it changes 4 plans of 11 (MobileNetV2 TF2 13%
-    fewer FLOPs at the same modelled peak, ResNet-50 TF2 0.9% higher for 0.02% fewer), not
-    measured yet."""
+    FREE_NODES nodes: on the zoo's larger ones it changes 4 plans of 11, measured (one run
+    each) 1-2% lower on three and 4% higher on MobileNetV2's TF2 step (BENCHMARKS.md)."""
     if pricer.estimator is None or len(ctx.graph) > FREE_NODES:
         return best
     chain = policies.bottlenecks(ctx)
