@@ -34,6 +34,7 @@ from . import memory
 class Estimate:
     peak: int
     live_at_peak: set[str]  # owner nodes of the buffers live at the peak
+    curve: np.ndarray       # bytes per schedule step (the exact planner adds these up)
 
 
 class PlanEstimator:
@@ -141,4 +142,4 @@ class PlanEstimator:
                 if i not in moved}
         live |= {self.owner[changed[k // 2]] for k in range(len(starts))
                  if starts[k] <= at <= ends[k]}
-        return Estimate(int(curve[at]), live)
+        return Estimate(int(curve[at]), live, curve)

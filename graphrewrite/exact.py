@@ -30,7 +30,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-import networkx as nx
 import numpy as np
 
 from . import checkpoints as policies
@@ -95,14 +94,13 @@ def build(ctx: Context, estimator: PlanEstimator | None = None) -> ChainModel:
     chain = policies.bottlenecks(ctx)
     position = {n: i for i, n in enumerate(ctx.order())}
     at = [-1] + [position[n] for n in chain] + [len(position)]
-    base = _curve(estimator, lambda e: e.estimate([]).peak)
+    base = estimator.estimate([]).curve
     arcs, nodes, flops, steps, deltas = [], [], [], [], []
     for i in range(len(at)):
         for j in range(i + 1, len(at)):
             kept = {chain[k - 1] for k in (i, j) if 0 < k <= len(chain)}
             between = _segment(ctx, kept, at[i], at[j], position)
-            groups = _groups(ctx, between)
-            change = _curve(estimator, lambda e: e.estimate(groups).peak) - base
+            change = estimator.estimate(recompute._segments(ctx, between)).curve - base
             moved = np.flatnonzero(change)
             arcs.append((i, j))
             nodes.append(frozenset(between))
@@ -117,67 +115,16 @@ def _segment(ctx: Context, kept: set[str], low: int, high: int, position) -> set
     recomputed ancestors (those before `low` do not depend on the input: none pass a kept
     bottleneck)."""
     recomputed, _ = recompute._recomputed_nodes(ctx, kept, {})
-    found, stack = set(), [n for n in recomputed if low < position[n] < high]
-    while stack:
-        name = stack.pop()
-        if name not in found:
-            found.add(name)
-            stack.extend(r.node for r in ctx.graph.data_inputs(name)
-                         if r.node in recomputed and r.node not in found)
-    return found
-
-
-class _Recorder(np.ndarray):
-    """The estimator's per-step deltas, keeping the copy `estimate` changes: the estimate
-    returns its peak, the split model needs every step."""
-
-    def copy(self, order="C"):
-        out = np.ndarray.copy(self.view(np.ndarray), order)
-        self.copies.append(out)
-        return out
-
-
-def _curve(estimator: PlanEstimator, price) -> np.ndarray:
-    """The estimated bytes per step of the plan `price(estimator)` estimates once."""
-    saved = estimator.delta
-    recorder = saved.view(_Recorder)
-    recorder.copies = []
-    estimator.delta = recorder
-    try:
-        peak = price(estimator)
-    finally:
-        estimator.delta = saved
-    if len(recorder.copies) != 1:
-        raise GraphRewriteError("planner exact: the plan estimate no longer works as it did "
-                                "(estimate.py changed): the exact planner needs updating")
-    curve = np.cumsum(recorder.copies[0][:-1])
-    if int(curve.max()) != peak:
-        raise GraphRewriteError("planner exact: the plan estimate's curve disagrees with its "
-                                "peak (estimate.py changed): the exact planner needs updating")
-    return curve
-
-
-def _groups(ctx: Context, nodes: set[str]) -> list[set[str]]:
-    """The connected groups of `nodes` by their data edges: one trigger each, as the recompute
-    pass gives them."""
-    linked = nx.Graph()
-    linked.add_nodes_from(nodes)
-    linked.add_edges_from((r.node, n) for n in nodes for r in ctx.graph.data_inputs(n)
-                          if r.node in nodes)
-    return [set(group) for group in nx.connected_components(linked)]
+    return recompute._with_ancestors(
+        ctx, [n for n in recomputed if low < position[n] < high], recomputed.__contains__)
 
 
 def whole(ctx: Context, estimator: PlanEstimator, kept) -> tuple[np.ndarray, int, set[str]]:
     """The estimate planner's price of the plan keeping `kept` (`recompute._estimate`): bytes
     per step, recomputed FLOPs and the recomputed nodes."""
-    found = []
-
-    def price(estimator):
-        found.append(recompute._estimate(estimator, ctx, set(kept)))
-        return found[0].peak
-
-    curve = _curve(estimator, price)
-    return curve, found[0].extra_flops, set(found[0].recomputed)
+    found = recompute._estimate(estimator, ctx, set(kept))
+    curve = estimator.estimate(recompute._segments(ctx, set(found.recomputed))).curve
+    return curve, found.extra_flops, set(found.recomputed)
 
 
 def check_additive(ctx: Context, estimator: PlanEstimator, model: ChainModel, kept) -> list[str]:
