@@ -413,7 +413,6 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
     for buffer in buffers:
         if op_of[buffer.owner.node] in PERSISTENT_OPS or buffer.owner.node in variable_sizes:
             persistent[buffer.place] = persistent.get(buffer.place, 0) + buffer.size
-    writes = _Writes({id(b) for b in buffers if b.owner.node in variable_sizes})
 
     for step, name in enumerate(order):
         op = op_of[name]
@@ -429,7 +428,6 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
                     buffer = allocate(ref, place, step, pinned=False)
                 buffer.pinned |= name in fetched
                 add_output(ref, buffer)
-        writes.saw(step, name, op, reads[name], outputs[name], buffer_of, shapes)
         extra = scratch.kernel_bytes(kind, graph, shapes, name) + looped.overlap.get(name, 0)
         if extra:
             scratch_at[step] = extra
@@ -455,19 +453,27 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
                         {w: order[at] for w, (_, at) in peak.items()}, live_at_peak, persistent,
                         buffers, buffer_of, sum(shapes.nbytes(r) or 0 for r, _ in transfers),
                         sorted(set(unknown)), host_split if device is None else device == "gpu",
-                        scratch_at, timeline, writes.done(graph, order))
+                        scratch_at, timeline,
+                        _Writes({id(b) for b in buffers if b.owner.node in variable_sizes},
+                                graph, order, op_of, reads, outputs, buffer_of, shapes))
 
 
 class _Writes:
-    """The variables' reads and writes as `simulate` runs the step, turned into `Move`s.
+    """The variables' reads and writes in the simulated step, turned into `Move`s when first
+    asked (`moves`): the planners simulate many steps and never ask.
 
     An update copies its variable when a read of it is still to be consumed: one the schedule
     runs later, or one it does not wait for (not its ancestor). The executor runs that one on
     another thread while the update's short chain catches up, so the copy is made while it
     runs and its old buffer goes when it is done."""
 
-    def __init__(self, variables: set[int]):
+    def __init__(self, variables: set[int], graph: Graph, order: list[str], op_of, reads,
+                 outputs, buffer_of: dict[TensorRef, Buffer], shapes: Shapes):
         self.variables = variables  # ids of the variables' buffers
+        self.step = (order, op_of, reads, outputs, buffer_of, shapes)  # as `simulate` left it
+        # The edges `moves` walks, kept now: the graph may change before it is asked.
+        pred = graph.nx._pred
+        self.parents = {name: tuple(pred[name]) for name in order} if variables else {}
         self.view_of: dict[TensorRef, TensorRef] = {}  # tensor -> the read it is a view of
         self.readers: dict[TensorRef, list[tuple[int, str]]] = {}  # read -> (step, reader)
         self.events: dict[int, tuple[Buffer, list]] = {}  # variable -> (buffer, events)
@@ -500,13 +506,12 @@ class _Writes:
                 if info is not None and dtypes.base(info.dtype) == dtypes.RESOURCE:
                     self._event(buffer_of.get(ref), (step, name, "update", None))
 
-    def done(self, graph: Graph, order: list[str]) -> "_Writes":
-        """Keeps the edges `moves` walks (the graph may change before it is asked)."""
-        pred = graph.nx._pred
-        self.parents = {name: tuple(pred[name]) for name in order}
-        return self
-
     def moves(self, order: list[str]) -> list[Move]:
+        if not self.variables:
+            return []
+        steps, op_of, reads, outputs, buffer_of, shapes = self.step
+        for step, name in enumerate(steps):
+            self.saw(step, name, op_of[name], reads[name], outputs[name], buffer_of, shapes)
         step_of = {name: i for i, name in enumerate(order)}
         found, adopted = [], set()
         for variable, events in self.events.values():
