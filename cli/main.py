@@ -695,6 +695,10 @@ def format_summary(facts: dict) -> str:
                             f"{format_bytes(facts['live_peak_bytes'])} of live tensors; persistent "
                             f"{format_bytes(facts['persistent_bytes'])}, peak at "
                             f"{facts['peak_node']})"),
+            *([("loop pile-up", f"up to {format_bytes(facts['peak_bytes_bound'])} when a "
+                                "loop's iterations run ahead of the gradients it sums "
+                                "(parallel_iterations; a race between the executor's threads)")]
+              if facts.get("peak_bytes_bound", 0) > facts["peak_bytes"] else []),
             ("host peak", format_bytes(facts["host_peak_bytes"])
              + (f"; {format_bytes(facts['bytes_moved'])} moved between host and device per "
                 f"step ({facts['transfer_seconds'] * 1000:.1f} ms at 16 GB/s)"

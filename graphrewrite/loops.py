@@ -73,6 +73,10 @@ class LoopMemory:
     held_by: dict[str, list[TensorRef]] = field(default_factory=dict)
     trips: dict[str, int | None] = field(default_factory=dict)  # frame -> trip count
     overlap: dict[str, int] = field(default_factory=dict)  # node -> bytes of a next iteration's
+    parallel: dict[str, int] = field(default_factory=dict)  # frame -> parallel_iterations
+    # node -> bytes more its lagging sum can hold when the frame's iterations run ahead of it
+    # (`_lagging_sums`), as the sizes of its allocations: an upper bound, not in the peak
+    pileup: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 def analyse(graph: Graph, shapes, order: list[str]) -> LoopMemory:
@@ -126,7 +130,9 @@ def analyse(graph: Graph, shapes, order: list[str]) -> LoopMemory:
         readers = [last[frames[r]] if frames.get(r) not in ("", frame) else r for r in readers]
         for reader in readers or order[-1:]:  # nothing takes them: held to the step's end
             result.held_by.setdefault(reader, []).append(TensorRef(name))
+    result.parallel = parallel_iterations(graph, frames)
     _overlap(graph, shapes, order, frames, result)
+    _lagging_sums(graph, shapes, order, frames, result)
     for frame in sorted(unknown_trips):
         log.warning("loop '%s': its trip count is not given by a constant bound, a constant "
                     "TensorArray/TensorList size or the loop it differentiates; what it keeps "
@@ -152,7 +158,8 @@ def _overlap(graph: Graph, shapes, order, frames, result: LoopMemory) -> None:
     largest: dict[str, tuple[int, str]] = {}
     for name in order:
         frame = frames.get(name, "")
-        if not frame or (result.trips.get(frame) or 1) < 2 or graph.op(name) in PASS_THROUGH \
+        if not frame or min(result.trips.get(frame) or 1, result.parallel.get(frame, 2)) < 2 \
+                or graph.op(name) in PASS_THROUGH \
                 or graph.op(name) in ACCUMULATE:
             continue
         size = sum(result.sizes.get(r, shapes.nbytes(r) or 0) for r in shapes.outputs(name))
@@ -160,6 +167,90 @@ def _overlap(graph: Graph, shapes, order, frames, result: LoopMemory) -> None:
             largest[frame] = (size, name)
     for size, name in largest.values():
         result.overlap[name] = size
+
+
+SUMS = frozenset({"AddN", "Add", "AddV2"})
+
+
+def _lagging_sums(graph: Graph, shapes, order, frames, result: LoopMemory) -> None:
+    """How much more a loop can hold when its iterations run ahead of a sum it carries.
+
+    A gradient loop adds each iteration's weight gradient (a term computed off the recurrence
+    that carries the next iteration's input gradient) to a loop variable: `acc = AddN(acc,
+    term)`, itself a chain of one add per iteration. TensorFlow's executor lets a frame have
+    `parallel_iterations` iterations in flight and retires them in order
+    (`propagator_state.cc`: an iteration is done when its ops are and the one before it is
+    deleted; a NextIteration past the window waits in `next_iter_roots`), so when the recurrence
+    races ahead, the terms of up to min(parallel_iterations, trips) iterations can be computed
+    and wait for the sum. Measured on the TF2 GRU step at batch 16 (`BENCHMARKS.md`) that many
+    are held at 4, 8 and 16 parallel iterations in nearly every step, and from 1 to all 32 at
+    Keras's 32; the LSTM of the same size keeps up. When it happens is a race between the
+    executor's two inter-op threads, so this is an upper bound beside the modelled peak. The
+    sums of a frame lag together (the whole iteration waits), so the frame's
+    `(window - 1) x its sums' terms` is held at once (each its own allocation), at its last
+    scheduled sum."""
+    held: dict[str, tuple[tuple, str]] = {}  # frame -> (terms held, its last scheduled sum)
+    for name in order:
+        frame = frames.get(name, "")
+        if not frame or graph.op(name) not in SUMS:
+            continue
+        window = min(result.trips.get(frame) or 1, result.parallel.get(frame, 1))
+        inputs = graph.data_inputs(name)
+        carried = [r for r in inputs if _carried_by(graph, r, name, frames, frame)]
+        if window < 2 or len(carried) != 1 or not _only_carried_on(graph, name):
+            continue  # a sum the iteration reads (a cell state's gradient) is the recurrence
+        terms = [r for r in inputs if r != carried[0]
+                 and not _invariant(graph, r, frames, frame)]
+        sizes = tuple(max(n, ELEMENT_FLOOR) for n in map(shapes.nbytes, terms) if n)
+        if sizes:
+            held[frame] = (held.get(frame, ((), ""))[0] + sizes * (window - 1), name)
+    for sizes, name in held.values():
+        result.pileup[name] = sizes
+
+
+def _carried_by(graph: Graph, ref: TensorRef, name: str, frames, frame: str) -> bool:
+    """Whether `ref` is the value of a loop variable of `frame` whose next value `name`
+    computes (its Merge's NextIteration takes `name`'s output)."""
+    merge = _through(graph, ref, ("Identity", "Snapshot", "Switch", "RefSwitch"))
+    if graph.op(merge.node) not in MERGE or frames.get(merge.node) != frame:
+        return False
+    for source in graph.data_inputs(merge.node):
+        if graph.op(source.node) in NEXT and graph.data_inputs(source.node):
+            back = _through(graph, graph.data_inputs(source.node)[0], ("Identity", "Snapshot"))
+            if back.node == name:
+                return True
+    return False
+
+
+def _only_carried_on(graph: Graph, name: str) -> bool:
+    """Whether nothing but the next iteration (a NextIteration, through Identity) reads the
+    output of `name`: nothing in the loop waits for it."""
+    stack, seen = [name], set()
+    while stack:
+        node = stack.pop()
+        for consumer, port in graph.consumers(node):
+            if port is None or port == CONTROL or consumer in seen:
+                continue
+            seen.add(consumer)
+            op = graph.op(consumer)
+            if op in ("Identity", "Snapshot"):
+                stack.append(consumer)
+            elif op not in NEXT:
+                return False
+    return True
+
+
+def parallel_iterations(graph: Graph, frames: dict[str, str]) -> dict[str, int]:
+    """frame -> the iterations TensorFlow's executor may run at once (its Enters'
+    `parallel_iterations`; a lowered functional While carries its own attribute onto them)."""
+    found: dict[str, int] = {}
+    for name, frame in frames.items():
+        if frame and graph.op(name) in ENTER:
+            attr = graph.node_def(name).attr
+            if "parallel_iterations" in attr and attr["parallel_iterations"].i > 0:
+                found[frame] = min(found.get(frame, attr["parallel_iterations"].i),
+                                   attr["parallel_iterations"].i)
+    return found
 
 
 def body_ends(graph: Graph, names) -> dict[str, list[str]]:

@@ -135,6 +135,9 @@ class MemoryReport:
     accelerator: bool = False  # the device is a GPU-like one (its allocator has one region)
     scratch: dict[int, int] = field(default_factory=dict)  # step -> CPU kernel scratch bytes
     timeline: list[int] = field(default_factory=list)  # device bytes of live tensors per step
+    # step -> bytes more a loop's lagging sum can hold while its iterations run ahead of it
+    # (`loops._lagging_sums`): counted only by `allocated_peak_bound`
+    pileup: dict[int, tuple[int, ...]] = field(default_factory=dict)  # step -> allocations
     _writes: _Writes | None = field(default=None, repr=False)  # what `moves` comes from
     _moves: list[Move] | None = field(default=None, repr=False)
     _allocated: dict = field(default_factory=dict, repr=False)
@@ -158,6 +161,18 @@ class MemoryReport:
         if place not in self._allocated:
             self._allocated[place] = self._replay(place)
         return self._allocated[place]
+
+    def allocated_peak_bound(self, place: str = DEVICE) -> int:
+        """`allocated_peak` with every loop's lagging sums holding as many terms as its
+        `parallel_iterations` let the executor compute ahead (`loops._lagging_sums`): what a
+        step can reach when the iterations race ahead; the allocator peak when no loop can."""
+        if place != DEVICE or not self.pileup:
+            return self.allocated_peak(place)
+        held: dict = dict(self.scratch)
+        for step, sizes in self.pileup.items():
+            held[step] = (held.get(step, 0),) + sizes
+        return replay([b for b in self.buffers if b.place == place],
+                      bfc.Allocator(growth=not self.accelerator), held, moves=self.moves)
 
     def allocated_timeline(self, place: str = DEVICE) -> list[int]:
         """The allocator's `bytes_in_use` at each step of the schedule (its most during the
@@ -213,8 +228,9 @@ def replay(buffers: list[Buffer], allocator: bfc.Allocator, scratch: dict[int, i
                 buffer = buffers[index]
                 chunks[index] = [allocator.allocate(buffer.size // buffer.pieces)
                                  for _ in range(buffer.pieces)]
-            elif kind == 1:
-                scratch_chunk = allocator.allocate(index)  # index: the scratch's bytes
+            elif kind == 1:  # index: the scratch's bytes, or a tuple of allocations' bytes
+                scratch_chunks = [allocator.allocate(size) for size in
+                                  (index if isinstance(index, tuple) else (index,)) if size]
             elif kind == 2:
                 move, variable = moves[index], position[id(moves[index].variable)]
                 displaced[index] = held[variable]
@@ -223,7 +239,8 @@ def replay(buffers: list[Buffer], allocator: bfc.Allocator, scratch: dict[int, i
             if record is not None:
                 record[step] = max(record.get(step, 0), allocator.in_use)
             if kind == 1:
-                allocator.free(scratch_chunk)
+                for chunk in scratch_chunks:
+                    allocator.free(chunk)
             elif kind == 3:
                 allocator.free(displaced.pop(index))
             elif kind == 4:
@@ -363,6 +380,7 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
 
     transfers: set[tuple[TensorRef, str]] = set()  # (tensor, place it was copied to)
     scratch_at: dict[int, int] = {}
+    pileup_at: dict[int, int] = {}
     timeline: list[int] = []
     # A Merge's back edge is not a read: the body counts once. What loops keep from every
     # iteration is held by the nodes that take it out (`loops.py`).
@@ -431,6 +449,8 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
         extra = scratch.kernel_bytes(kind, graph, shapes, name) + looped.overlap.get(name, 0)
         if extra:
             scratch_at[step] = extra
+        if looped.pileup.get(name) and place == DEVICE:
+            pileup_at[step] = looped.pileup[name]
         timeline.append(in_use.get(DEVICE, 0))
         for where, value in in_use.items():
             if value > peak.get(where, (-1, 0))[0]:
@@ -453,7 +473,7 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
                         {w: order[at] for w, (_, at) in peak.items()}, live_at_peak, persistent,
                         buffers, buffer_of, sum(shapes.nbytes(r) or 0 for r, _ in transfers),
                         sorted(set(unknown)), host_split if device is None else device == "gpu",
-                        scratch_at, timeline,
+                        scratch_at, timeline, pileup_at,
                         _Writes({id(b) for b in buffers if b.owner.node in variable_sizes},
                                 graph, order, op_of, reads, outputs, buffer_of, shapes))
 

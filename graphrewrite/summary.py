@@ -52,6 +52,8 @@ def memory_facts(analysis: Analysis, top: int = 10, as_run=None) -> dict:
         "peak_bytes": report.allocated_peak(DEVICE),
         "live_peak_bytes": report.peak(DEVICE),
         "peak_bytes_as_written": analysis.memory.allocated_peak(DEVICE),
+        # a loop's iterations racing ahead of the sums it carries (`loops._lagging_sums`)
+        "peak_bytes_bound": report.allocated_peak_bound(DEVICE),
         "modelled_as": "run" if as_run else "written",
         "host_peak_bytes": report.peak(HOST),
         "bytes_moved": report.transfer_bytes,

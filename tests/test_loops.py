@@ -15,7 +15,8 @@ KIB = 1024
 STEPS, BATCH, UNITS = 30, 32, 128  # h: [32, 128] float32 = 16 KiB per iteration
 
 
-def rnn(control_flow: str, steps=STEPS, batch=BATCH, units=UNITS, fed_length=False) -> Graph:
+def rnn(control_flow: str, steps=STEPS, batch=BATCH, units=UNITS, fed_length=False,
+        parallel=10) -> Graph:
     """A tanh RNN over x [steps, batch, 8] with its recurrent weight's gradient, as a while loop
     of the given control flow version; `fed_length`: the trip count is a fed scalar. (The input
     is small: on the CPU TensorFlow borrows a large fed array instead of allocating it.)"""
@@ -34,7 +35,8 @@ def rnn(control_flow: str, steps=STEPS, batch=BATCH, units=UNITS, fed_length=Fal
                                       name="cell")
 
             _, h = tf.while_loop(lambda i, h: i < length, step,
-                                 [tf.constant(0), tf.zeros((batch, units))], name="rnn")
+                                 [tf.constant(0), tf.zeros((batch, units))], name="rnn",
+                                 parallel_iterations=parallel)
             loss = tf.reduce_sum(h, name="loss")
             tf.identity(tf.compat.v1.gradients(loss, w)[0], name="grad")
     finally:
@@ -118,6 +120,28 @@ def test_constant_value_reads_static_shapes_through_the_loop():
     less = [n for n in graph.nodes() if graph.op(n) == "Less"]
     values = [loops.constant_value(graph, inferred, graph.data_inputs(n)[1]) for n in less]
     assert STEPS in [int(v) for v in values if v is not None and np.ndim(v) == 0]
+
+
+@pytest.mark.parametrize("parallel", [1, 4, 10, 64])
+def test_iterations_running_ahead_hold_the_weight_gradients_of_the_window(parallel):
+    # The gradient loop sums w's gradient, one [128, 128] float32 term (64 KiB) per iteration;
+    # the executor can compute the terms of min(parallel_iterations, trips) iterations before
+    # the sum takes them: that many less the one the schedule holds, as separate allocations.
+    graph = as_run(rnn("v1", parallel=parallel))
+    found, _ = accumulators(graph)
+    frames = loops.frame_of(graph)
+    assert set(found.parallel.values()) == {parallel}
+    term = UNITS * UNITS * 4
+    window = min(parallel, STEPS)
+    held = [s for s in found.pileup.values()]
+    if window == 1:
+        assert held == [] and found.overlap == {}  # one iteration at a time: nothing ahead
+        return
+    assert len(held) == 1 and sorted(held[0]).count(term) == window - 1
+    summing = next(iter(found.pileup))
+    assert frames[summing] and graph.op(summing) in loops.SUMS
+    report = memory.simulate(graph, shapes.infer(graph), ["loss", "grad"])
+    assert report.allocated_peak_bound() >= report.allocated_peak() + (window - 2) * term
 
 
 @pytest.mark.tf
