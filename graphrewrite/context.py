@@ -43,6 +43,7 @@ class Context:
     _readers: dict | None = None
     _forward_blockers: dict | None = None
     _loops_back: bool | None = None
+    _copyable_parameters: frozenset | None = None
 
     def order(self) -> list[str]:
         """The graph's topological order, computed once (the graph is not changed in place)."""
@@ -83,6 +84,35 @@ class Context:
             forward = self.analysis.split.forward
             self._forward_blockers = {n: self.blocker(n) for n in self.order() if n in forward}
         return self._forward_blockers
+
+    def copyable_parameters(self) -> frozenset:
+        """Forward parameters computed from resource-variable reads and constants alone, through
+        pure ops (a diet pass's dequantization of a 16-bit weight, a cast or view of a weight),
+        found once: a recomputed node reading one copies it too. A resource read is a snapshot
+        (an update after it writes another buffer, or copies first), so the copy computes the
+        same value when the recomputation runs; held instead, the float32 parameter of every
+        recomputed layer would live from the forward pass to its recomputation (a dieted
+        ResNet-50: every dequantized weight at the peak, and recomputation found no plan).
+        Reads themselves are never copied, nor what reads a variable directly (a ref
+        variable's `Identity` aliases a buffer an in-place update may change)."""
+        if self._copyable_parameters is None:
+            graph, forward, found = self.graph, self.analysis.split.forward, set()
+            snapshots = {"ReadVariableOp", "ResourceGather"}
+            for name in self.order():
+                if name not in self.parameters or name not in forward:
+                    continue
+                op = graph.op(name)
+                inputs = graph.data_inputs(name)
+                if op in VARIABLE_READ_OPS or parameters.is_variable(graph, name) or \
+                        ops.is_stateful(op) or name in self.in_loop_frame or \
+                        op in CALL_OPS or op in self.functions or \
+                        not self.analysis.shapes.outputs(name):
+                    continue
+                if inputs and all(r.node in found or r.node in self.constant
+                                  or graph.op(r.node) in snapshots for r in inputs):
+                    found.add(name)
+            self._copyable_parameters = frozenset(found)
+        return self._copyable_parameters
 
     def flow_reads(self) -> dict[str, list[TensorRef]]:
         """Forward node -> its outputs the gradient flow reads, in order, computed once."""

@@ -5,8 +5,10 @@ tensor), a `VarHandleOp` (a resource variable), or, in a GraphDef exported from 
 `tf.function`, a `Placeholder` of dtype `resource` that the function captured (the program binds
 it to its variable when it calls the function). A *parameter* is a value computed from constants
 and variables alone: a `ReadVariableOp`, a ref variable's `Identity`, a cast or reshape of a
-weight. Parameters are never copied, never a way around a bottleneck and never the source of
-activations; an activation is anything computed from fed data.
+weight. Parameters are never recomputed for their own sake (only copied with a recomputed
+node that reads them, when computed from resource reads: `Context.copyable_parameters`), never
+a way around a bottleneck and never the source of activations; an activation is anything
+computed from fed data.
 
 The value of a captured variable has no shape on its placeholder; it comes from the tensors its
 readers and writers carry (`_output_shapes` written by `as_graph_def(add_shapes=True)`).

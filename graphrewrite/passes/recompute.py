@@ -15,6 +15,11 @@ forward pass. Without control inputs it runs as soon as the original exists and 
 from the copy, it would hold the input gradient back until the recomputation. What each trigger
 waits on, and how that is found without walking the graph once per segment: `triggers.py`.
 
+A copy reading a parameter computed from resource reads (the diet pass's dequantized weight)
+reads a copy of it, which waits for the copies of what the original waits for
+(`_mirror_waits`): the weight is dequantized again when its layer is recomputed, instead of
+its float32 form being held from the forward pass.
+
 In memory mode the first few checkpoints may be recomputed ahead (`_recompute_ahead`): copied
 too, and computed when back-propagation reaches the first segment reading them, rather than held
 from the forward pass; tried for the first of the chosen checkpoints and for the two-level
@@ -457,6 +462,8 @@ def apply(ctx: Context, checkpoints: set[str], ahead: frozenset = frozenset(),
     order = ctx.order()  # the copy's, as nothing was added yet
     reads = ctx.flow_reads()  # likewise
     copies = _copy(graph, recomputed, order, COPY_SUFFIX)
+    segments = _segments(ctx, set(copies))
+    _mirror_waits(graph, copies, segments)
     backward = split.backward
     for name, copy in copies.items():
         for ref in reads[name]:
@@ -464,7 +471,7 @@ def apply(ctx: Context, checkpoints: set[str], ahead: frozenset = frozenset(),
                        if v in flow or _gated_shape_reader(graph, v, backward)]
             graph.replace_uses(ref, TensorRef(copy, ref.port), readers)
     triggers, gate_of, ungated = add_triggers(graph, ctx.graph, copies,
-                                              _segments(ctx, set(copies)), flow, order,
+                                              segments, flow, order,
                                               executor_gates, ctx.loops_back())
     early = _recompute_ahead(graph, ctx, ahead, copies, gate_of, recomputable, order)
     shapes = Shapes(dict(ctx.analysis.shapes.tensors))
@@ -478,12 +485,17 @@ def apply(ctx: Context, checkpoints: set[str], ahead: frozenset = frozenset(),
 def _recomputed_nodes(ctx: Context, checkpoints: set[str], blocked: dict[str, set[str]]):
     """What keeping `checkpoints` recomputes: the outputs the gradient flow reads that are worth
     it and may be copied, with their ancestors up to the checkpoints and what may not be copied
-    (recorded in `blocked` by reason). Returns those nodes and the test `recomputable`."""
+    (recorded in `blocked` by reason), and the parameters the copies read that may be copied
+    with them (`Context.copyable_parameters`; never a boundary: the flow reads a parameter
+    where it is). Returns those nodes and the test `recomputable`."""
     reasons = ctx.forward_blockers()
+    copyable = ctx.copyable_parameters()
 
     def recomputable(name: str) -> bool:
         if name in checkpoints or name not in reasons:
             return False
+        if name in copyable:
+            return True
         reason = reasons[name]
         if reason:
             blocked.setdefault(reason, set()).add(name)
@@ -491,7 +503,7 @@ def _recomputed_nodes(ctx: Context, checkpoints: set[str], blocked: dict[str, se
 
     reads = ctx.flow_reads()
     worth = _worth_nodes(ctx, reads)
-    boundary = [n for n in reads if n in worth and recomputable(n)]
+    boundary = [n for n in reads if n in worth and n not in copyable and recomputable(n)]
     return _with_ancestors(ctx, boundary, recomputable), recomputable
 
 
@@ -578,6 +590,21 @@ def _copy(graph: Graph, names: set[str], order: list[str], suffix: str) -> dict[
     return copies
 
 
+def _mirror_waits(graph: Graph, copies: dict[str, str], segments: list[set[str]]) -> None:
+    """Each copy waits for the copies of what its original waits for by a control edge within
+    its segment. A diet pass's dequantization of a weight waits for the activation its reader
+    multiplies, so only a few weights are float32 at a time; its copy, waiting on the
+    segment's trigger alone, would dequantize every weight of the segment when the
+    recomputation starts (a dieted ResNet-50: the last stage's 21 MiB of kernels at once, at
+    the peak). Within one segment the copies mirror the original's acyclic edges; across
+    segments a wait could close a cycle through the triggers."""
+    for segment in segments:
+        for name in segment:
+            for before in graph.control_inputs(name):
+                if before in segment:
+                    graph.add_control(copies[before], copies[name])
+
+
 def _recompute_ahead(graph: Graph, ctx, ahead, copies, gate_of, recomputable, order) -> dict:
     """Checkpoints recomputed ahead of their segments: instead of holding them from the forward
     pass, copy them (with what lies between them and the kept checkpoint below) and run the
@@ -590,6 +617,7 @@ def _recompute_ahead(graph: Graph, ctx, ahead, copies, gate_of, recomputable, or
         return {}
     flow = ctx.analysis.split.gradient_flow
     early = _copy(graph, _ahead_members(ctx, ahead, recomputable), order, AHEAD_SUFFIX)
+    _mirror_waits(graph, early, _segments(ctx, set(early)))
     copy_names = set(copies.values())
     for name in ahead:
         for ref in ctx.analysis.shapes.outputs(name):
