@@ -420,3 +420,23 @@ def test_a_graph_deeper_than_pythons_recursion_limit_is_planned(tmp_path):
     model = io.load(str(path))
     blockers = Context.build(model.graph, analysis.analyse(model)).forward_blockers()
     assert blockers["x"] == "graph input" and blockers["t1199"] is None
+
+
+def test_a_trusted_estimate_skips_simulations_and_keeps_the_plan(monkeypatch):
+    """The mlp fixture's estimates equal its simulated peaks: after the first plans the
+    estimate planner stops applying and simulating finalists, and chooses what it chose when
+    it simulated them all."""
+    from graphrewrite.passes import recompute
+
+    evaluate, calls = recompute._evaluate, []
+    monkeypatch.setattr(recompute, "_evaluate",
+                        lambda *a, **k: calls.append(1) or evaluate(*a, **k))
+    found = {}
+    for error in (recompute.TRUST_ERROR, -1.0):  # -1: never trusted
+        monkeypatch.setattr(recompute, "TRUST_ERROR", error)
+        calls.clear()
+        result = pipeline.optimize(io.load(fixture_path("mlp")), "memory", as_run=False)
+        found[error] = (len(calls), result.results["recompute"].checkpoints, result.peak_after)
+    (trusted, *plan), (untrusted, *same) = found.values()
+    assert plan == same
+    assert recompute.TRUST_AFTER <= trusted < untrusted
