@@ -74,6 +74,11 @@ class PlanEstimator:
         self.flow_inputs = {t: [r.node for r in graph.data_inputs(t) if r.node in flow
                                 and r.node in step_of]
                             for readers in self.flow_readers.values() for t in readers}
+        self.nodes_of: dict[int, set[str]] = {}  # buffer -> the nodes whose outputs it holds
+        for node, held in self.buffers_of.items():
+            for i in held:
+                self.nodes_of.setdefault(i, set()).add(node)
+        self._segments: dict[frozenset, tuple[int, list, frozenset]] = {}
         self.delta = np.zeros(self.steps + 1, dtype=np.int64)
         np.add.at(self.delta, self.start, self.size)
         np.add.at(self.delta, self.end + 1, -self.size)
@@ -94,24 +99,30 @@ class PlanEstimator:
         return min((self.step_of[t] for n in nodes for t in self.flow_readers.get(n, ())),
                    default=self.steps)
 
-    def estimate(self, segments: list[set[str]],
-                 ahead: list[tuple[set[str], set[str]]] = ()) -> Estimate:
-        """The estimated peak when `segments` (connected groups of recomputed nodes) are
-        recomputed and the checkpoints of each `ahead` group (connected by what lies between
-        them) are recomputed ahead, together, when the first segment of their readers (the
-        group's second set) runs."""
-        trigger_of: dict[str, int] = {}
-        for segment in segments:
-            trigger_of.update(dict.fromkeys(segment, self._trigger(segment)))
-        for group, readers in ahead:
-            at = min([trigger_of.get(r, self.steps) for r in readers]
-                     + [self._first_read(group)])
-            trigger_of.update(dict.fromkeys(group, at))
-        changed, starts, ends, sizes = [], [], [], []
-        for i in {i for n in trigger_of for i in self.buffers_of.get(n, ())}:
+    def _segment(self, segment: set[str]) -> tuple[int, list, frozenset]:
+        """A segment's trigger step, its buffers' rows (`_rows`) when nothing else is
+        recomputed, and the other nodes sharing those buffers: cached, as the planner prices
+        the same segments in many plans. A plan may take the rows as they are when it
+        recomputes none of those other nodes (segments are connected by data edges, so a
+        buffer is shared between two only through in-place writes by kept nodes)."""
+        key = frozenset(segment)
+        found = self._segments.get(key)
+        if found is None:
+            at = self._trigger(segment)
+            buffers = {i for n in segment for i in self.buffers_of.get(n, ())}
+            others = frozenset(n for i in buffers for n in self.nodes_of[i]) - key
+            found = self._segments[key] = (at, self._rows(segment, dict.fromkeys(segment, at)),
+                                           others)
+        return found
+
+    def _rows(self, nodes, trigger_of: dict[str, int]) -> list[tuple[int, int, int, int]]:
+        """(buffer, held until, copy from, copy until) for each buffer of `nodes` that the
+        gradient flow reads from a copy, the nodes of `trigger_of` being recomputed then."""
+        rows = []
+        for i in {i for n in nodes for i in self.buffers_of.get(n, ())}:
             kept_to, copy_to, copy_from, later = int(self.start[i]), -1, self.steps, -1
             for step, in_flow, node in self.reads.get(i, ()):
-                if node in trigger_of and (in_flow or node in ahead):
+                if in_flow and node in trigger_of:
                     copy_to, copy_from = max(copy_to, step), min(copy_from, trigger_of[node])
                 elif node in self.backward:
                     later = max(later, step)  # written in place by the backward pass
@@ -122,24 +133,48 @@ class PlanEstimator:
             copy_to = max(copy_to, later)  # the backward pass writes into the copy instead
             if self.buffers[i].pinned:
                 kept_to = int(self.end[i])  # fetched: held to the end anyway
-            changed.append(i)
-            starts += [int(self.start[i]), min(copy_from, copy_to)]
-            ends += [kept_to, copy_to]
-            sizes += [int(self.size[i])] * 2
+            rows.append((i, kept_to, min(copy_from, copy_to), copy_to))
+        return rows
+
+    def estimate(self, segments: list[set[str]],
+                 ahead: list[tuple[set[str], set[str]]] = ()) -> Estimate:
+        """The estimated peak when `segments` (connected groups of recomputed nodes) are
+        recomputed and the checkpoints of each `ahead` group (connected by what lies between
+        them) are recomputed ahead, together, when the first segment of their readers (the
+        group's second set) runs."""
+        trigger_of: dict[str, int] = {}
+        priced = []
+        for segment in segments:
+            at, rows, others = self._segment(segment)
+            trigger_of.update(dict.fromkeys(segment, at))
+            priced.append((segment, rows, others))
+        grouped: set[str] = set()
+        for group, readers in ahead:
+            at = min([trigger_of.get(r, self.steps) for r in readers]
+                     + [self._first_read(group)])
+            trigger_of.update(dict.fromkeys(group, at))
+            grouped |= group
+        rows, direct = [], set(grouped)
+        for segment, segment_rows, others in priced:
+            if others.isdisjoint(trigger_of) and grouped.isdisjoint(segment):
+                rows += segment_rows
+            else:
+                direct |= segment
+        rows += self._rows(direct, trigger_of)
         delta = self.delta.copy()
-        if changed:
-            rows = np.array(changed)
-            np.add.at(delta, self.start[rows], -self.size[rows])
-            np.add.at(delta, self.end[rows] + 1, self.size[rows])
-            starts_a, ends_a, sizes_a = (np.array(v, dtype=np.int64) for v in (starts, ends,
-                                                                               sizes))
-            np.add.at(delta, starts_a, sizes_a)
-            np.add.at(delta, ends_a + 1, -sizes_a)
+        if rows:  # each changed buffer: its original lifetime out, the held and copied ones in
+            table = np.array(rows, dtype=np.int64)
+            changed, size = table[:, 0], self.size[table[:, 0]]
+            np.add.at(delta, self.start[changed], -size)
+            np.add.at(delta, self.end[changed] + 1, size)
+            for first, last in ((self.start[changed], table[:, 1]), (table[:, 2], table[:, 3])):
+                np.add.at(delta, first, size)
+                np.add.at(delta, last + 1, -size)
         curve = np.cumsum(delta[:-1])
         at = int(np.argmax(curve))
-        moved = set(changed)
+        moved = {i for i, _, _, _ in rows}
         live = {self.owner[i] for i in np.flatnonzero((self.start <= at) & (self.end >= at))
                 if i not in moved}
-        live |= {self.owner[changed[k // 2]] for k in range(len(starts))
-                 if starts[k] <= at <= ends[k]}
+        live |= {self.owner[i] for i, kept_to, copy_from, copy_to in rows
+                 if self.start[i] <= at <= kept_to or copy_from <= at <= copy_to}
         return Estimate(int(curve[at]), live, curve)

@@ -54,3 +54,20 @@ def test_the_estimate_planner_finds_the_search_planners_peak(name):
     if estimate.peak_after >= search.peak_after:
         assert (estimate.results["recompute"].extra_flops
                 <= 1.10 * search.results["recompute"].extra_flops + 1)
+
+
+@pytest.mark.parametrize("name", ["keras_train", "transformer_dropout"])
+def test_segments_priced_once_give_the_estimate_of_a_fresh_estimator(name):
+    """The estimator caches each segment's buffers; one that priced many plans before (random
+    bottlenecks kept, the first few recomputed ahead) gives the curve a new one gives."""
+    model, found, ctx, shared = setup(name)
+    chain = checkpoints.bottlenecks(ctx)
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        kept = {str(n) for n in rng.choice(chain, rng.integers(1, len(chain)), replace=False)}
+        ahead = frozenset([n for n in ctx.order() if n in kept][:rng.integers(0, 3)])
+        fresh = PlanEstimator(model.graph, found)
+        a = recompute._estimate(shared, ctx, kept, ahead)
+        b = recompute._estimate(fresh, ctx, kept, ahead)
+        assert (a.peak, a.live_at_peak) == (b.peak, b.live_at_peak)
+    assert len(shared._segments) > len(fresh._segments)
