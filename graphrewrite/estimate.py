@@ -156,7 +156,7 @@ class PlanEstimator:
             grouped |= group
         rows, direct = [], set(grouped)
         for segment, segment_rows, others in priced:
-            if others.isdisjoint(trigger_of) and grouped.isdisjoint(segment):
+            if trigger_of.keys().isdisjoint(others) and grouped.isdisjoint(segment):
                 rows += segment_rows
             else:
                 direct |= segment
