@@ -122,7 +122,7 @@ def _chain(ctx: Context) -> tuple[list[str], list[int], list[int], list[int]]:
     """The bottlenecks with, for each, the bytes needed before it, its size and the fetched
     gradients after it; computed once per context."""
     if ctx._chain is None:
-        chain = bottlenecks(ctx)
+        chain = _find_bottlenecks(ctx)
         ctx._chain = (chain, _bytes_needed_before(ctx, chain),
                       [ctx.analysis.shapes.nbytes(TensorRef(n)) or 0 for n in chain],
                       _fetched_gradients_after(ctx, chain))
@@ -163,15 +163,22 @@ POLICIES = {"memory": memory_policy, "speed": speed_policy, "collection": collec
 
 
 def bottlenecks(ctx: Context) -> list[str]:
+    """Large forward tensors every path from the main inputs to the loss runs through, in order
+    (`_find_bottlenecks`), found once per context: the policies, `recompute._add_free` and
+    the exact planner all walk the same chain."""
+    return list(_chain(ctx)[0])
+
+
+def _find_bottlenecks(ctx: Context) -> list[str]:
     """Large forward tensors every path from the main inputs to the loss runs through, in order.
 
     The graph holds the forward nodes that are neither constant-valued nor parameters. A virtual
     source feeds the entries only: large floating-point inputs, and nodes with a large
     floating-point output computed from inputs, constants and parameters alone (an embedding
-    lookup of token ids, through a `Const` or a variable); not labels or
-    ids themselves, and not the loss, which reads labels and logits. A small side input (labels, token ids reused as targets, a
-    mask) is therefore never reached from the source, and its shortcut to the loss cannot hide
-    the bottlenecks. A virtual sink drains every node without forward consumers. The
+    lookup of token ids, through a `Const` or a variable); not labels or ids themselves, and not
+    the loss, which reads labels and logits. A small side input (labels, token ids reused as
+    targets, a mask) is therefore never reached from the source, and its shortcut to the loss
+    cannot hide the bottlenecks. A virtual sink drains every node without forward consumers. The
     bottlenecks are the sink's dominators, kept when their output is large.
     """
     graph, shapes, split = ctx.graph, ctx.analysis.shapes, ctx.analysis.split
