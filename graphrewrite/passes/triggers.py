@@ -108,8 +108,10 @@ def _unfinished(graph: Graph, original: Graph, ancestry, reach, copies, waits) -
     Identities (see `_wait_of`), not nodes a new control output would change Grappler's
     rewrites of (`pads.can_gate`), and not readers that only feed other such readers (a
     Reshape before the MatMul)."""
-    readers = ancestry.readers(waits)
-    readers = {v for v in readers if graph.op(v) not in FORWARDING_OPS and can_gate(original, v)}
+    readers, gateable = ancestry.readers(waits), ancestry.gateable
+    for v in readers - gateable.keys():
+        gateable[v] = graph.op(v) not in FORWARDING_OPS and can_gate(original, v)
+    readers = {v for v in readers if gateable[v]}
     readers -= reach.reaching(copies, readers)
     return {v for v in readers if not any(s in readers for s in graph.nx._succ[v])}
 
@@ -163,6 +165,7 @@ class _Ancestry:
         self.closed: set[str] = set()    # the last trigger and all its ancestors
         self.frontier: set[str] = set()  # flow nodes outside `closed` reading flow nodes in it
         self.last: str | None = None
+        self.gateable: dict[str, bool] = {}  # reader -> whether a trigger may wait on it
 
     def readers(self, waits) -> set[str]:
         """The frontier of the ancestors of `waits` (themselves included)."""
