@@ -36,7 +36,9 @@ class TopoOrder:
         the gap before the earliest of them, so what waits on it later reorders little. Not
         for graphs with loop back edges."""
         position = {n: float(i) for i, n in enumerate(order)}
-        position.update((n, -1.0) for n in graph.nx if n not in position and n not in late)
+        placed_late = set(late)
+        position.update((n, -1.0) for n in graph.nx
+                        if n not in position and n not in placed_late)
         succ = graph.nx._succ
         # late node -> the position of the earliest placed node it must precede (after all)
         before: dict[str, float] = {}
