@@ -40,6 +40,8 @@ def plan_of(result, graph: Graph) -> dict:
         plan["recompute"] = {"checkpoints": sorted(chosen.checkpoints),
                              "recomputed_ahead": sorted(chosen.recomputed_ahead),
                              "recomputed": sorted(chosen.recomputed)}
+        if chosen.reuse_ahead:
+            plan["recompute"]["reuse_ahead"] = True
     if "swap" in names:
         plan["swap"] = {"tensors": sorted(result.of(SwapResult).swapped)}
     return plan
@@ -97,6 +99,8 @@ def pipeline_of(plan: dict) -> str:
             raw = {"policy": "collection", "checkpoints": ",".join(decision["checkpoints"])}
             if decision.get("recomputed_ahead"):
                 raw["ahead"] = ",".join(decision["recomputed_ahead"])
+                if decision.get("reuse_ahead") is True:
+                    raw["reuse"] = "true"
         elif name == "swap":
             if not plan["swap"].get("tensors"):
                 continue

@@ -71,6 +71,9 @@ def explain(result: OptimizeResult, original: Graph, name: str) -> str:
                 "from the forward pass")
     if name in recompute.checkpoints:
         return f"{name}: kept (a checkpoint chosen by mode {result.mode})"
+    if recompute.reuse_ahead and name + AHEAD_SUFFIX in graph:
+        return (f"{name}: recomputed ahead as {name}{AHEAD_SUFFIX}, with the checkpoints "
+                "recomputed ahead, and read from there by back-propagation")
     for reason, nodes in recompute.kept_because.items():
         if name in nodes:
             return f"{name}: kept, it cannot be recomputed ({reason})"

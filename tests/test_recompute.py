@@ -333,6 +333,78 @@ def test_checkpoints_recomputed_ahead_run_bitwise_equal(tmp_path):
     assert outcome.match and outcome.max_abs_diff == 0.0
 
 
+def reuse_rewrites():
+    """Every other bottleneck of the dropout transformer kept, the first two recomputed ahead,
+    applied without and with `reuse`."""
+    from graphrewrite import analysis, checkpoints
+    from graphrewrite.passes import recompute
+
+    model = io.load(fixture_path("transformer_dropout"))
+    found = analysis.analyse(model)
+    ctx = checkpoints.Context.build(model.graph, found)
+    kept = checkpoints.bottlenecks(ctx)[1::2]
+    plain = recompute.apply(ctx, set(kept), frozenset(kept[:2]))
+    reused = recompute.apply(ctx, set(kept), frozenset(kept[:2]), reuse=True)
+    for rewrite in (plain, reused):  # as `recompute.run` pads the plan it chose
+        rewrite.pads = recompute.pad_readers(
+            rewrite.graph, model.graph, found,
+            {c: o for o, c in [*rewrite.recomputed.items(), *rewrite.ahead.items()]})
+    return model, found, ctx, plain, reused
+
+
+def test_reuse_serves_the_first_segment_from_the_ahead_pass():
+    """With reuse, the segment back-propagation reaches first among those the ahead pass
+    computes reads the ahead pass's values instead of computing them a third time."""
+    _, found, ctx, plain, reused = reuse_rewrites()
+    assert reused.reuse and not plain.reuse
+    served = set(plain.recomputed) & set(plain.ahead) - set(reused.recomputed)
+    assert served
+    graph, flow = reused.graph, found.split.gradient_flow
+    assert not any(n + COPY_SUFFIX in graph for n in served)
+    assert any(v in flow for n in served for v in graph.successors(reused.ahead[n]))
+    assert graph.check() == [] and len(graph.topological_order()) == len(graph)
+    assert ctx.flops([*reused.recomputed, *reused.ahead]) < \
+        ctx.flops([*plain.recomputed, *plain.ahead])
+
+
+@pytest.mark.tf
+def test_reuse_runs_bitwise_equal(tmp_path):
+    from graphrewrite import verify
+
+    model, _, _, _, reused = reuse_rewrites()
+    path = tmp_path / "reuse.pb"
+    io.save(model, reused.graph, path)
+    outcome = verify.verify(io.load(fixture_path("transformer_dropout")), io.load(path), runs=1,
+                            isolated=False)
+    assert outcome.match and outcome.max_abs_diff == 0.0
+
+
+def test_a_too_dear_two_level_plan_is_taken_when_reuse_makes_it_affordable(monkeypatch):
+    from graphrewrite.passes import recompute
+
+    def plan(peak, flops, reuse=False):
+        return recompute.Rewrite(None, {"a"}, {}, {}, 0, {}, None,
+                                 ahead_checkpoints=frozenset({"a"}), peak=peak,
+                                 extra_flops=flops, reuse=reuse)
+
+    single, dear = plan(100, 10), plan(90, 40)  # 10% lower, 30% of the step's FLOPs more
+    for reused_peak, taken in ((91, True), (99, False)):
+        monkeypatch.setattr(recompute, "_evaluate",
+                            lambda ctx, c, a, reuse=False: plan(reused_peak, 20, reuse))
+        chosen, _ = recompute._decide([single], [dear], 0, 100, ctx=object())
+        assert (chosen.reuse and chosen.peak == reused_peak) if taken else chosen is single
+
+
+def test_a_plan_replays_reuse():
+    from graphrewrite import plan
+
+    decision = {"checkpoints": ["a", "b"], "recomputed_ahead": ["a"], "reuse_ahead": True}
+    text = plan.pipeline_of({"pipeline": "recompute(policy=memory)", "recompute": decision})
+    assert "reuse=true" in text and 'ahead=a' in text
+    del decision["reuse_ahead"]
+    assert "reuse" not in plan.pipeline_of({"pipeline": "recompute", "recompute": decision})
+
+
 def test_a_budget_takes_the_least_recomputation_within_it():
     _, lowest = rewrite("resnet_cnn", "memory")
     budget = (lowest.peak_before + lowest.peak_after) // 2  # halfway: cheaper choices fit

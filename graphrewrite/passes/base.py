@@ -103,6 +103,7 @@ class RecomputeResult(PassResult):
     checkpoints: list[str] = field(default_factory=list)       # kept
     recomputed: list[str] = field(default_factory=list)        # copied for the backward pass
     recomputed_ahead: list[str] = field(default_factory=list)  # checkpoints computed again
+    reuse_ahead: bool = False  # the ahead pass's values serve the first segment it covers
     triggers: int = 0
     ungated_segments: int = 0  # segments no safe trigger was found for
     fanout_pads: int = 0

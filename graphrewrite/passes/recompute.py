@@ -23,7 +23,10 @@ its float32 form being held from the forward pass.
 In memory mode the first few checkpoints may be recomputed ahead (`_recompute_ahead`): copied
 too, and computed when back-propagation reaches the first segment reading them, rather than held
 from the forward pass; tried for the first of the chosen checkpoints and for the two-level
-spreads of `checkpoints.two_level`.
+spreads of `checkpoints.two_level`. A two-level plan that lowers the peak enough but costs too
+much is tried once more with `reuse`: the segment back-propagation reaches first among those
+the ahead pass covers reads the ahead pass's values instead of computing them a third time
+(`_reuse_ahead`).
 
 Originals that lost backward readers, and copies that got only some of their original's
 readers, are given fan-out pads (see `pads.py`), so Grappler rewrites them as it would the
@@ -72,6 +75,7 @@ REFINE_ROUNDS, REFINE_TRIES = 3, 4  # bounded local search after the candidate s
 # peak, and for at most 15% of the step's FLOPs more than single-level recomputation (measured
 # with steps timed in turns: deep MLP +13% FLOPs, step 1.35x; DenseNet-121 +13%, 1.19x-1.28x).
 AHEAD_GAIN, AHEAD_FLOPS = 0.05, 0.15
+REUSE_TRIES = 2  # two-level plans low enough but too dear, tried again with `_reuse_ahead`
 SIDE_OUTPUT_RATIO = 16  # outputs this many times smaller than their node's largest are held
 PLANNERS = ("estimate", "search", "exact")  # exact: `exact.py`, an optional extra
 # Planner estimate: plans applied and simulated from the first stage, and from each later one.
@@ -89,6 +93,7 @@ class RecomputeOptions(PassOptions):
     ahead: str | None = None        # policy collection: checkpoints recomputed ahead (a plan's)
     budget: str | None = None       # policy memory: the least recomputation under this peak
     planner: str = "estimate"       # policy memory: estimate | search (see `run`)
+    reuse: bool = False             # with ahead: the ahead pass serves a segment (`_reuse_ahead`)
 
     def __post_init__(self):
         if self.planner not in PLANNERS:
@@ -104,6 +109,8 @@ class RecomputeOptions(PassOptions):
         if self.ahead and self.policy != "collection":
             raise GraphRewriteError(f"recompute: 'ahead' needs policy collection, not "
                                     f"'{self.policy}'")
+        if self.reuse and not self.ahead:
+            raise GraphRewriteError("recompute: 'reuse' needs 'ahead'")
 
     def takes_budget(self) -> bool:
         return self.policy == "memory"
@@ -126,6 +133,7 @@ class Rewrite:
     peak: int = 0
     extra_flops: int = 0
     live_at_peak: set = field(default_factory=set)
+    reuse: bool = False  # the ahead pass's values serve the first segment (`_reuse_ahead`)
 
 
 def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None):
@@ -172,11 +180,12 @@ def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None)
         bases = [best] if pricer.estimator is None else _runners_up(attempts, best)
         trials = [t for base in bases for t in _ahead_trials(ctx, base, pricer)]
         trials += _two_level_trials(ctx, pricer)
-        best, note = _decide(attempts, trials, budget, analysis.flops)
+        best, note = _decide(attempts, trials, budget, analysis.flops, ctx)
         if budget and best.peak <= budget:
             best, note = _within_budget([best, *_kept_whole(ctx, best, budget)], budget)
     else:
-        best = _choose([_evaluate(ctx, checkpoints, ahead) for checkpoints in candidates])
+        best = _choose([_evaluate(ctx, checkpoints, ahead, options.reuse)
+                        for checkpoints in candidates])
     automatic = options.policy in ("memory", "speed")  # hints and selectors are obeyed as given
     if automatic and best.peak > analysis.memory.peak() * (1 - MIN_GAIN):
         return RecomputeResult(graph, False, note=(
@@ -203,16 +212,25 @@ def _runners_up(attempts: list[Rewrite], best: Rewrite, count: int = 3) -> list[
 
 
 def _decide(attempts: list[Rewrite], trials: list[Rewrite], budget: int,
-            step_flops: int) -> tuple[Rewrite, str]:
+            step_flops: int, ctx: Context | None = None) -> tuple[Rewrite, str]:
     """The best single-level plan, unless a two-level one (`trials`) lowers the peak by
     AHEAD_GAIN for at most AHEAD_FLOPS of the step's FLOPs more; with a budget, the least
-    recomputation within it."""
+    recomputation within it. A two-level plan low enough but too dear is tried once more
+    with the ahead pass serving the segment back-propagation reaches first (`_reuse_ahead`,
+    applied and simulated: the values it holds a little longer can raise the peak)."""
     if budget:
         return _within_budget([*attempts, *trials], budget)
     best = _choose(attempts)
     affordable = best.extra_flops + AHEAD_FLOPS * step_flops
-    better = [t for t in trials if t.peak <= best.peak * (1 - AHEAD_GAIN)
-              and t.extra_flops <= affordable]
+    low = sorted((t for t in trials if t.peak <= best.peak * (1 - AHEAD_GAIN)),
+                 key=lambda t: (t.peak, t.extra_flops))
+    better = [t for t in low if t.extra_flops <= affordable]
+    if not better and ctx is not None:
+        for trial in low[:REUSE_TRIES]:
+            reused = _evaluate(ctx, trial.checkpoints, trial.ahead_checkpoints, reuse=True)
+            if reused.reuse and reused.peak <= best.peak * (1 - AHEAD_GAIN) \
+                    and reused.extra_flops <= affordable:
+                better.append(reused)
     return (_choose(better) if better else best), ""
 
 
@@ -267,7 +285,8 @@ class Pricer:
 
 
 def _with_executor_gates(ctx: Context, best: Rewrite) -> Rewrite:
-    final = apply(ctx, best.checkpoints, best.ahead_checkpoints, executor_gates=True)
+    final = apply(ctx, best.checkpoints, best.ahead_checkpoints, executor_gates=True,
+                  reuse=best.reuse)
     final.peak, final.extra_flops = best.peak, best.extra_flops
     final.live_at_peak = best.live_at_peak
     return final
@@ -294,11 +313,11 @@ def _estimate(estimator: PlanEstimator, ctx: Context, checkpoints: set[str],
 
 
 def _evaluate(ctx: Context, checkpoints: set[str],
-              ahead: frozenset = frozenset()) -> Rewrite:
+              ahead: frozenset = frozenset(), reuse: bool = False) -> Rewrite:
     """Apply a checkpoint choice and model the rewritten step's peak and extra FLOPs."""
     analysis = ctx.analysis
     with _collector_paused():
-        attempt = apply(ctx, checkpoints, ahead)
+        attempt = apply(ctx, checkpoints, ahead, reuse=reuse)
         report = memory.simulate(attempt.graph, attempt.shapes, analysis.fetches)
     attempt.peak = report.peak()
     attempt.live_at_peak = {ref.node for ref, _ in report.live_at_peak.get(memory.DEVICE, [])}
@@ -467,11 +486,12 @@ def _owner_live(ctx: Context, name: str, live_nodes: set[str]) -> bool:
 
 
 def apply(ctx: Context, checkpoints: set[str], ahead: frozenset = frozenset(),
-          executor_gates: bool = False) -> Rewrite:
+          executor_gates: bool = False, reuse: bool = False) -> Rewrite:
     """Copy what the gradient flow reads between `checkpoints`, rewire it, add the triggers
     (with `executor_gates`, those for copies read late too: `triggers.py`).
     The checkpoints in `ahead` are not kept from the forward pass but recomputed too (see
-    `_recompute_ahead`)."""
+    `_recompute_ahead`); with `reuse`, the ahead pass's values serve the segment
+    back-propagation reaches first (`_reuse_ahead`)."""
     graph = ctx.graph.copy()
     split = ctx.analysis.split
     flow = split.gradient_flow
@@ -492,12 +512,14 @@ def apply(ctx: Context, checkpoints: set[str], ahead: frozenset = frozenset(),
                                               segments, flow, order,
                                               executor_gates, ctx.loops_back())
     early = _recompute_ahead(graph, ctx, ahead, copies, gate_of, recomputable, order)
+    reuse = reuse and _reuse_ahead(graph, ctx, copies, early,
+                                   _first_reached(ctx, segments, set(early)))
     shapes = Shapes(dict(ctx.analysis.shapes.tensors))
     for name, copy_name in [*copies.items(), *early.items()]:
         for ref in ctx.analysis.shapes.outputs(name):
             shapes.tensors[TensorRef(copy_name, ref.port)] = shapes.tensors[ref]
     return Rewrite(graph, set(checkpoints), copies, triggers, ungated, blocked, shapes,
-                   ahead=early, ahead_checkpoints=frozenset(ahead))
+                   ahead=early, ahead_checkpoints=frozenset(ahead), reuse=reuse)
 
 
 def _recomputed_nodes(ctx: Context, checkpoints: set[str], blocked: dict[str, set[str]]):
@@ -657,12 +679,59 @@ def _recompute_ahead(graph: Graph, ctx, ahead, copies, gate_of, recomputable, or
     return early
 
 
+def _first_reached(ctx, segments: list[set[str]], early: set[str]) -> set[str]:
+    """The nodes that both the ahead pass and a recomputed segment compute, in the segment
+    back-propagation reaches first among those the ahead pass covers (the highest in the
+    forward order), for each group of ahead copies. The ahead pass computes that segment's
+    nodes just before back-propagation needs them (only the layers between the highest
+    checkpoint recomputed ahead and the held one above it run in between): recomputing them
+    once more then is a third forward pass over that part (a 3-layer transformer: a fifth
+    of the step's FLOPs for no byte saved)."""
+    if not early:
+        return set()
+    position = {n: i for i, n in enumerate(ctx.order())}
+    reused = set()
+    for chain in _segments(ctx, early):
+        covering = [s for s in segments if not s.isdisjoint(chain)]
+        if covering:
+            top = max(covering, key=lambda s: max(position[n] for n in s))
+            reused |= top & chain
+    return reused
+
+
+def _reuse_ahead(graph: Graph, ctx, copies: dict[str, str], early: dict[str, str],
+                 reused: set[str]) -> bool:
+    """The readers of the copies of `reused` (`_first_reached`) read the ahead copies instead,
+    and those copies are removed (and leave `copies`); False (nothing changed) when there are
+    none, or when a reader lies upstream of what the ahead pass waits for (the rewired graph
+    would have a cycle). The ahead copies are then held from the ahead pass until that
+    segment's back-propagation, a little longer than its own copies would be: whether the
+    peak allows it is for the planner to simulate (`_decide`)."""
+    removed = {copies[n] for n in reused}
+    readers = {v for n in reused for v in graph.successors(copies[n])} - removed
+    if not reused or not reachable(graph.nx, readers).isdisjoint(early.values()):
+        return False
+    for name in sorted(reused):
+        copy, ahead = copies.pop(name), early[name]
+        for ref in ctx.analysis.shapes.outputs(name):
+            moved = TensorRef(copy, ref.port)
+            graph.replace_uses(moved, TensorRef(ahead, ref.port),
+                               [v for v, _ in graph.consumers(moved)])
+        for after in graph.successors(copy):
+            if after not in removed and copy in graph.control_inputs(after):
+                graph.add_control(ahead, after)
+    for copy in removed:
+        graph.remove_node(copy)
+    return True
+
+
 def _result(best: Rewrite, note: str) -> RecomputeResult:
     return RecomputeResult(
         best.graph, True, best.shapes, note,
         checkpoints=sorted(best.checkpoints),
         recomputed=sorted(best.recomputed),
         recomputed_ahead=sorted(n for n in best.ahead if n in best.checkpoints),
+        reuse_ahead=best.reuse,
         triggers=len(best.triggers),
         ungated_segments=best.ungated,
         fanout_pads=best.pads,
