@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import itertools
 
 import networkx as nx
 
@@ -312,7 +313,10 @@ def _fetched_gradients_after(ctx: Context, chain: list[str]) -> list[int]:
         read = [position[r.node] for r in graph.data_inputs(producer) if r.node in split.forward]
         if read:
             held.append((max(read), sum(shapes.nbytes(r) or 0 for r in shapes.outputs(name))))
-    return [sum(size for at, size in held if at > position[name]) for name in chain]
+    held.sort()
+    ats, after = [at for at, _ in held], list(itertools.accumulate(
+        (size for _, size in reversed(held)), initial=0))[::-1]  # after[i]: held[i:]'s bytes
+    return [after[bisect.bisect_right(ats, position[name])] for name in chain]
 
 
 def _even(chain: list[str], weights: list[int], count: int, tapered: bool = False) -> list[str]:
@@ -321,13 +325,11 @@ def _even(chain: list[str], weights: list[int], count: int, tapered: bool = Fals
     that `_budgeted` approximates when checkpoints are alike)."""
     total = weights[-1] or 1
     shares = [count + 1 - i if tapered else 1 for i in range(count + 1)]
-    chosen, below = [], 0
+    chosen, below, whole = {}, 0, sum(shares)
     for part in range(1, count + 1):
         below += shares[part - 1]
-        best = _nearest(weights, total * below / sum(shares))
-        if chain[best] not in chosen:
-            chosen.append(chain[best])
-    return chosen
+        chosen[chain[_nearest(weights, total * below / whole)]] = None
+    return list(chosen)
 
 
 def _nearest(weights: list[int], target: float) -> int:

@@ -38,7 +38,7 @@ def add_triggers(graph: Graph, original: Graph, copies: dict[str, str], segments
     all_copies = set(copies.values())
     late = [copies[n] for n in order if n in copies]
     reach = _Reach(graph, None if loops_back else TopoOrder.build(graph, order, late))
-    ancestry = _Ancestry(graph, flow, all_copies)
+    ancestry = _Ancestry(graph, original, flow, all_copies)
     triggers, gate_of, ungated = {}, {}, 0
     for component in components:
         members = {copies[n] for n in component}
@@ -48,7 +48,7 @@ def add_triggers(graph: Graph, original: Graph, copies: dict[str, str], segments
         waits = {_wait_of(graph, n, flow) for n in inputs}
         # In every candidate, not only the chosen one: without these waits the model ranks
         # ResNet-50's candidates differently (TF2 step: 0.47x -> 0.57x measured).
-        waits = sorted(waits | _unfinished(graph, original, ancestry, reach, members, waits))
+        waits = sorted(waits | _unfinished(graph, ancestry, reach, members, waits))
         if not waits:
             ungated += 1
             continue
@@ -84,7 +84,7 @@ def _gate_late_copies(graph: Graph, original: Graph, ancestry, reach, members: l
     for waits, gated in groups.items():
         waits = {w for w in waits if can_gate(original, w)}
         waits -= reach.reaching(gated, waits)
-        waits = sorted(waits | _unfinished(graph, original, ancestry, reach, gated, waits))
+        waits = sorted(waits | _unfinished(graph, ancestry, reach, gated, waits))
         if waits:
             triggers[_add_trigger(graph, reach, gated[0], waits, gated)] = waits
     return triggers
@@ -102,16 +102,13 @@ def _add_trigger(graph: Graph, reach, name: str, waits: list[str], gated: list[s
     return trigger
 
 
-def _unfinished(graph: Graph, original: Graph, ancestry, reach, copies, waits) -> set[str]:
+def _unfinished(graph: Graph, ancestry, reach, copies, waits) -> set[str]:
     """The gradient-flow readers of what back-propagation computed before `waits` that `waits`
     do not depend on and `copies` do not reach (waiting on them would be a cycle); not
     Identities (see `_wait_of`), not nodes a new control output would change Grappler's
     rewrites of (`pads.can_gate`), and not readers that only feed other such readers (a
     Reshape before the MatMul)."""
-    readers, gateable = ancestry.readers(waits), ancestry.gateable
-    for v in readers - gateable.keys():
-        gateable[v] = graph.op(v) not in FORWARDING_OPS and can_gate(original, v)
-    readers = {v for v in readers if gateable[v]}
+    readers = ancestry.readers(waits)
     readers -= reach.reaching(copies, readers)
     return {v for v in readers if not any(s in readers for s in graph.nx._succ[v])}
 
@@ -159,13 +156,15 @@ class _Ancestry:
     their ancestors are then the last trigger's plus the few nodes in between, found without
     walking the rest again. Where they do not, everything is walked, as before."""
 
-    def __init__(self, graph: Graph, flow, copies: set[str]):
+    def __init__(self, graph: Graph, original: Graph, flow, copies: set[str]):
+        self.graph, self.original = graph, original
         self.pred, self.succ = graph.nx._pred, graph.nx._succ
         self.flow, self.copies = flow, copies
         self.closed: set[str] = set()    # the last trigger and all its ancestors
         self.frontier: set[str] = set()  # flow nodes outside `closed` reading flow nodes in it
+        # that a trigger may wait on
         self.last: str | None = None
-        self.gateable: dict[str, bool] = {}  # reader -> whether a trigger may wait on it
+        self.gateable: dict[str, bool] = {}  # reader -> `_can_wait_on` it, found once
 
     def readers(self, waits) -> set[str]:
         """The frontier of the ancestors of `waits` (themselves included)."""
@@ -209,7 +208,19 @@ class _Ancestry:
 
     def _readers(self, nodes, outside, also_outside=()) -> set[str]:
         """The gradient-flow nodes, not copies, outside `outside` and `also_outside` that read
-        a gradient-flow node of `nodes`."""
+        a gradient-flow node of `nodes` and that a trigger may wait on (`_can_wait_on`)."""
         flow, copies = self.flow, self.copies
         return {v for a in nodes if a in flow for v in self.succ[a] if v in flow
-                and v not in outside and v not in also_outside and v not in copies}
+                and v not in outside and v not in also_outside and v not in copies
+                and self._can_wait_on(v)}
+
+    def _can_wait_on(self, name: str) -> bool:
+        """Not an Identity (see `_wait_of`) nor a node a new control output would change
+        Grappler's rewrites of (`pads.can_gate`). Readers that may not be waited on stay
+        out of the frontier: a frozen graph's fetched gradient Identities would otherwise
+        pile up in it, one per layer, and every trigger would walk them all."""
+        found = self.gateable.get(name)
+        if found is None:
+            found = self.gateable[name] = (self.graph.op(name) not in FORWARDING_OPS
+                                           and can_gate(self.original, name))
+        return found
