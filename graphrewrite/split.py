@@ -102,17 +102,21 @@ class Split:
 def split(graph: Graph, backward_scope: str | None = None) -> Split:
     """Classify every node as forward or backward (see the module docstring)."""
     dag = _dag(graph)
-    full = _dependencies(graph)  # with loop back edges: loop-carried values flow through them
+    # With loop back edges: loop-carried values flow through them. A graph without any (and
+    # without edges from missing nodes) has them all in `dag` already.
+    whole = dag.number_of_edges() == graph.nx.number_of_edges() and len(dag) == len(graph.nx)
+    full = dag if whole else _dependencies(graph)
     constant = constant_valued(graph, dag)
+    data = _data_only(graph, dag)
     if backward_scope:
         seeds = [n for n in graph.nodes() if n.startswith(backward_scope)]
     else:
-        seeds = find_seeds(graph, dag, constant)
+        seeds = find_seeds(graph, dag, data, constant)
     flow = reachable(full, seeds)
     sinks = {n for n in graph.nodes() if full.out_degree(n) == 0}
     # A TF2 step returns its loss through an `Identity` that waits on every update by control
     # edges; that output is in the flow, the value it returns is not.
-    data_flow = reachable(_data_only(graph, full), seeds)
+    data_flow = reachable(data if whole else _data_only(graph, full), seeds)
     returned = {r.node for n in sinks & flow - data_flow for r in graph.data_inputs(n)}
     losses = (set(_mirrored(graph, seeds)) | {n for n in sinks | returned
                                                if n not in constant}) - flow
@@ -122,7 +126,7 @@ def split(graph: Graph, backward_scope: str | None = None) -> Split:
                  tuple(sorted(losses)), frozenset(constant))
 
 
-def find_seeds(graph: Graph, dag: nx.DiGraph, constant: set[str]) -> list[str]:
+def find_seeds(graph: Graph, dag: nx.DiGraph, data: nx.DiGraph, constant: set[str]) -> list[str]:
     """Ones-valued, constant-derived tensors that reach a gradient op and are not forward values.
 
     Only the last of a chain of such tensors counts (`Fill(shape, Const(1))` is the seed, not its
@@ -131,9 +135,9 @@ def find_seeds(graph: Graph, dag: nx.DiGraph, constant: set[str]) -> list[str]:
     found = anchors(graph)
     if not found:
         return []
-    # By data edges only: a rewritten graph's trigger makes a recomputed or swapped-in forward
-    # value wait on the gradient flow, which does not make the seed a forward value.
-    data = _data_only(graph, dag)
+    # By data edges only (`data`: those of `dag`): a rewritten graph's trigger makes a
+    # recomputed or swapped-in forward value wait on the gradient flow, which does not make the
+    # seed a forward value.
     forward_values = reachable(data, _forward_value_inputs(graph), upstream=True)
     reaches_anchor = reachable(dag, found, upstream=True)
     candidates = {n for n in graph.nodes() if n in reaches_anchor and n not in forward_values

@@ -82,7 +82,7 @@ PLANNERS = ("estimate", "search", "exact")  # exact: `exact.py`, an optional ext
 FINALISTS, STAGE_FINALISTS = 4, 2
 # Once the estimate has matched the simulated peak this closely on this many plans of a graph,
 # later stages take it as the simulation (see `Pricer`).
-TRUST_ERROR, TRUST_AFTER = 0.001, 6
+TRUST_ERROR, TRUST_AFTER = 0.001, FINALISTS  # the first stage's finalists
 FREE_ROUNDS, FREE_TRIES, FREE_NODES = 3, 24, 2000  # `_add_free`: rounds, tries, graph size
 
 
