@@ -78,6 +78,20 @@ class PlanEstimator:
         for node, held in self.buffers_of.items():
             for i in held:
                 self.nodes_of.setdefault(i, set()).add(node)
+        # buffer -> (held until without copies, written in place by the backward pass until,
+        # its gradient-flow reads as (step, tensor's node, whether that is a backward node)):
+        # the reads outside the flow are the same for every plan
+        self.read_summary: dict[int, tuple[int, int, list]] = {}
+        for i, reads in self.reads.items():
+            kept_to, later, in_flow_reads = int(self.start[i]), -1, []
+            for step, in_flow, node in reads:
+                if in_flow:
+                    in_flow_reads.append((step, node, node in self.backward))
+                elif node in self.backward:
+                    later = max(later, step)
+                else:
+                    kept_to = max(kept_to, step)
+            self.read_summary[i] = (kept_to, later, in_flow_reads)
         self._segments: dict[frozenset, tuple[int, list, frozenset]] = {}
         self.delta = np.zeros(self.steps + 1, dtype=np.int64)
         np.add.at(self.delta, self.start, self.size)
@@ -88,7 +102,7 @@ class PlanEstimator:
         for are done (what the recompute pass's trigger waits on; the executor then runs the
         copies at once), at the latest its first gradient-flow read."""
         targets = {t for n in segment for t in self.flow_readers.get(n, ())}
-        first = self._first_read(segment)
+        first = min((self.step_of[t] for t in targets), default=self.steps)
         waits = [self.step_of[r] for t in targets for r in self.flow_inputs[t]
                  if r not in targets]
         return min(max(waits, default=first), first)
@@ -110,7 +124,7 @@ class PlanEstimator:
         if found is None:
             at = self._trigger(segment)
             buffers = {i for n in segment for i in self.buffers_of.get(n, ())}
-            others = frozenset(n for i in buffers for n in self.nodes_of[i]) - key
+            others = frozenset().union(*(self.nodes_of[i] for i in buffers)) - key
             found = self._segments[key] = (at, self._rows(segment, dict.fromkeys(segment, at)),
                                            others)
         return found
@@ -120,11 +134,14 @@ class PlanEstimator:
         gradient flow reads from a copy, the nodes of `trigger_of` being recomputed then."""
         rows = []
         for i in {i for n in nodes for i in self.buffers_of.get(n, ())}:
-            kept_to, copy_to, copy_from, later = int(self.start[i]), -1, self.steps, -1
-            for step, in_flow, node in self.reads.get(i, ()):
-                if in_flow and node in trigger_of:
+            if i not in self.read_summary:
+                continue
+            kept_to, later, in_flow_reads = self.read_summary[i]
+            copy_to, copy_from = -1, self.steps
+            for step, node, backward in in_flow_reads:
+                if node in trigger_of:
                     copy_to, copy_from = max(copy_to, step), min(copy_from, trigger_of[node])
-                elif node in self.backward:
+                elif backward:
                     later = max(later, step)  # written in place by the backward pass
                 else:
                     kept_to = max(kept_to, step)

@@ -71,3 +71,25 @@ def test_segments_priced_once_give_the_estimate_of_a_fresh_estimator(name):
         b = recompute._estimate(fresh, ctx, kept, ahead)
         assert (a.peak, a.live_at_peak) == (b.peak, b.live_at_peak)
     assert len(shared._segments) > len(fresh._segments)
+
+
+@pytest.mark.parametrize("name", KINDS)
+def test_the_quick_recomputed_set_is_the_walked_one(name):
+    """`_recomputed_quickly` (checkpoints cut from the set recomputed with none) against the
+    walk from the gradient flow's reads, for the policy's candidates and random sets of
+    bottlenecks and of forward nodes."""
+    import random
+
+    _, found, ctx, _ = setup(name)
+    rng = random.Random(name)
+    chain = checkpoints.bottlenecks(ctx)
+    forward = sorted(found.split.forward)
+    plans = checkpoints.memory_policy(ctx)
+    plans += [set(rng.sample(chain, rng.randint(0, len(chain)))) for _ in range(10)]
+    plans += [set(rng.sample(forward, rng.randint(1, len(forward) // 3))) for _ in range(10)]
+    cut_some = False
+    for plan in plans:
+        walked, _ = recompute._recomputed_nodes(ctx, plan, {})
+        assert recompute._recomputed_quickly(ctx, plan) == walked
+        cut_some |= bool(recompute._unchecked(ctx)[0] - plan - walked)
+    assert cut_some  # some plan cut off nodes that are not checkpoints themselves

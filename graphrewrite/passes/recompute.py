@@ -296,9 +296,9 @@ def _estimate(estimator: PlanEstimator, ctx: Context, checkpoints: set[str],
               ahead: frozenset = frozenset()) -> Rewrite:
     """Price a checkpoint choice on the original's schedule (`estimate.py`), without applying
     it: a Rewrite with no graph."""
-    blocked: dict[str, set[str]] = {}
-    recomputed, recomputable = _recomputed_nodes(ctx, checkpoints, blocked)
-    early = _ahead_members(ctx, ahead, recomputable)
+    blocked: dict[str, set[str]] = {}  # left empty: the chosen plan is applied again
+    recomputed = _recomputed_quickly(ctx, checkpoints)
+    early = _ahead_members(ctx, ahead, _recomputable(ctx, checkpoints, blocked))
     groups = [(chain & ahead, {v for a in chain & ahead for v in ctx.graph.successors(a)
                                if v in recomputed})
               for chain in _segments(ctx, early)]
@@ -528,6 +528,17 @@ def _recomputed_nodes(ctx: Context, checkpoints: set[str], blocked: dict[str, se
     (recorded in `blocked` by reason), and the parameters the copies read that may be copied
     with them (`Context.copyable_parameters`; never a boundary: the flow reads a parameter
     where it is). Returns those nodes and the test `recomputable`."""
+    recomputable = _recomputable(ctx, checkpoints, blocked)
+    copyable = ctx.copyable_parameters()
+    reads = ctx.flow_reads()
+    worth = _worth_nodes(ctx, reads)
+    boundary = [n for n in reads if n in worth and n not in copyable and recomputable(n)]
+    return _with_ancestors(ctx, boundary, recomputable), recomputable
+
+
+def _recomputable(ctx: Context, checkpoints: set[str], blocked: dict[str, set[str]]):
+    """The test whether a node may be recomputed with `checkpoints` kept; it records the
+    reason of each node that may not in `blocked`."""
     reasons = ctx.forward_blockers()
     copyable = ctx.copyable_parameters()
 
@@ -541,10 +552,49 @@ def _recomputed_nodes(ctx: Context, checkpoints: set[str], blocked: dict[str, se
             blocked.setdefault(reason, set()).add(name)
         return reason is None
 
-    reads = ctx.flow_reads()
-    worth = _worth_nodes(ctx, reads)
-    boundary = [n for n in reads if n in worth and n not in copyable and recomputable(n)]
-    return _with_ancestors(ctx, boundary, recomputable), recomputable
+    return recomputable
+
+
+def _recomputed_quickly(ctx: Context, checkpoints: set[str]) -> set[str]:
+    """`_recomputed_nodes` without walking the graph for every plan: what is recomputed with
+    no checkpoint at all (found once), less the checkpoints and the nodes cut off by them (not
+    read by the gradient flow themselves, and read only by checkpoints and other such
+    nodes), found by walking up from the checkpoints. The same set: a node is recomputed when
+    the flow reads it or a recomputed node reads it. The planners price hundreds of plans."""
+    everything, boundary, readers = _unchecked(ctx)
+    sources = ctx.sources()
+    cut: set[str] = set()
+    stack = [s for c in checkpoints if c in everything for s in sources[c]]
+    while stack:
+        name = stack.pop()
+        if (name in cut or name not in everything or name in boundary
+                or name in checkpoints):
+            continue
+        if all(r in checkpoints or r in cut for r in readers[name]):
+            cut.add(name)
+            stack.extend(sources[name])
+    return everything - checkpoints - cut
+
+
+# The last Context `_unchecked` answered for (weakly held) and its answer.
+_unchecked_memo: list = [None, None]
+
+
+def _unchecked(ctx: Context) -> tuple[frozenset, frozenset, dict]:
+    """What `_recomputed_nodes` recomputes without checkpoints, the nodes of it the gradient
+    flow reads (its starts), and each node's readers within it."""
+    held, found = _unchecked_memo
+    if held is None or held() is not ctx:
+        everything, _ = _recomputed_nodes(ctx, set(), {})
+        reads, worth = ctx.flow_reads(), _worth_nodes(ctx, ctx.flow_reads())
+        copyable = ctx.copyable_parameters()
+        boundary = frozenset(n for n in reads if n in worth and n not in copyable
+                             and n in everything)
+        readers = {n: tuple(r for r in ctx.readers().get(n, ()) if r in everything)
+                   for n in everything}
+        found = (frozenset(everything), boundary, readers)
+        _unchecked_memo[:] = [weakref.ref(ctx), found]
+    return found
 
 
 def _ahead_members(ctx: Context, ahead, recomputable) -> set[str]:
