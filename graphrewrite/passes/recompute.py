@@ -333,7 +333,7 @@ def _collector_paused():
     """Python's cyclic garbage collector paused for one evaluation: it allocates hundreds of
     thousands of small dicts and lists (the graph copy, the simulated buffers) that stay alive
     at least until it ends, and every automatic collection meanwhile would also walk the rest
-    of the heap (TensorFlow's modules, the earlier attempts' graphs). Collection resumes after;
+    of the heap (TensorFlow's modules, the original graph). Collection resumes after;
     nothing is lost."""
     enabled = gc.isenabled()
     gc.disable()
