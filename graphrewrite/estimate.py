@@ -58,16 +58,16 @@ class PlanEstimator:
         for ref, buffer in report.buffer_of.items():
             if id(buffer) in index:
                 self.buffers_of.setdefault(ref.node, set()).add(index[id(buffer)])
-        self.reads: dict[int, list[tuple[int, bool, str]]] = {}
+        reads: dict[int, list[tuple[int, bool, str]]] = {}
         for name in report.order:
             for ref in graph.data_inputs(name):
                 buffer = report.buffer_of.get(ref)
                 if buffer is not None and id(buffer) in index:
-                    self.reads.setdefault(index[id(buffer)], []).append(
+                    reads.setdefault(index[id(buffer)], []).append(
                         (step_of[name], name in flow, ref.node))
         self.flow_readers: dict[str, set[str]] = {}  # forward node -> its flow readers
-        for reads in self.reads.values():
-            for step, in_flow, node in reads:
+        for buffer_reads in reads.values():
+            for step, in_flow, node in buffer_reads:
                 if in_flow:
                     self.flow_readers.setdefault(node, set()).add(report.order[step])
         self.step_of = step_of
@@ -82,9 +82,9 @@ class PlanEstimator:
         # its gradient-flow reads as (step, tensor's node, whether that is a backward node)):
         # the reads outside the flow are the same for every plan
         self.read_summary: dict[int, tuple[int, int, list]] = {}
-        for i, reads in self.reads.items():
+        for i, buffer_reads in reads.items():
             kept_to, later, in_flow_reads = int(self.start[i]), -1, []
-            for step, in_flow, node in reads:
+            for step, in_flow, node in buffer_reads:
                 if in_flow:
                     in_flow_reads.append((step, node, node in self.backward))
                 elif node in self.backward:
@@ -101,17 +101,18 @@ class PlanEstimator:
         """The step after which a segment's copies run: when the gradients its readers wait
         for are done (what the recompute pass's trigger waits on; the executor then runs the
         copies at once), at the latest its first gradient-flow read."""
-        targets = {t for n in segment for t in self.flow_readers.get(n, ())}
-        first = min((self.step_of[t] for t in targets), default=self.steps)
+        targets = self._flow_readers_of(segment)
+        first = self._first_step(targets)
         waits = [self.step_of[r] for t in targets for r in self.flow_inputs[t]
                  if r not in targets]
         return min(max(waits, default=first), first)
 
-    def _first_read(self, nodes) -> int:
-        """The step at which the gradient flow first reads any of `nodes` (the schedule's
-        length when it reads none)."""
-        return min((self.step_of[t] for n in nodes for t in self.flow_readers.get(n, ())),
-                   default=self.steps)
+    def _flow_readers_of(self, nodes) -> set[str]:
+        return {t for n in nodes for t in self.flow_readers.get(n, ())}
+
+    def _first_step(self, readers) -> int:
+        """The step at which the first of `readers` runs (the schedule's length for none)."""
+        return min((self.step_of[t] for t in readers), default=self.steps)
 
     def _segment(self, segment: set[str]) -> tuple[int, list, frozenset]:
         """A segment's trigger step, its buffers' rows (`_rows`) when nothing else is
@@ -168,7 +169,7 @@ class PlanEstimator:
         grouped: set[str] = set()
         for group, readers in ahead:
             at = min([trigger_of.get(r, self.steps) for r in readers]
-                     + [self._first_read(group)])
+                     + [self._first_step(self._flow_readers_of(group))])
             trigger_of.update(dict.fromkeys(group, at))
             grouped |= group
         rows, direct = [], set(grouped)

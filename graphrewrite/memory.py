@@ -194,13 +194,14 @@ class MemoryReport:
                       moves=self.moves)
 
 
-def replay(buffers: list[Buffer], allocator: bfc.Allocator, scratch: dict[int, int],
-           steps: int = 2, timeline: dict[int, int] | None = None,
-           moves: list[Move] = ()) -> int:
+def replay(buffers: list[Buffer], allocator: bfc.Allocator,
+           scratch: dict[int, int | tuple[int, ...]], steps: int = 2,
+           timeline: dict[int, int] | None = None, moves: list[Move] = ()) -> int:
     """Allocate and free `buffers` (in the order `simulate` made them) through `allocator`:
     the state once, then `steps` steps, each with its feeds first and every output it still
-    holds (fetched) freed at its end; a step's kernel scratch comes after its outputs and goes
-    before its inputs; a variable's `moves` after both, its old buffer freed with the inputs
+    holds (fetched) freed at its end; a step's kernel scratch (its bytes, or the bytes of
+    several allocations: `allocated_peak_bound`) comes after its outputs and goes before its
+    inputs; a variable's `moves` after both, its old buffer freed with the inputs
     (an adopted buffer stays the variable's). The peak of the last step; `timeline` (schedule
     step -> the most bytes in use during it; -1: before the first) is filled in for the last
     step when given."""

@@ -212,7 +212,7 @@ def _runners_up(attempts: list[Rewrite], best: Rewrite, count: int = 3) -> list[
 
 
 def _decide(attempts: list[Rewrite], trials: list[Rewrite], budget: int,
-            step_flops: int, ctx: Context | None = None) -> tuple[Rewrite, str]:
+            step_flops: int, ctx: Context) -> tuple[Rewrite, str]:
     """The best single-level plan, unless a two-level one (`trials`) lowers the peak by
     AHEAD_GAIN for at most AHEAD_FLOPS of the step's FLOPs more; with a budget, the least
     recomputation within it. A two-level plan low enough but too dear is tried once more
@@ -225,7 +225,7 @@ def _decide(attempts: list[Rewrite], trials: list[Rewrite], budget: int,
     low = sorted((t for t in trials if t.peak <= best.peak * (1 - AHEAD_GAIN)),
                  key=lambda t: (t.peak, t.extra_flops))
     better = [t for t in low if t.extra_flops <= affordable]
-    if not better and ctx is not None:
+    if not better:
         for trial in low[:REUSE_TRIES]:
             reused = _evaluate(ctx, trial.checkpoints, trial.ahead_checkpoints, reuse=True)
             if reused.reuse and reused.peak <= best.peak * (1 - AHEAD_GAIN) \
@@ -529,11 +529,16 @@ def _recomputed_nodes(ctx: Context, checkpoints: set[str], blocked: dict[str, se
     with them (`Context.copyable_parameters`; never a boundary: the flow reads a parameter
     where it is). Returns those nodes and the test `recomputable`."""
     recomputable = _recomputable(ctx, checkpoints, blocked)
+    return _with_ancestors(ctx, _flow_starts(ctx, recomputable), recomputable), recomputable
+
+
+def _flow_starts(ctx: Context, recomputable) -> list[str]:
+    """The nodes whose outputs the gradient flow reads, worth recomputing and recomputable:
+    where `_recomputed_nodes` starts its walk."""
     copyable = ctx.copyable_parameters()
     reads = ctx.flow_reads()
     worth = _worth_nodes(ctx, reads)
-    boundary = [n for n in reads if n in worth and n not in copyable and recomputable(n)]
-    return _with_ancestors(ctx, boundary, recomputable), recomputable
+    return [n for n in reads if n in worth and n not in copyable and recomputable(n)]
 
 
 def _recomputable(ctx: Context, checkpoints: set[str], blocked: dict[str, set[str]]):
@@ -585,11 +590,9 @@ def _unchecked(ctx: Context) -> tuple[frozenset, frozenset, dict]:
     flow reads (its starts), and each node's readers within it."""
     held, found = _unchecked_memo
     if held is None or held() is not ctx:
-        everything, _ = _recomputed_nodes(ctx, set(), {})
-        reads, worth = ctx.flow_reads(), _worth_nodes(ctx, ctx.flow_reads())
-        copyable = ctx.copyable_parameters()
-        boundary = frozenset(n for n in reads if n in worth and n not in copyable
-                             and n in everything)
+        recomputable = _recomputable(ctx, set(), {})
+        boundary = frozenset(_flow_starts(ctx, recomputable))
+        everything = _with_ancestors(ctx, boundary, recomputable)
         readers = {n: tuple(r for r in ctx.readers().get(n, ()) if r in everything)
                    for n in everything}
         found = (frozenset(everything), boundary, readers)
