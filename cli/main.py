@@ -318,7 +318,8 @@ def _parse_feeds(ctx, param, values):
 @click.option("--batches", default=0, show_default=True, metavar="K",
               help="With --steps: a fixed data set of K seeded batches, cycled over the N "
                    "steps (the same for both graphs), so the loss can fall (a model memorises "
-                   "it); the rewritten graph's loss must then fall where the original's does. "
+                   "it); the mean losses of the last pass over the set are compared, and the "
+                   "rewritten graph's loss must fall where the original's does. "
                    "0: a fresh random batch each step (random labels: a sanity check, not a "
                    "learning curve).")
 @click.option("--seed", default=0, show_default=True, help="Seed of the random inputs.")
@@ -528,14 +529,16 @@ def _yes(flag: bool) -> str:
 
 def _format_curves(facts: dict) -> str:
     """`verify --steps`: both loss curves and the verdict on the final losses."""
-    curves, final = facts["loss_curves"], facts["final_loss"]
+    curves, compared = facts["loss_curves"], facts["compared"]
     peak = facts["peak_bytes"]
     verdict = "MATCH" if facts["match"] else "MISMATCH"
-    change = (final["rewritten"] - final["original"]) / final["original"] \
-        if final["original"] else float("inf")
-    lines = [f"loss          {verdict}: final {final['original']:.4g} -> {final['rewritten']:.4g} "
-             f"({change:+.1%}; rtol {facts['rtol']:g}) after {facts['steps']} steps "
-             f"of {facts['loss']}",
+    change = (compared["rewritten"] - compared["original"]) / compared["original"] \
+        if compared["original"] else float("inf")
+    tolerance = f"rtol {facts['rtol']:g}" + (f", atol {compared['atol']:g}"
+                                             if compared["atol"] else "")
+    lines = [f"loss          {verdict}: {compared['what']} {compared['original']:.4g} -> "
+             f"{compared['rewritten']:.4g} ({change:+.1%}; {tolerance}) after {facts['steps']} "
+             f"steps of {facts['loss']}",
              f"{'step':>13} {'original':>12} {'rewritten':>12}"]
     shown = sorted({0, len(curves["original"]) - 1,
                     *range(0, len(curves["original"]), max(1, len(curves["original"]) // 8))})

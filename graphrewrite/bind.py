@@ -91,18 +91,25 @@ def seeded_value(name: str, spec: ValueSpec, seed: int, diet: str = "") -> np.nd
     """
     import tensorflow as tf
 
+    if diet:
+        return dieted(seeded_value(name, ValueSpec(types_pb2.DT_FLOAT, spec.shape), seed), diet)
     dtype = tf.dtypes.as_dtype(spec.dtype).as_numpy_dtype
-    fmt, _, scale = diet.partition(" ")
-    if fmt:
-        value = seeded_value(name, ValueSpec(types_pb2.DT_FLOAT, spec.shape), seed)
-        if fmt == "int16":
-            return np.clip(np.round(value / np.float32(scale)), -INT16_MAX,
-                           INT16_MAX).astype(np.int16)
-        return value.astype(dtype)
     if np.issubdtype(dtype, np.floating):
         rng = np.random.RandomState(zlib.crc32(f"{seed}:{name}".encode()))
         return rng.uniform(0.0, SCALE, spec.shape).astype(dtype)
     return np.zeros(spec.shape, dtype)
+
+
+def dieted(value: np.ndarray, diet: str) -> np.ndarray:
+    """A float value as a variable marked `diet` stores it: int16 rounded to the nearest
+    multiple of the scale, or bfloat16."""
+    import tensorflow as tf
+
+    fmt, _, scale = diet.partition(" ")
+    if fmt == "int16":
+        return np.clip(np.round(value / np.float32(scale)), -INT16_MAX,
+                       INT16_MAX).astype(np.int16)
+    return value.astype(tf.bfloat16.as_numpy_dtype)
 
 
 def seeded_values(graph: Graph, shapes, seed: int = 0,

@@ -618,6 +618,11 @@ def test_verify_steps_on_a_fixed_set_sees_learning_and_a_graph_that_does_not_lea
     curve = facts["loss_curves"]["original"]
     assert trend["original"]["start"] == pytest.approx(np.mean(curve[:2]))
     assert trend["original"]["end"] == pytest.approx(np.mean(curve[-2:]))
+    # The verdict compares those ends, not one batch's loss.
+    compared = facts["compared"]
+    assert compared["what"] == "end"
+    assert (compared["original"], compared["rewritten"]) == (trend["original"]["end"],
+                                                             trend["rewritten"]["end"])
     # The same model with a learning rate of (almost) nothing: its loss does not fall, and that
     # alone fails the check, though its final loss is within the (loose) rtol.
     still = verify.verify(original, io.load(_build(tmp_path / "still.meta", lr=1e-30)),

@@ -232,3 +232,59 @@ def test_bound_variable_holds_its_bytes_in_the_allocator():
         assert session.run(bound.reads["w"]).tobytes() == value.tobytes()
     assert value.nbytes <= held < value.nbytes + 2**20
 
+
+
+def test_tf2_step_training_starts_from_keras_like_weights(tmp_path):
+    """`verify --steps` starts a TF2 step's weights as Keras's layers do: kernels symmetric
+    around zero within the Glorot-uniform limit, biases and betas zero, gammas one, Adam's slots
+    zero; and the same seeded batch gives the same start in every run."""
+    from graphrewrite import measure, shapes as shapes_mod
+
+    tf.keras.backend.clear_session()
+    model = tf.keras.Sequential([tf.keras.Input(shape=(FEATURES,)),
+                                 tf.keras.layers.Dense(64, activation="relu"),
+                                 tf.keras.layers.LayerNormalization(),
+                                 tf.keras.layers.BatchNormalization(),
+                                 tf.keras.layers.Dense(CLASSES)])
+    optimizer = tf.keras.optimizers.Adam(tf.keras.optimizers.schedules.ExponentialDecay(
+        1e-3, 1000, 1.0))
+
+    @tf.function(input_signature=[tf.TensorSpec([BATCH, FEATURES], tf.float32, name="x"),
+                                  tf.TensorSpec([BATCH, CLASSES], tf.float32, name="y")])
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    concrete = train_step.get_concrete_function()
+    (tmp_path / "step.pb").write_bytes(
+        concrete.graph.as_graph_def(add_shapes=True).SerializeToString())
+    handles = {id(v.handle): v for v in model.variables + optimizer.variables}
+    variable_of = {placeholder.op.name: handles.get(id(captured))
+                   for captured, placeholder in concrete.graph.captures}
+    step = io.load(tmp_path / "step.pb")
+    shapes = shapes_mod.infer(step.graph)
+    seeded = measure.random_feeds(step.graph, shapes, 0, CLASSES, set())
+    start = verify.training_start(step, seeded)
+    assert verify.training_start(step, seeded).keys() == start.keys()
+    checked = set()
+    for name, variable in variable_of.items():
+        if variable is None or not variable.dtype.is_floating:
+            continue
+        value, kind = start[name], variable.name.split("/")[-1].split(":")[0]
+        if any(variable is v for v in optimizer.variables):
+            assert not value.any(), variable.name  # an Adam slot
+        elif kind == "kernel":
+            limit = np.sqrt(6.0 / sum(value.shape))
+            assert value.min() < 0 < value.max() and np.abs(value).max() <= limit, variable.name
+        elif kind in ("bias", "beta"):
+            assert not value.any(), variable.name
+        elif kind == "gamma":
+            assert (value == 1).all(), variable.name
+        else:  # batch-norm statistics are not trained: they keep their seeded values
+            assert (value == seeded[name]).all(), variable.name
+            continue
+        checked.add(kind)
+    assert checked == {"kernel", "bias", "beta", "gamma"}
