@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from . import flops, ops, parameters
 from .analysis import Analysis
 from .graph import Graph
-from .split import loop_frame_nodes
+from .split import loop_frame_nodes, reachable
 from .summary import FUNCTIONAL_CONTROL_OPS, PLACEHOLDER_OPS, V1_LOOP_OPS
 from .tensor_ref import TensorRef
 
@@ -19,6 +19,11 @@ from .tensor_ref import TensorRef
 VARIABLE_READ_OPS = frozenset({"ReadVariableOp", "VariableV2", "Variable", "VarHandleOp",
                                "ResourceGather", "PlaceholderWithDefault"})
 CALL_OPS = FUNCTIONAL_CONTROL_OPS | {"PartitionedCall", "StatefulPartitionedCall"}
+REF_VARIABLES = frozenset({"VariableV2", "Variable"})
+# Ops that read a ref variable into a buffer of their own (a snapshot, as a resource read is),
+# and ops that read it without writing it.
+REF_SNAPSHOTS = frozenset({"Cast"})
+REF_READERS = REF_SNAPSHOTS | {"Identity", "IsVariableInitialized"}
 RANDOM_OP = "random op"
 RANDOM_REASONS = (RANDOM_OP, "a smaller form of a random draw")
 
@@ -44,6 +49,7 @@ class Context:
     _forward_blockers: dict | None = None
     _loops_back: bool | None = None
     _copyable_parameters: frozenset | None = None
+    _ref_writers: dict | None = None
 
     def order(self) -> list[str]:
         """The graph's topological order, computed once (the graph is not changed in place)."""
@@ -94,10 +100,13 @@ class Context:
         recomputed layer would live from the forward pass to its recomputation (a dieted
         ResNet-50: every dequantized weight at the peak, and recomputation found no plan).
         Reads themselves are never copied, nor what reads a variable directly (a ref
-        variable's `Identity` aliases a buffer an in-place update may change)."""
+        variable's `Identity` aliases a buffer an in-place update may change), except a ref
+        variable's `Cast` (the diet pass's dequantization) when no forward node waits on a
+        write of that variable: the copy is then ordered before the writes (`ref_writers`)."""
         if self._copyable_parameters is None:
             graph, forward, found = self.graph, self.analysis.split.forward, set()
             snapshots = {"ReadVariableOp", "ResourceGather"}
+            writers, _ = self.ref_writers()
             for name in self.order():
                 if name not in self.parameters or name not in forward:
                     continue
@@ -109,10 +118,36 @@ class Context:
                         not self.analysis.shapes.outputs(name):
                     continue
                 if inputs and all(r.node in found or r.node in self.constant
-                                  or graph.op(r.node) in snapshots for r in inputs):
+                                  or graph.op(r.node) in snapshots
+                                  or (op in REF_SNAPSHOTS and r.node in writers)
+                                  for r in inputs):
                     found.add(name)
             self._copyable_parameters = frozenset(found)
         return self._copyable_parameters
+
+    def ref_writers(self) -> tuple[dict[str, tuple[str, ...]], frozenset]:
+        """Ref variable -> the step's ops that may write it (every user but a reader), for the
+        ref variables no forward node waits on a write of; and every node that waits on one of
+        those writes. A copy of a read made during back-propagation is ordered before the
+        writes; no cycle closes as long as its trigger waits on none of those nodes."""
+        if self._ref_writers is None:
+            graph, forward = self.graph, self.analysis.split.forward
+            variables = [n for n in self.order() if graph.op(n) in REF_VARIABLES]
+            step = reachable(graph.nx, [f.split(":")[0] for f in self.analysis.fetches
+                                        if f.split(":")[0] in graph],
+                             upstream=True) if variables else set()
+            found, late = {}, set()
+            for name in variables:
+                writers = tuple(sorted(
+                    user for user, slot in graph.consumers(TensorRef(name))
+                    if slot is not None and slot >= 0 and user in step
+                    and graph.op(user) not in REF_READERS))
+                after = reachable(graph.nx, writers)
+                if not after & forward:
+                    found[name] = writers
+                    late |= after
+            self._ref_writers = found, frozenset(late)
+        return self._ref_writers
 
     def flow_reads(self) -> dict[str, list[TensorRef]]:
         """Forward node -> its outputs the gradient flow reads, in order, computed once."""

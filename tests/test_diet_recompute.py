@@ -7,6 +7,7 @@ float32 copy of every recomputed layer's weight from the forward pass to the rec
 unseen ResNet-50 MetaGraphDef: all of them at the peak, and no plan lowered it).
 """
 
+import networkx as nx
 import numpy as np
 import pytest
 
@@ -16,9 +17,9 @@ from graphrewrite.passes.base import RecomputeResult
 DEPTH, WIDTH, BATCH, FEATURES = 8, 128, 256, 64
 
 
-def _mlp(path):
-    """An 8-layer tanh MLP trained by Adam on resource variables: 128x128 kernels (dieted),
-    activations of 128 KiB."""
+def _mlp(path, resource=True):
+    """An 8-layer tanh MLP trained by Adam on resource (or ref) variables: 128x128 kernels
+    (dieted), activations of 128 KiB."""
     import tensorflow as tf
 
     graph = tf.Graph()
@@ -27,7 +28,7 @@ def _mlp(path):
         x = tf.compat.v1.placeholder(tf.float32, [BATCH, FEATURES], name="x")
         y = tf.compat.v1.placeholder(tf.int32, [BATCH], name="labels")
         h = x
-        with tf.compat.v1.variable_scope("m", use_resource=True):
+        with tf.compat.v1.variable_scope("m", use_resource=resource):
             for i in range(DEPTH):
                 h = tf.compat.v1.layers.dense(h, WIDTH, activation=tf.nn.tanh, name=f"d{i}")
             logits = tf.compat.v1.layers.dense(h, 4, name="out")
@@ -41,10 +42,10 @@ def _mlp(path):
     return io.load(path)
 
 
-@pytest.fixture(scope="module")
-def rewritten(tmp_path_factory):
+@pytest.fixture(scope="module", params=["resource", "ref"])
+def rewritten(tmp_path_factory, request):
     directory = tmp_path_factory.mktemp("diet_recompute")
-    model = _mlp(directory / "mlp.meta")
+    model = _mlp(directory / "mlp.meta", request.param == "resource")
     found = {}
     for key, passes in (("recompute", "recompute(policy=memory)"), ("diet", "diet"),
                         ("both", "diet recompute(policy=memory)")):
@@ -56,8 +57,11 @@ def rewritten(tmp_path_factory):
 
 def _check_copies_dequantize_again(graph, original):
     """Every recomputed MatMul reads a copy of its weight's dequantization, made from the
-    forward pass's 16-bit read, and each copy waits for the copies of what its original
-    waits for (a gated dequantization: the activation its reader multiplies)."""
+    forward pass's 16-bit read (a ref variable itself: then every write of the variable waits
+    for the copy), and each copy waits for the copies of what its original waits for (a gated
+    dequantization: the activation its reader multiplies)."""
+    from graphrewrite.tensor_ref import TensorRef
+
     copies = {n: names.copied_from(n) for n in graph.nodes() if names.copied_from(n)}
     copy_of = {o: c for c, o in copies.items()}
     matmuls = [c for c in copies if graph.op(c) == "MatMul"]
@@ -65,9 +69,17 @@ def _check_copies_dequantize_again(graph, original):
     for copy in matmuls:
         weight = graph.data_inputs(copy)[1].node
         assert weight in copies, f"{copy} reads the forward pass's dequantized {weight}"
+        while graph.op(weight) == "Identity":  # a ref variable's layer reads `kernel/read`
+            weight = graph.data_inputs(weight)[0].node
+            assert weight in copies, weight
         cast = graph.data_inputs(weight)[0].node
         assert graph.op(cast) == "Cast" and cast in copies
-        assert graph.op(graph.data_inputs(cast)[0].node) == "ReadVariableOp"  # not copied
+        read = graph.data_inputs(cast)[0].node
+        assert graph.op(read) in ("ReadVariableOp", "VariableV2")  # not copied
+        if graph.op(read) == "VariableV2":
+            writes = [u for u, slot in graph.consumers(TensorRef(read))
+                      if slot == 0 and graph.op(u) == "Assign" and "Adam" in u]
+            assert writes and all(nx.has_path(graph.nx, cast, w) for w in writes), cast
         for wait in original.control_inputs(copies[cast]):
             if wait in copy_of:
                 assert copy_of[wait] in graph.control_inputs(cast), (cast, wait)
@@ -99,6 +111,32 @@ def test_gated_dequantizations_are_copied_with_their_gates(tmp_path):
     gated = [c for c, o in copies.items() if result.graph.op(c) == "Cast"
              and any(w in {v for v in copies.values()} for w in dieted.graph.control_inputs(o))]
     assert gated, "some dequantization should wait for a recomputed activation"
+
+
+@pytest.mark.tf
+def test_a_copied_read_of_a_ref_variable_runs_before_its_writes(tmp_path):
+    """A ref variable's dequantizing `Cast` reads the variable when it runs: its copy must run
+    before the optimizer writes the variable, so each write waits for it by a control edge
+    (the data path from the copy to the update, which usually exists too, is not relied on)."""
+    from graphrewrite import analysis
+    from graphrewrite.passes import diet, recompute
+
+    model = _mlp(tmp_path / "mlp.meta", resource=False)
+    dieted = diet.run(model.graph, analysis.analyse(model), diet.DietOptions(), model=None)
+    found = analysis.analyse(model, dieted.graph, shapes=dieted.shapes)
+    result = recompute.run(dieted.graph, found, recompute.RecomputeOptions())
+    graph = result.graph
+    from graphrewrite.tensor_ref import TensorRef
+
+    casts = [c for c in graph.nodes() if names.copied_from(c) and graph.op(c) == "Cast"]
+    assert casts
+    for cast in casts:
+        variable = graph.data_inputs(cast)[0].node
+        assert graph.op(variable) == "VariableV2"
+        writes = [u for u, slot in graph.consumers(TensorRef(variable))
+                  if slot == 0 and graph.op(u) == "Assign" and "Adam" in u]
+        assert writes and all(cast in graph.control_inputs(w) for w in writes), cast
+    assert not graph.check()
 
 
 @pytest.mark.tf

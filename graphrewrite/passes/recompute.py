@@ -508,10 +508,14 @@ def apply(ctx: Context, checkpoints: set[str], ahead: frozenset = frozenset(),
             readers = [v for v, _ in graph.consumers(ref)
                        if v in flow or _gated_shape_reader(graph, v, backward)]
             graph.replace_uses(ref, TensorRef(copy, ref.port), readers)
-    triggers, gate_of, ungated = add_triggers(graph, ctx.graph, copies,
-                                              segments, flow, order,
-                                              executor_gates, ctx.loops_back())
+    writers, after_writes = ctx.ref_writers()
+    ref_reads = {n for n in copies if any(r.node in writers for r in graph.data_inputs(n))}
+    triggers, gate_of, ungated = add_triggers(graph, ctx.graph, copies, segments,
+                                              flow - after_writes if ref_reads else flow,
+                                              order, executor_gates, ctx.loops_back())
     early = _recompute_ahead(graph, ctx, ahead, copies, gate_of, recomputable, order)
+    for made in (copies, early):
+        _before_ref_writes(graph, writers, made)
     reuse = reuse and _reuse_ahead(graph, ctx, copies, early,
                                    _first_reached(ctx, segments, set(early)))
     shapes = Shapes(dict(ctx.analysis.shapes.tensors))
@@ -696,6 +700,16 @@ def _mirror_waits(graph: Graph, copies: dict[str, str], segments: list[set[str]]
             for before in graph.control_inputs(name):
                 if before in segment:
                     graph.add_control(copies[before], copies[name])
+
+
+def _before_ref_writes(graph: Graph, writers: dict, copies: dict[str, str]) -> None:
+    """A copied read of a ref variable (a dieted weight's `Cast`, `Context.copyable_parameters`)
+    reads the variable when it runs, so it must run before the step writes the variable: each
+    of the variable's `writers` waits for it (its trigger waits on no node after a write)."""
+    for name, copy in copies.items():
+        for ref in graph.data_inputs(name):
+            for writer in writers.get(ref.node, ()):
+                graph.add_control(copy, writer)
 
 
 def _recompute_ahead(graph: Graph, ctx, ahead, copies, gate_of, recomputable, order) -> dict:
