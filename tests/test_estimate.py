@@ -56,21 +56,80 @@ def test_the_estimate_planner_finds_the_search_planners_peak(name):
                 <= 1.10 * search.results["recompute"].extra_flops + 1)
 
 
-@pytest.mark.parametrize("name", ["keras_train", "transformer_dropout"])
-def test_segments_priced_once_give_the_estimate_of_a_fresh_estimator(name):
-    """The estimator caches each segment's buffers; one that priced many plans before (random
-    bottlenecks kept, the first few recomputed ahead) gives the curve a new one gives."""
-    model, found, ctx, shared = setup(name)
+def _reference(graph, found, segments, ahead=()):
+    """The estimate's rules one buffer and one segment at a time, in plain Python: the
+    estimator's numpy must give the same peak, owners at the peak and curve."""
+    report, flow = found.memory, found.split.gradient_flow
+    backward = found.split.backward
+    steps, step_of = len(report.order), {n: i for i, n in enumerate(report.order)}
+    buffers = [b for b in report.buffers if b.place == "device"]
+    index = {id(b): i for i, b in enumerate(buffers)}
+    end = [steps - 1 if b.end is None or b.pinned else b.end for b in buffers]
+    reads, readers = {}, {}
+    for name in report.order:
+        for ref in graph.data_inputs(name):
+            buffer = report.buffer_of.get(ref)
+            if buffer is not None and id(buffer) in index:
+                reads.setdefault(index[id(buffer)], []).append((step_of[name], name, ref.node))
+                if name in flow:
+                    readers.setdefault(ref.node, set()).add(name)
+
+    def first(nodes):
+        return min((step_of[t] for n in nodes for t in readers.get(n, ())), default=steps)
+
+    trigger = {}
+    for segment in segments:
+        targets = {t for n in segment for t in readers.get(n, ())}
+        waits = [step_of[r.node] for t in targets for r in graph.data_inputs(t)
+                 if r.node in flow and r.node in step_of and r.node not in targets]
+        trigger.update(dict.fromkeys(segment, min(max(waits, default=first(segment)),
+                                                  first(segment))))
+    for group, group_readers in ahead:
+        at = min([trigger.get(r, steps) for r in group_readers] + [first(group)])
+        trigger.update(dict.fromkeys(group, at))
+    curve = [0] * (steps + 1)
+
+    def live(a, b, size):
+        curve[a] += size
+        curve[b + 1] -= size
+
+    for i, b in enumerate(buffers):
+        kept_to, later, copy_to, copy_from = b.start, -1, -1, steps
+        for step, reader, node in reads.get(i, ()):
+            if reader in flow and node in trigger:
+                copy_to, copy_from = max(copy_to, step), min(copy_from, trigger[node])
+            elif node in backward:
+                later = max(later, step)
+            elif reader not in flow:
+                kept_to = max(kept_to, step)
+        if copy_to < 0:
+            live(b.start, end[i], b.size)
+            continue
+        copy_to = max(copy_to, later)
+        live(b.start, end[i] if b.pinned else kept_to, b.size)
+        live(min(copy_from, copy_to), copy_to, b.size)
+    return np.cumsum(curve[:-1])
+
+
+@pytest.mark.parametrize("name", KINDS)
+def test_the_estimate_follows_its_rules_written_plainly(name):
+    """Random bottlenecks kept, the first few recomputed ahead: the estimator's curve is the
+    plain reference's (`_reference`), and pricing the recompute pass's segments directly
+    (`estimate`) gives what the planner's numpy segments (`estimate_recomputed`) give."""
+    model, found, ctx, estimator = setup(name)
     chain = checkpoints.bottlenecks(ctx)
     rng = np.random.default_rng(0)
-    for _ in range(40):
+    for _ in range(25):
         kept = {str(n) for n in rng.choice(chain, rng.integers(1, len(chain)), replace=False)}
         ahead = frozenset([n for n in ctx.order() if n in kept][:rng.integers(0, 3)])
-        fresh = PlanEstimator(model.graph, found)
-        a = recompute._estimate(shared, ctx, kept, ahead)
-        b = recompute._estimate(fresh, ctx, kept, ahead)
-        assert (a.peak, a.live_at_peak) == (b.peak, b.live_at_peak)
-    assert len(shared._segments) > len(fresh._segments)
+        planned = recompute._estimate(estimator, ctx, kept, ahead)
+        segments = recompute._segments(ctx, set(planned.recomputed))
+        early = recompute._segments(ctx, set(planned.ahead))
+        groups = [(c & ahead, {v for a in c & ahead for v in ctx.graph.successors(a)
+                               if v in planned.recomputed}) for c in early]
+        direct = estimator.estimate(segments, groups)
+        assert (direct.peak, direct.live_at_peak) == (planned.peak, planned.live_at_peak)
+        assert direct.curve.tolist() == _reference(model.graph, found, segments, groups).tolist()
 
 
 @pytest.mark.parametrize("name", KINDS)

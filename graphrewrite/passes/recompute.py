@@ -297,16 +297,19 @@ def _estimate(estimator: PlanEstimator, ctx: Context, checkpoints: set[str],
     """Price a checkpoint choice on the original's schedule (`estimate.py`), without applying
     it: a Rewrite with no graph."""
     blocked: dict[str, set[str]] = {}  # left empty: the chosen plan is applied again
-    recomputed = _recomputed_quickly(ctx, checkpoints)
+    everything = _unchecked(ctx)[0]
+    removed = (everything & checkpoints) | _cut(ctx, checkpoints)
+    recomputed = everything - removed  # `_recomputed_quickly`
     early = _ahead_members(ctx, ahead, _recomputable(ctx, checkpoints, blocked))
     groups = [(chain & ahead, {v for a in chain & ahead for v in ctx.graph.successors(a)
                                if v in recomputed})
               for chain in _segments(ctx, early)]
-    found = estimator.estimate(_segments(ctx, recomputed), groups)
+    found = estimator.estimate_recomputed(everything, removed, groups)
     attempt = Rewrite(None, set(checkpoints), dict.fromkeys(recomputed, ""), {}, 0, blocked,
                       None, ahead=dict.fromkeys(early, ""), ahead_checkpoints=frozenset(ahead),
                       peak=found.peak, live_at_peak=found.live_at_peak)
-    attempt.extra_flops = ctx.flops([*recomputed, *early])
+    # the FLOPs of `recomputed` as those of `everything` (summed once) less `removed`'s
+    attempt.extra_flops = _unchecked_flops(ctx) - ctx.flops(removed) + ctx.flops(early)
     log.debug("recompute: %d checkpoints -> estimated peak %d bytes, %d extra FLOPs",
               len(checkpoints), attempt.peak, attempt.extra_flops)
     return attempt
@@ -570,6 +573,12 @@ def _recomputed_quickly(ctx: Context, checkpoints: set[str]) -> set[str]:
     read by the gradient flow themselves, and read only by checkpoints and other such
     nodes), found by walking up from the checkpoints. The same set: a node is recomputed when
     the flow reads it or a recomputed node reads it. The planners price hundreds of plans."""
+    return _unchecked(ctx)[0] - checkpoints - _cut(ctx, checkpoints)
+
+
+def _cut(ctx: Context, checkpoints: set[str]) -> set[str]:
+    """The nodes of `_unchecked`'s set that keeping `checkpoints` cuts off (see
+    `_recomputed_quickly`)."""
     everything, boundary, readers = _unchecked(ctx)
     sources = ctx.sources()
     cut: set[str] = set()
@@ -582,7 +591,7 @@ def _recomputed_quickly(ctx: Context, checkpoints: set[str]) -> set[str]:
         if all(r in checkpoints or r in cut for r in readers[name]):
             cut.add(name)
             stack.extend(sources[name])
-    return everything - checkpoints - cut
+    return cut
 
 
 # The last Context `_unchecked` answered for (weakly held) and its answer.
@@ -602,6 +611,19 @@ def _unchecked(ctx: Context) -> tuple[frozenset, frozenset, dict]:
         found = (frozenset(everything), boundary, readers)
         _unchecked_memo[:] = [weakref.ref(ctx), found]
     return found
+
+
+# The last Context `_unchecked_flops` answered for (weakly held) and its answer.
+_unchecked_flops_memo: list = [None, 0]
+
+
+def _unchecked_flops(ctx: Context) -> int:
+    """The FLOPs of `_unchecked`'s set, summed once per context."""
+    held, total = _unchecked_flops_memo
+    if held is None or held() is not ctx:
+        total = ctx.flops(_unchecked(ctx)[0])
+        _unchecked_flops_memo[:] = [weakref.ref(ctx), total]
+    return total
 
 
 def _ahead_members(ctx: Context, ahead, recomputable) -> set[str]:
