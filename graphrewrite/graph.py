@@ -187,7 +187,10 @@ class Graph:
                       if d["port"] == ref.port)
 
     def successors(self, name: str) -> list[str]:
-        return sorted(set(self.nx.successors(name)))
+        readers = self.nx._succ.get(name)  # networkx's own dict (its keys are unique): no view
+        if readers is None:
+            return sorted(set(self.nx.successors(name)))  # networkx's error for a non-node
+        return sorted(readers)
 
     def topological_order(self, tie_break: str = "order") -> list[str]:
         """Producers before consumers, loop back edges ignored; ties by file `order` or by `name`.
@@ -206,7 +209,8 @@ class Graph:
     def _kahn(self, names: list[str], key) -> list[str] | None:
         """Kahn's algorithm over the real nodes (loop back edges ignored), the smallest key
         among the ready nodes first, as networkx's lexicographical_topological_sort (the keys
-        here are unique); None when a cycle is left."""
+        here are unique), or with `key` None in no particular order (to test for a cycle);
+        None when a cycle is left."""
         succ, pred = self.nx._succ, self.nx._pred
         if len(names) == len(succ) and not any(self.loops_back(u) for u in names):
             # Every node real, no loop back edge: each producer counts once per consumer.
@@ -223,6 +227,14 @@ class Graph:
                 children[u] = kids = [v for v in succ[u] if v in real]
                 for v in kids:
                     waiting[v] += 1
+        if key is None:
+            ready = [n for n in names if waiting[n] == 0]
+            for name in ready:  # grows as it goes
+                for v in children[name]:
+                    waiting[v] -= 1
+                    if waiting[v] == 0:
+                        ready.append(v)
+            return ready if len(ready) == len(names) else None
         ready = [(key(n), n) for n in names if waiting[n] == 0]
         heapq.heapify(ready)
         order = []
@@ -282,8 +294,8 @@ class Graph:
         self._insert(payload)
         for u, d in self._in_edges(name):
             self._own_pair(u, new_name)
-            self.nx.add_edge(u, new_name, key=len(self.nx.in_edges(new_name)), port=d["port"],
-                             slot=d["slot"], text=None)
+            key = sum(map(len, self.nx._pred[new_name].values()))  # its in-edges so far
+            self.nx.add_edge(u, new_name, key=key, port=d["port"], slot=d["slot"], text=None)
         return new_name
 
     def replace_uses(self, old: TensorRef, new: TensorRef,
@@ -291,7 +303,11 @@ class Graph:
         """Make data consumers of `old` (all, or just `consumers`) read `new`; returns edges moved."""
         self._require(new.node)
         only = None if consumers is None else set(consumers)
-        moved = [(v, k, d) for _, v, k, d in self.nx.out_edges(old.node, keys=True, data=True)
+        readers = self.nx._succ.get(old.node)  # in `out_edges`' order, without building a view
+        if readers is None:
+            readers = {v: {k: d} for _, v, k, d in self.nx.out_edges(old.node, keys=True,
+                                                                       data=True)}
+        moved = [(v, k, d) for v, keyed in readers.items() for k, d in keyed.items()
                  if d["port"] == old.port and (only is None or v in only)]
         for v, k, d in moved:
             self._own_pair(old.node, v)
@@ -343,12 +359,11 @@ class Graph:
     def check(self) -> list[str]:
         """Every structural problem, one sentence each; an empty list means the graph is sound."""
         problems = list(self._load_problems)
-        for name, data in sorted(self.nx.nodes(data=True)):
-            if data.get("missing"):
-                for _, v, _, d in sorted(self.nx.out_edges(name, keys=True, data=True),
-                                         key=lambda e: (e[1], e[2])):
-                    text = d["text"] or str(TensorRef(name, d["port"]))
-                    problems.append(f"node '{v}' reads '{text}' but there is no node '{name}'")
+        for name in sorted(n for n, data in self.nx._node.items() if data.get("missing")):
+            for _, v, _, d in sorted(self.nx.out_edges(name, keys=True, data=True),
+                                     key=lambda e: (e[1], e[2])):
+                text = d["text"] or str(TensorRef(name, d["port"]))
+                problems.append(f"node '{v}' reads '{text}' but there is no node '{name}'")
         for name in self.nodes():
             edges = self._in_edges(name)
             seen_control = False
@@ -363,7 +378,7 @@ class Graph:
 
     def _cycle_problems(self) -> list[str]:
         names = self.nodes()
-        if self._kahn(names, str) is not None:
+        if self._kahn(names, None) is not None:
             return []  # every node sorted: no cycle, no self-loop
         real = set(names)
         dag = nx.DiGraph()
