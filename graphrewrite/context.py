@@ -127,9 +127,11 @@ class Context:
 
     def ref_writers(self) -> tuple[dict[str, tuple[str, ...]], frozenset]:
         """Ref variable -> the step's ops that may write it (every user but a reader), for the
-        ref variables no forward node waits on a write of; and every node that waits on one of
-        those writes. A copy of a read made during back-propagation is ordered before the
-        writes; no cycle closes as long as its trigger waits on none of those nodes."""
+        ref variables whose writes nothing that reads an activation waits on (an optimizer's
+        update, not a batch norm's moving average, which back-propagation may wait on); and
+        every node that waits on one of those writes. A copy of a read made during
+        back-propagation is ordered before the writes; no cycle closes as long as its trigger
+        waits on none of those nodes."""
         if self._ref_writers is None:
             graph, forward = self.graph, self.analysis.split.forward
             variables = [n for n in self.order() if graph.op(n) in REF_VARIABLES]
@@ -143,7 +145,9 @@ class Context:
                     if slot is not None and slot >= 0 and user in step
                     and graph.op(user) not in REF_READERS))
                 after = reachable(graph.nx, writers)
-                if not after & forward:
+                if not any(n in forward or any(r.node in forward and r.node not in
+                                               self.parameters for r in graph.data_inputs(n))
+                           for n in after):
                     found[name] = writers
                     late |= after
             self._ref_writers = found, frozenset(late)
