@@ -19,6 +19,20 @@ pytestmark = pytest.mark.tf
 BATCH, FEATURES, CLASSES = 32, 8, 4
 
 
+def _train_step(model, optimizer):
+    """The concrete function of a TF2 training step: squared error, one `apply_gradients`."""
+    @tf.function(input_signature=[tf.TensorSpec([BATCH, FEATURES], tf.float32, name="x"),
+                                  tf.TensorSpec([BATCH, CLASSES], tf.float32, name="y")])
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    return train_step.get_concrete_function()
+
+
 @pytest.fixture(scope="module")
 def keras_step(tmp_path_factory):
     """A Keras Dense+BatchNormalization+Dropout step with Adam: the GraphDef exported with and
@@ -34,16 +48,7 @@ def keras_step(tmp_path_factory):
     ])
     optimizer = tf.keras.optimizers.Adam(1e-2)
 
-    @tf.function(input_signature=[tf.TensorSpec([BATCH, FEATURES], tf.float32, name="x"),
-                                  tf.TensorSpec([BATCH, CLASSES], tf.float32, name="y")])
-    def train_step(x, y):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
-    concrete = train_step.get_concrete_function()
+    concrete = _train_step(model, optimizer)
     directory = tmp_path_factory.mktemp("keras_step")
     paths = {}
     for add_shapes in (True, False):
@@ -249,16 +254,7 @@ def test_tf2_step_training_starts_from_keras_like_weights(tmp_path):
     optimizer = tf.keras.optimizers.Adam(tf.keras.optimizers.schedules.ExponentialDecay(
         1e-3, 1000, 1.0))
 
-    @tf.function(input_signature=[tf.TensorSpec([BATCH, FEATURES], tf.float32, name="x"),
-                                  tf.TensorSpec([BATCH, CLASSES], tf.float32, name="y")])
-    def train_step(x, y):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
-    concrete = train_step.get_concrete_function()
+    concrete = _train_step(model, optimizer)
     (tmp_path / "step.pb").write_bytes(
         concrete.graph.as_graph_def(add_shapes=True).SerializeToString())
     handles = {id(v.handle): v for v in model.variables + optimizer.variables}
