@@ -243,7 +243,8 @@ def optimize(model: Model, mode: str, input_shapes: dict | None = None,
         if result.modified:
             graph = result.graph
             found = analysis_mod.analyse(model, graph, input_shapes, backward_scope,
-                                         found.fetches, shapes=result.shapes, device=device)
+                                         found.fetches, shapes=result.shapes, device=device,
+                                         planned=index < len(steps) - 1)  # a pass follows
     run_reports = (None, None)
     if as_run:
         run_before = analysis_mod.as_run(model, model.graph, original, input_shapes, device)
