@@ -156,6 +156,23 @@ def test_recompute_after_diet_with_ref_variables_and_batch_norm(tmp_path):
 
 
 @pytest.mark.tf
+def test_recompute_after_diet_with_batch_norm_is_bitwise_equal_to_diet_alone(tmp_path):
+    """A dieted batch-norm scale makes `Rsqrt * (Cast * scale)` a chain Grappler's arithmetic
+    optimizer regroups; a recomputed copy of its root given a control input (a late copy's
+    gate) is left as written, and rounds differently."""
+    model = _mlp(tmp_path / "mlp.meta", batch_norm=True)
+    found = {}
+    diet = f"diet(min_size={WIDTH})"  # the 128-wide scales too
+    for key, passes in (("diet", diet), ("both", f"{diet} recompute(policy=memory)")):
+        result = pipeline.optimize(model, "memory", composed=passes, as_run=False)
+        io.save(model, result.graph, tmp_path / f"{key}.meta")
+        found[key] = io.load(tmp_path / f"{key}.meta")
+    assert result.results["recompute"].modified
+    checked = verify.verify(found["diet"], found["both"], runs=0, isolated=False, int_high=4)
+    assert checked.match, checked.to_json()["mismatched"]
+
+
+@pytest.mark.tf
 def test_recompute_after_diet_saves_about_what_it_saves_without_diet(rewritten):
     """Holding the dequantized weights of the recomputed layers costs a float32 copy of each:
     recomputation then saved 55% of what it saves on the original graph; dequantizing again,

@@ -18,13 +18,14 @@ previous trigger's ancestors plus what is new (`_Ancestry`).
 from __future__ import annotations
 
 from ..graph import Graph
-from ..names import TRIGGER_PREFIX
+from ..names import TRIGGER_PREFIX, copied_from
 from ..split import reachable
 from ..tensor_ref import CONTROL, TensorRef
 from ..topo import TopoOrder
 from .pads import can_gate
 
 FORWARDING_OPS = ("Identity", "IdentityN", "Snapshot")
+CHAIN_OPS = ("Mul", "Add", "AddV2")  # what MinimizeBroadcasts regroups
 
 
 def add_triggers(graph: Graph, original: Graph, copies: dict[str, str], segments, flow,
@@ -75,6 +76,8 @@ def _gate_late_copies(graph: Graph, original: Graph, ancestry, reach, members: l
     grows, so no cycle can form. Returns the new triggers with their waits."""
     groups: dict[tuple, list[str]] = {}
     for copy in members:
+        if _chain_root(original, copied_from(copy)):
+            continue
         targets = {v for v in graph.successors(copy) if v in flow and v not in all_copies}
         waits = {_wait_of(graph, r.node, flow) for t in targets for r in graph.data_inputs(t)
                  if r.node in flow and r.node not in all_copies} - segment_waits
@@ -88,6 +91,17 @@ def _gate_late_copies(graph: Graph, original: Graph, ancestry, reach, members: l
         if waits:
             triggers[_add_trigger(graph, reach, gated[0], waits, gated)] = waits
     return triggers
+
+
+def _chain_root(original: Graph, name: str) -> bool:
+    """Whether Grappler's arithmetic optimizer regroups the chain of `name`'s op that ends at
+    `name` (MinimizeBroadcasts: a Mul of a Mul read nowhere else, a dieted weight's
+    dequantization times a batch norm's scale). It leaves a chain whose root has a control
+    input as it is, so a gated copy would round differently from its original."""
+    op = original.op(name)
+    return op in CHAIN_OPS and not original.control_inputs(name) and any(
+        original.op(r.node) == op and original.nx.out_degree(r.node) == 1
+        for r in original.data_inputs(name))
 
 
 def _add_trigger(graph: Graph, reach, name: str, waits: list[str], gated: list[str]) -> str:
