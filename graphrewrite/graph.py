@@ -8,8 +8,8 @@ in the input list (so `Mul(x, x)` is two edges and the original order survives).
 - `text`: the input string as the file spelled it (`a:0` and `a` name the same tensor), or None for
   edges a pass created, which print canonically.
 
-Node data: `node_def` (the NodeDef with its inputs cleared: the edges hold those), `order` (position
-in the file; new nodes append). A producer named by an input but absent from the graph is kept as a
+Node data: `node_def` (the NodeDef with its inputs cleared: the edges hold those), `op` (its op,
+read far more often than anything else), `order` (position in the file; new nodes append). A producer named by an input but absent from the graph is kept as a
 node with `missing=True`, so `check()` can report it and nothing is silently dropped.
 
 All mutation goes through the methods below; there is no second index that could go stale.
@@ -156,7 +156,10 @@ class Graph:
         return data["node_def"]
 
     def op(self, name: str) -> str:
-        return self.node_def(name).op
+        data = self.nx._node.get(name)
+        if data is None or data.get("missing"):
+            raise GraphError(f"no node named '{name}'")
+        return data["op"]  # `node_def(name).op`, kept beside it: read millions of times
 
     def inputs(self, name: str) -> list[TensorRef]:
         """All inputs in NodeDef order: data inputs, then control dependencies."""
@@ -272,6 +275,7 @@ class Graph:
             self._own_pair(u, name)
         self.nx.remove_edges_from(list(self.nx.in_edges(name, keys=True)))
         self.nx._node[name]["node_def"] = payload
+        self.nx._node[name]["op"] = op
         self._forget(name)
         self._add_inputs(name, inputs)
 
@@ -396,7 +400,7 @@ class Graph:
     # ----------------------------------------------------------------- internals
 
     def _insert(self, payload: node_def_pb2.NodeDef) -> None:
-        self.nx.add_node(payload.name, node_def=payload, order=self._next_order)
+        self.nx.add_node(payload.name, node_def=payload, op=payload.op, order=self._next_order)
         self._owned.add(payload.name)  # new dicts, shared with no copy
         self._next_order += 1
         if self._nodes_cache is not None:  # the largest order: last in file order
@@ -440,7 +444,7 @@ class Graph:
     def loops_back(self, producer: str) -> bool:
         """Whether `producer`'s outgoing edges close a v1 while-loop (NextIteration -> Merge)."""
         data = self.nx._node[producer]
-        return not data.get("missing") and data["node_def"].op in LOOP_BACK_OPS
+        return not data.get("missing") and data["op"] in LOOP_BACK_OPS
 
     def _in_edges(self, name: str) -> list[tuple[str, dict]]:
         cached = self._inputs_cache.get(name)
