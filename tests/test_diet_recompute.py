@@ -156,11 +156,13 @@ def test_recompute_after_diet_with_ref_variables_and_batch_norm(tmp_path):
 
 
 @pytest.mark.tf
-def test_recompute_after_diet_with_batch_norm_is_bitwise_equal_to_diet_alone(tmp_path):
+@pytest.mark.parametrize("resource", [True, False])
+def test_recompute_after_diet_with_batch_norm_is_bitwise_equal_to_diet_alone(tmp_path, resource):
     """A dieted batch-norm scale makes `Rsqrt * (Cast * scale)` a chain Grappler's arithmetic
-    optimizer regroups; a recomputed copy of its root given a control input (a late copy's
-    gate) is left as written, and rounds differently."""
-    model = _mlp(tmp_path / "mlp.meta", batch_norm=True)
+    optimizer regroups (with ref variables through the variable's `read` Identity); a
+    recomputed copy of its root given a control input (a late copy's gate) is left as
+    written, and rounds differently."""
+    model = _mlp(tmp_path / "mlp.meta", resource, batch_norm=True)
     found = {}
     diet = f"diet(min_size={WIDTH})"  # the 128-wide scales too
     for key, passes in (("diet", diet), ("both", f"{diet} recompute(policy=memory)")):
@@ -170,6 +172,23 @@ def test_recompute_after_diet_with_batch_norm_is_bitwise_equal_to_diet_alone(tmp
     assert result.results["recompute"].modified
     checked = verify.verify(found["diet"], found["both"], runs=0, isolated=False, int_high=4)
     assert checked.match, checked.to_json()["mismatched"]
+
+
+@pytest.mark.tf
+@pytest.mark.parametrize("resource", [True, False])
+def test_a_dieted_scale_makes_its_batch_norm_product_a_regrouped_chain(tmp_path, resource):
+    """`Rsqrt * gamma`, gamma dequantized (`Cast * scale`, read through the ref variable's
+    `read` Identity with ref variables), is a Mul chain Grappler regroups: its copy gets no
+    late gate (`triggers._chain_root`); the MatMuls are not chains."""
+    from graphrewrite import analysis
+    from graphrewrite.passes import diet
+    from graphrewrite.passes.triggers import _chain_root
+
+    model = _mlp(tmp_path / "mlp.meta", resource, batch_norm=True)
+    options = diet.DietOptions(min_size=WIDTH)
+    graph = diet.run(model.graph, analysis.analyse(model), options, model=None).graph
+    assert all(_chain_root(graph, f"m/bn{i}/batchnorm/mul") for i in range(DEPTH))
+    assert not any(_chain_root(graph, f"m/d{i}/MatMul") for i in range(DEPTH))
 
 
 @pytest.mark.tf

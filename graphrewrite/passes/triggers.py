@@ -95,13 +95,20 @@ def _gate_late_copies(graph: Graph, original: Graph, ancestry, reach, members: l
 
 def _chain_root(original: Graph, name: str) -> bool:
     """Whether Grappler's arithmetic optimizer regroups the chain of `name`'s op that ends at
-    `name` (MinimizeBroadcasts: a Mul of a Mul read nowhere else, a dieted weight's
-    dequantization times a batch norm's scale). It leaves a chain whose root has a control
-    input as it is, so a gated copy would round differently from its original."""
+    `name` (MinimizeBroadcasts: a Mul of a Mul read nowhere else, also through an Identity
+    Grappler removes; a dieted batch-norm scale's dequantization times `Rsqrt`). It leaves a
+    chain whose root has a control input as it is, so a gated copy would round differently
+    from its original."""
     op = original.op(name)
-    return op in CHAIN_OPS and not original.control_inputs(name) and any(
-        original.op(r.node) == op and original.nx.out_degree(r.node) == 1
-        for r in original.data_inputs(name))
+    if op not in CHAIN_OPS or original.control_inputs(name):
+        return False
+    for ref in original.data_inputs(name):
+        source = ref.node
+        while original.op(source) == "Identity" and original.nx.out_degree(source) == 1:
+            source = original.data_inputs(source)[0].node  # a ref variable's `read`: removed
+        if original.op(source) == op and original.nx.out_degree(source) == 1:
+            return True
+    return False
 
 
 def _add_trigger(graph: Graph, reach, name: str, waits: list[str], gated: list[str]) -> str:
