@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import flops, ops, parameters
+from . import flops, memory, ops, parameters
 from .analysis import Analysis
 from .graph import Graph
 from .split import loop_frame_nodes, reachable
@@ -49,7 +49,7 @@ class Context:
     _forward_blockers: dict | None = None
     _loops_back: bool | None = None
     _copyable_parameters: frozenset | None = None
-    _ref_writers: dict | None = None
+    _ref_writers: tuple | None = None  # see `ref_writers`
 
     def order(self) -> list[str]:
         """The graph's topological order, computed once (the graph is not changed in place)."""
@@ -135,9 +135,13 @@ class Context:
         if self._ref_writers is None:
             graph, forward = self.graph, self.analysis.split.forward
             variables = [n for n in self.order() if graph.op(n) in REF_VARIABLES]
-            step = reachable(graph.nx, [f.split(":")[0] for f in self.analysis.fetches
-                                        if f.split(":")[0] in graph],
-                             upstream=True) if variables else set()
+            step = memory.needed_nodes(graph, [f.split(":")[0] for f in self.analysis.fetches
+                                               if f.split(":")[0] in graph]) if variables else ()
+
+            def reads_an_activation(name: str) -> bool:
+                return name in forward or any(r.node in forward and r.node not in self.parameters
+                                              for r in graph.data_inputs(name))
+
             found, late = {}, set()
             for name in variables:
                 writers = tuple(sorted(
@@ -145,9 +149,7 @@ class Context:
                     if slot is not None and slot >= 0 and user in step
                     and graph.op(user) not in REF_READERS))
                 after = reachable(graph.nx, writers)
-                if not any(n in forward or any(r.node in forward and r.node not in
-                                               self.parameters for r in graph.data_inputs(n))
-                           for n in after):
+                if not any(map(reads_an_activation, after)):
                     found[name] = writers
                     late |= after
             self._ref_writers = found, frozenset(late)

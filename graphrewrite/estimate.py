@@ -209,8 +209,8 @@ class PlanEstimator:
         trigger = np.full(self.nodes, -1, dtype=np.int64)
         trigger[recomputed] = self._triggers(label, count)[label[recomputed]]
         for group, readers in ahead:
-            at = min([int(trigger[self.index[r]]) if trigger[self.index[r]] >= 0
-                      else self.steps for r in readers]
+            steps = [int(trigger[self.index[r]]) for r in readers]
+            at = min([s if s >= 0 else self.steps for s in steps]
                      + [self._first_step(self._flow_readers_of(group))])
             trigger[[self.index[n] for n in group]] = at
         rows = self._rows(trigger)

@@ -232,7 +232,7 @@ def training_start(model: Model, feeds: dict, given: set = frozenset()) -> dict:
     for name in (slots & captured) - set(given):
         if name in out:
             out[name] = np.zeros_like(out[name])
-    weights = {_captured_handle(graph, u.var) for u in updates} & captured
+    weights = {u.var for u in updates} & captured  # as `slots`: the updates' own handles
     for name in sorted(weights - slots - set(given)):
         if name in out and np.issubdtype(out[name].dtype, np.floating):
             out[name] = _initial_weight(graph, name, out[name])
@@ -247,13 +247,6 @@ def training_start(model: Model, feeds: dict, given: set = frozenset()) -> dict:
 LEARNING_RATE = 1e-3  # Keras Adam's default; a TF2 step's captured rate holds no value
 # Ops that take a 1-D weight as a scale (a layer norm's or batch norm's gamma): it starts at one.
 SCALE_READERS = {"Mul": None, "FusedBatchNorm": 1, "FusedBatchNormV2": 1, "FusedBatchNormV3": 1}
-
-
-def _captured_handle(graph, name: str) -> str:
-    """The resource placeholder behind `name`, through handle forwarders (Identity)."""
-    while graph.op(name) in bind.HANDLE_FORWARDERS and graph.data_inputs(name):
-        name = graph.data_inputs(name)[0].node
-    return name
 
 
 def _initial_weight(graph, name: str, seeded: np.ndarray) -> np.ndarray:

@@ -46,6 +46,7 @@ import logging
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import networkx as nx
 
@@ -297,19 +298,19 @@ def _estimate(estimator: PlanEstimator, ctx: Context, checkpoints: set[str],
     """Price a checkpoint choice on the original's schedule (`estimate.py`), without applying
     it: a Rewrite with no graph."""
     blocked: dict[str, set[str]] = {}  # left empty: the chosen plan is applied again
-    everything = _unchecked(ctx)[0]
-    removed = (everything & checkpoints) | _cut(ctx, checkpoints)
-    recomputed = everything - removed  # `_recomputed_quickly`
+    unchecked = _unchecked(ctx)
+    removed = _removed(ctx, checkpoints)
+    recomputed = unchecked.everything - removed  # `_recomputed_quickly`
     early = _ahead_members(ctx, ahead, _recomputable(ctx, checkpoints, blocked))
     groups = [(chain & ahead, {v for a in chain & ahead for v in ctx.graph.successors(a)
                                if v in recomputed})
               for chain in _segments(ctx, early)]
-    found = estimator.estimate_recomputed(everything, removed, groups)
+    found = estimator.estimate_recomputed(unchecked.everything, removed, groups)
     attempt = Rewrite(None, set(checkpoints), dict.fromkeys(recomputed, ""), {}, 0, blocked,
                       None, ahead=dict.fromkeys(early, ""), ahead_checkpoints=frozenset(ahead),
                       peak=found.peak, live_at_peak=found.live_at_peak)
     # the FLOPs of `recomputed` as those of `everything` (summed once) less `removed`'s
-    attempt.extra_flops = _unchecked_flops(ctx) - ctx.flops(removed) + ctx.flops(early)
+    attempt.extra_flops = unchecked.flops - ctx.flops(removed) + ctx.flops(early)
     log.debug("recompute: %d checkpoints -> estimated peak %d bytes, %d extra FLOPs",
               len(checkpoints), attempt.peak, attempt.extra_flops)
     return attempt
@@ -575,13 +576,13 @@ def _recomputed_quickly(ctx: Context, checkpoints: set[str]) -> set[str]:
     read by the gradient flow themselves, and read only by checkpoints and other such
     nodes), found by walking up from the checkpoints. The same set: a node is recomputed when
     the flow reads it or a recomputed node reads it. The planners price hundreds of plans."""
-    return _unchecked(ctx)[0] - checkpoints - _cut(ctx, checkpoints)
+    return _unchecked(ctx).everything - _removed(ctx, checkpoints)
 
 
-def _cut(ctx: Context, checkpoints: set[str]) -> set[str]:
-    """The nodes of `_unchecked`'s set that keeping `checkpoints` cuts off (see
-    `_recomputed_quickly`)."""
-    everything, boundary, readers = _unchecked(ctx)
+def _removed(ctx: Context, checkpoints: set[str]) -> set[str]:
+    """The nodes of `_unchecked`'s set that keeping `checkpoints` does not recompute: the
+    checkpoints themselves and the nodes they cut off (see `_recomputed_quickly`)."""
+    everything, boundary, readers, _ = _unchecked(ctx)
     sources = ctx.sources()
     cut: set[str] = set()
     stack = [s for c in checkpoints if c in everything for s in sources[c]]
@@ -593,16 +594,23 @@ def _cut(ctx: Context, checkpoints: set[str]) -> set[str]:
         if all(r in checkpoints or r in cut for r in readers[name]):
             cut.add(name)
             stack.extend(sources[name])
-    return cut
+    return (everything & checkpoints) | cut
 
 
 # The last Context `_unchecked` answered for (weakly held) and its answer.
 _unchecked_memo: list = [None, None]
 
 
-def _unchecked(ctx: Context) -> tuple[frozenset, frozenset, dict]:
-    """What `_recomputed_nodes` recomputes without checkpoints, the nodes of it the gradient
-    flow reads (its starts), and each node's readers within it."""
+class _Unchecked(NamedTuple):
+    everything: frozenset  # what `_recomputed_nodes` recomputes without checkpoints
+    boundary: frozenset    # the nodes of it the gradient flow reads (its starts)
+    readers: dict          # each node's readers within it
+    flops: int             # its FLOPs, summed once
+
+
+def _unchecked(ctx: Context) -> _Unchecked:
+    """What `_recomputed_nodes` recomputes without checkpoints, and what the planners ask of
+    it for every plan, found once per context."""
     held, found = _unchecked_memo
     if held is None or held() is not ctx:
         recomputable = _recomputable(ctx, set(), {})
@@ -610,22 +618,9 @@ def _unchecked(ctx: Context) -> tuple[frozenset, frozenset, dict]:
         everything = _with_ancestors(ctx, boundary, recomputable)
         readers = {n: tuple(r for r in ctx.readers().get(n, ()) if r in everything)
                    for n in everything}
-        found = (frozenset(everything), boundary, readers)
+        found = _Unchecked(frozenset(everything), boundary, readers, ctx.flops(everything))
         _unchecked_memo[:] = [weakref.ref(ctx), found]
     return found
-
-
-# The last Context `_unchecked_flops` answered for (weakly held) and its answer.
-_unchecked_flops_memo: list = [None, 0]
-
-
-def _unchecked_flops(ctx: Context) -> int:
-    """The FLOPs of `_unchecked`'s set, summed once per context."""
-    held, total = _unchecked_flops_memo
-    if held is None or held() is not ctx:
-        total = ctx.flops(_unchecked(ctx)[0])
-        _unchecked_flops_memo[:] = [weakref.ref(ctx), total]
-    return total
 
 
 def _ahead_members(ctx: Context, ahead, recomputable) -> set[str]:
