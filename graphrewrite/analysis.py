@@ -6,6 +6,7 @@ Analyses only read the graph. `analyse` runs them in order, once.
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from . import bind, dtypes, flops as flops_mod, parameters
@@ -115,17 +116,25 @@ def _sized_by_data(graph: Graph, unknown: list) -> list:
     return [r for r in unknown if r.node in found]
 
 
-def as_run(model: Model, graph: Graph, found: Analysis, input_shapes: dict | None = None,
-           device: str | None = None) -> memory.MemoryReport | None:
-    """The simulated step of `graph` as TensorFlow runs it, after Grappler (see `grappler.py`);
-    None when Grappler cannot process the graph. `found` is `graph`'s analysis: the tensors
-    Grappler keeps under their names keep their shapes (its output records none, and a TF2
-    step's variable reads cannot be inferred without them)."""
+def start_as_run(model: Model, graph: Graph, found: Analysis) -> Future:
+    """`as_run`'s Grappler call, begun in the background (`grappler.as_run_soon`)."""
     from . import grappler, inline
 
     inlined = inline.inline_calls(graph.to_graph_def())  # a TF2 Keras RNN's calls, as run
-    optimized = grappler.as_run(Graph.from_graph_def(inlined) if inlined else graph,
+    return grappler.as_run_soon(Graph.from_graph_def(inlined) if inlined else graph,
                                 found.fetches, model.meta_graph)
+
+
+def as_run(model: Model, graph: Graph, found: Analysis, input_shapes: dict | None = None,
+           device: str | None = None, started: Future | None = None) -> memory.MemoryReport | None:
+    """The simulated step of `graph` as TensorFlow runs it, after Grappler (see `grappler.py`);
+    None when Grappler cannot process the graph. `found` is `graph`'s analysis: the tensors
+    Grappler keeps under their names keep their shapes (its output records none, and a TF2
+    step's variable reads cannot be inferred without them). `started`: `start_as_run`'s
+    Grappler call for this graph, when it was begun earlier."""
+    from . import grappler
+
+    optimized = grappler.finish(started or start_as_run(model, graph, found))
     if optimized is None:
         return None
     for name in optimized.nodes():

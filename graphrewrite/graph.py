@@ -377,8 +377,21 @@ class Graph:
                 elif seen_control:
                     problems.append(f"node '{name}' lists a control input before a data input")
                     break
+        for name in self.nodes():
+            inputs = len(self.data_inputs(name))
+            problems.extend(f"node '{name}': _swap_to_host names input {index}, but it has "
+                            f"{inputs} data inputs"
+                            for index in self.swap_hints(name) if not 0 <= index < inputs)
         problems.extend(self._cycle_problems())
         return problems
+
+    def swap_hints(self, name: str) -> list[int]:
+        """The input indices Grappler's `_swap_to_host` attribute on `name` asks to swap (one
+        out of range crashes Grappler's memory optimizer: `check` refuses it)."""
+        attr = self.node_def(name).attr.get("_swap_to_host")
+        if attr is None:
+            return []
+        return list(attr.list.i) if attr.HasField("list") else [attr.i]
 
     def _cycle_problems(self) -> list[str]:
         names = self.nodes()

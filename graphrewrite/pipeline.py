@@ -224,6 +224,8 @@ def optimize(model: Model, mode: str, input_shapes: dict | None = None,
         plan_mod.check_recomputable(plan, Context.build(graph, found))
     peak_before = found.memory.peak()
     original = found
+    # Grappler on the original runs beside the passes (it releases the GIL).
+    grappled = analysis_mod.start_as_run(model, model.graph, original) if as_run else None
     results: dict[str, PassResult] = {}
     for index, (name, pass_opts) in enumerate(steps):
         if getattr(pass_opts, "budget", None):
@@ -247,10 +249,12 @@ def optimize(model: Model, mode: str, input_shapes: dict | None = None,
                                          planned=index < len(steps) - 1)  # a pass follows
     run_reports = (None, None)
     if as_run:
-        run_before = analysis_mod.as_run(model, model.graph, original, input_shapes, device)
         changed = any(r.modified for r in results.values())  # else Grappler's run repeats
-        run_reports = (run_before, analysis_mod.as_run(model, graph, found, input_shapes, device)
-                       if changed else run_before)
+        grappled_after = analysis_mod.start_as_run(model, graph, found) if changed else None
+        run_before = analysis_mod.as_run(model, model.graph, original, input_shapes, device,
+                                         grappled)
+        run_reports = (run_before, analysis_mod.as_run(model, graph, found, input_shapes, device,
+                                                       grappled_after) if changed else run_before)
     result = OptimizeResult(graph, mode, text, len(model.graph), len(graph), peak_before,
                             found.memory.peak(), time.perf_counter() - start, results,
                             run_reports)

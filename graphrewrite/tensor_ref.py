@@ -6,14 +6,14 @@ canonical spellings TensorFlow writes (`a`, `a:1`, `^a`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 CONTROL = -1
 
 
-@dataclass(frozen=True, order=True)
-class TensorRef:
-    """Output `port` of node `node`; `port == CONTROL` (-1) is a control dependency.
+class TensorRef(NamedTuple):
+    """Output `port` of node `node`; `port == CONTROL` (-1) is a control dependency. A tuple,
+    so hashing and comparing it (millions of times in a simulation) run in C.
 
     >>> TensorRef.parse("conv1/Relu:1")
     TensorRef(node='conv1/Relu', port=1)

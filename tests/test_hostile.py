@@ -50,6 +50,9 @@ CASES = {
         ("a", "NoOp", []), ("a", "NoOp", [])).SerializeToString()), "duplicate node name 'a'"),
     "dangling input": (lambda d: write(d / "dangling.pb", graph_def(
         ("a", "Relu", ["ghost"])).SerializeToString()), "no node 'ghost'"),
+    "swap hint out of range (crashes Grappler)": (
+        lambda d: write(d / "hinted.pb", _swap_hint(7).SerializeToString()),
+        "_swap_to_host names input 7, but it has 1 data inputs"),
     "broken text proto": (lambda d: write(d / "broken.pbtxt", b'node {\n  name: "a"\n  op: '),
                           "broken text proto"),
     "unexpected text": (lambda d: write(d / "notes.pbtxt", b"hello: world\n"),
@@ -68,6 +71,12 @@ def _without_versions(data: bytes) -> bytes:
     cut = graph.SerializeToString(deterministic=True)
     assert data.startswith(cut)
     return cut
+
+
+def _swap_hint(index):
+    hinted = graph_def(("x", "Placeholder", []), ("a", "Relu", ["x"]))
+    hinted.node[1].attr["_swap_to_host"].i = index
+    return hinted
 
 
 def _sparse(path, size):

@@ -154,3 +154,30 @@ def test_a_failing_pass_is_named_with_the_passes_before_it(run, problem, monkeyp
     assert shown.exit_code == 3 and not out.exists()
     assert shown.stderr.count("\n") == 1 and "(the first pass)" in shown.stderr
     assert "bug in graphrewrite" in shown.stderr
+
+
+@pytest.mark.tf
+def test_grappler_in_the_background_models_the_same_step_and_falls_back_on_failure(
+        monkeypatch, caplog):
+    """`optimize` starts Grappler on the original beside the passes: the as-run report is the
+    one a call in the foreground gives, and a Grappler failure in the thread still reaches the
+    caller as a warning and a step modelled as written (no report), not an exception."""
+    from tensorflow.python.grappler import tf_optimizer
+
+    from graphrewrite import analysis
+
+    model = io.load(fixture_path("mlp"))
+    result = pipeline.optimize(model, "memory")
+    found = analysis.analyse(model, model.graph)
+    foreground = analysis.as_run(model, model.graph, found)
+    assert result.run_reports[0].peak() == foreground.peak()
+    assert result.run_reports[0].order == foreground.order
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("no kernel for this graph\nmore detail")
+
+    monkeypatch.setattr(tf_optimizer, "OptimizeGraph", fails)
+    with caplog.at_level("WARNING"):
+        failed = pipeline.optimize(model, "memory")
+    assert failed.run_reports == (None, None)
+    assert "Grappler could not optimize the graph (no kernel for this graph)" in caplog.text

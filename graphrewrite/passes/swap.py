@@ -172,16 +172,8 @@ def _requested(ctx: Context, timing: "_Timing", selectors: str | None
     graph, analysis = ctx.graph, ctx.analysis
     readers: dict[TensorRef, set[str]] = {}
     for name in graph.nodes():
-        attr = graph.node_def(name).attr.get("_swap_to_host")
-        if attr is None:
-            continue
-        inputs = graph.data_inputs(name)
-        indices = list(attr.list.i) if attr.HasField("list") else [attr.i]
-        for index in indices:
-            if not 0 <= index < len(inputs):
-                raise GraphRewriteError(f"node '{name}': _swap_to_host names input {index}, "
-                                        f"but it has {len(inputs)} data inputs")
-            readers.setdefault(inputs[index], set()).add(name)
+        for index in graph.swap_hints(name):  # in range: `Graph.check` refuses the others
+            readers.setdefault(graph.data_inputs(name)[index], set()).add(name)
     for name in selectors_mod.select(graph, selectors) if selectors else []:
         for ref in analysis.shapes.outputs(name):
             flow = _backward_readers(ctx, ref)
