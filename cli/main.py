@@ -330,6 +330,12 @@ def _parse_feeds(ctx, param, values):
                    "rewritten graph's loss must fall where the original's does. "
                    "0: a fresh random batch each step (random labels: a sanity check, not a "
                    "learning curve).")
+@click.option("--data", "data_path", type=click.Path(dir_okay=False), metavar="FILE.npz",
+              help="With --steps: train both on this data set instead of seeded batches: one "
+                   "array per input placeholder (np.savez(FILE, x=images, y=labels)), examples "
+                   "along the first axis, cut into the graph's batches and cycled (as "
+                   "--batches, which then takes the first K). Inputs it does not name are "
+                   "seeded.")
 @click.option("--seed", default=0, show_default=True, help="Seed of the random inputs.")
 @click.option("--int-high", default=10, show_default=True,
               help="Integer inputs are drawn from [0, INT_HIGH) (class ids, token ids).")
@@ -342,8 +348,8 @@ def _parse_feeds(ctx, param, values):
                    "(tensorboard --logdir DIR: the graphs with per-node memory and time).")
 @analysis_options
 @tag_option
-def verify(original_path, rewritten_path, rtol, atol, feeds, runs, steps, batches, seed, int_high,
-           as_json,
+def verify(original_path, rewritten_path, rtol, atol, feeds, runs, steps, batches, data_path,
+           seed, int_high, as_json,
            plot_path, trace_dir, input_shapes, outputs, backward_scope, tag):
     """Run ORIGINAL and REWRITTEN on the same seeded inputs and compare every output.
 
@@ -361,7 +367,8 @@ def verify(original_path, rewritten_path, rtol, atol, feeds, runs, steps, batche
     rewritten = io.load(rewritten_path, tag=tag)
     result = verify_mod.verify(original, rewritten, outputs, input_shapes,
                                verify_mod.load_feeds(feeds), rtol, atol, runs, seed, int_high,
-                               steps=steps, batches=batches)
+                               steps=steps, batches=batches,
+                               data=verify_mod.load_data(data_path) if data_path else None)
     facts = result.to_json()
     if as_json:
         click.echo(json.dumps(facts, indent=2))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -103,11 +104,64 @@ def load_feeds(specs: dict[str, str]) -> dict[str, np.ndarray]:
     return feeds
 
 
+def load_data(path: str | Path) -> dict[str, np.ndarray]:
+    """`--data FILE.npz`: a training set, one array per input placeholder (by node name), the
+    examples along the first axis."""
+    try:
+        archive = np.load(Path(path), allow_pickle=False)
+    except (OSError, ValueError, zipfile.BadZipFile) as err:
+        raise GraphRewriteError(f"--data: cannot read {path}: {err}") from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise GraphRewriteError(f"--data: {path} is one array, not an .npz archive of arrays "
+                                "named after the inputs (np.savez(FILE, x=..., labels=...))")
+    with archive:
+        try:
+            return {name: archive[name] for name in archive.files}
+        except (OSError, ValueError, zipfile.BadZipFile) as err:
+            raise GraphRewriteError(f"--data: cannot read {path}: {err}") from None
+
+
+def data_batches(graph, shapes, data: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    """`data` cut into consecutive batches of the graph's batch size (a last partial batch is
+    dropped): the fixed set `--steps` trains on, in the placeholders' dtypes."""
+    import tensorflow as tf
+
+    if not data:
+        raise GraphRewriteError("--data: the file holds no arrays")
+    cut = {}
+    for name, array in sorted(data.items()):
+        info = shapes[TensorRef(name)] if name in graph else None
+        if name not in graph or graph.op(name) not in ("Placeholder", "PlaceholderV2"):
+            raise GraphRewriteError(f"--data names '{name}', which is not an input placeholder")
+        if info is None or not info.shape or None in info.shape:
+            raise GraphRewriteError(f"--data {name}: the graph gives it no full shape (fix it "
+                                    "with --input-shape)")
+        dtype = tf.dtypes.as_dtype(info.dtype).as_numpy_dtype
+        if tuple(array.shape[1:]) != tuple(info.shape[1:]) or array.ndim != len(info.shape):
+            raise GraphRewriteError(f"--data {name}: examples of shape {list(array.shape[1:])}, "
+                                    f"the graph takes {list(info.shape[1:])}")
+        if not np.can_cast(array.dtype, dtype, "same_kind"):
+            raise GraphRewriteError(f"--data {name}: {array.dtype} values, the graph takes "
+                                    f"{np.dtype(dtype).name}")
+        batch = info.shape[0]
+        if len(array) < batch:
+            raise GraphRewriteError(f"--data {name}: {len(array)} examples, fewer than one "
+                                    f"batch of {batch}")
+        cut[name] = [array[k * batch:(k + 1) * batch].astype(dtype)
+                     for k in range(len(array) // batch)]
+    counts = {name: len(batches) for name, batches in cut.items()}
+    if len(set(counts.values())) > 1:
+        raise GraphRewriteError(f"--data: the arrays make different numbers of batches "
+                                f"({', '.join(f'{n}: {c}' for n, c in counts.items())})")
+    return [{name: batches[k] for name, batches in cut.items()}
+            for k in range(next(iter(counts.values())))]
+
+
 def verify(original: Model, rewritten: Model, fetches: list[str] | None = None,
            input_shapes: dict | None = None, feeds: dict[str, np.ndarray] | None = None,
            rtol: float = 0.0, atol: float = 0.0, runs: int = 5, seed: int = 0,
            int_high: int = 10, isolated: bool = True, steps: int = 0,
-           batches: int = 0) -> VerifyResult:
+           batches: int = 0, data: dict[str, np.ndarray] | None = None) -> VerifyResult:
     """Run both models on equal inputs for two steps; compare every fetched output of each step
     and every variable after them, and measure both.
 
@@ -117,7 +171,9 @@ def verify(original: Model, rewritten: Model, fetches: list[str] | None = None,
     data a fixed small set instead: that many seeded batches, cycled over the steps, so a
     model can learn it (random labels drawn afresh each step cannot be learned); then the mean
     losses of the last pass over the set are compared, and the rewritten graph's loss must
-    also fall where the original's does.
+    also fall where the original's does. `data` (arrays by input name, examples first) is such
+    a set given by the user: its batches (the first `batches` of them, when given) are cycled,
+    inputs it does not name are seeded as before.
 
     `isolated` runs each model in a fresh process, so both are measured from an empty allocator,
     and times them in a third; otherwise all of it runs in this process (faster, for tests).
@@ -125,6 +181,8 @@ def verify(original: Model, rewritten: Model, fetches: list[str] | None = None,
     if batches and not steps or batches < 0:
         raise GraphRewriteError("--batches K (K >= 1) is for --steps N: the fixed data set the "
                                 "N steps cycle over")
+    if data is not None and not steps:
+        raise GraphRewriteError("--data is for --steps N: the training set both graphs learn")
     shapes = shapes_mod.infer(original.graph, input_shapes)
     fetches = fetches or analysis.default_fetches(original, shapes=shapes)
     missing = [f for f in fetches if f.split(":")[0] not in rewritten.graph]
@@ -144,7 +202,7 @@ def verify(original: Model, rewritten: Model, fetches: list[str] | None = None,
     run = measure.run_step_isolated if isolated else measure.run_step
     if steps:
         return _verify_steps(original, rewritten, fetches, shapes, given, inputs, rtol, atol,
-                             runs, seed, int_high, steps, run, batches)
+                             runs, seed, int_high, steps, run, batches, data)
     first = run(original.runnable(), inputs, fetches, 0)
     second = run(rewritten.runnable(), own_variables(rewritten, inputs, seed), fetches, 0)
     if runs:
@@ -162,13 +220,18 @@ def verify(original: Model, rewritten: Model, fetches: list[str] | None = None,
 
 
 def _verify_steps(original, rewritten, fetches, shapes, given, inputs, rtol, atol, runs, seed,
-                  int_high, steps, run, batches=0) -> VerifyResult:
+                  int_high, steps, run, batches=0, data=None) -> VerifyResult:
     loss = _loss_output(original, fetches, shapes)
+    user = data_batches(original.graph, shapes, data) if data is not None else None
+    if user:
+        batches = min(batches or len(user), len(user))
     count = min(batches, steps) if batches else steps
-    data = [inputs] + [{**measure.random_feeds(original.graph, shapes, seed + k, int_high,
-                                               set(given)), **given}
-                       for k in range(1, count)]
-    schedule = [data[k % count] for k in range(steps)]
+    seeded = [inputs] + [{**measure.random_feeds(original.graph, shapes, seed + k, int_high,
+                                                 set(given)), **given}
+                         for k in range(1, count)]
+    if user:
+        seeded = [{**feeds, **batch} for feeds, batch in zip(seeded, user)]
+    schedule = [seeded[k % count] for k in range(steps)]
     curves = {"loss": loss, "rtol": rtol, "batches": batches}
     import tensorflow as tf
 

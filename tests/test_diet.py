@@ -5,6 +5,8 @@ a Saver, the train_op and losses collections), small enough that a session runs 
 second or two.
 """
 
+import re
+
 import numpy as np
 import pytest
 
@@ -13,6 +15,8 @@ from graphrewrite.errors import GraphRewriteError
 from graphrewrite.passes import diet
 from graphrewrite.passes.base import RecomputeResult
 from graphrewrite.tensor_ref import TensorRef
+
+from conftest import run_cli
 
 FEATURES, HIDDEN, CLASSES, BATCH = 32, 128, 4, 256
 
@@ -634,6 +638,71 @@ def test_verify_steps_on_a_fixed_set_sees_learning_and_a_graph_that_does_not_lea
     assert not facts["trend"]["rewritten"]["fell"] and not still.match
     shown = format_verify(facts)
     assert "MISMATCH" in shown and "fell" in shown and "2 fixed batches" in shown
+
+
+@pytest.mark.tf
+def test_verify_data_trains_on_the_users_set(graphs, tmp_path):
+    """--data's batches are what both graphs train on: a set made of the very batches
+    --batches K seeds gives the same curves bit for bit, and other labels give other curves."""
+    from graphrewrite import measure, shapes as shapes_mod, verify
+
+    original = io.load(graphs["adam_resource"])
+    _diet(graphs["adam_resource"], tmp_path / "diet.meta")
+    dieted = io.load(tmp_path / "diet.meta")
+    run = dict(rtol=0.5, runs=0, int_high=CLASSES, isolated=False, steps=6)
+    seeded = verify.verify(original, dieted, batches=3, **run).to_json()
+    shapes = shapes_mod.infer(original.graph)
+    made = [measure.random_feeds(original.graph, shapes, k, CLASSES) for k in range(3)]
+    data = {name: np.concatenate([batch[name] for batch in made]) for name in ("x", "labels")}
+    given = verify.verify(original, dieted, data=data, **run).to_json()
+    assert given["batches"] == 3
+    assert given["loss_curves"] == seeded["loss_curves"]
+    data["labels"] = (data["labels"] + 1) % CLASSES
+    other = verify.verify(original, dieted, data=data, batches=2, **run).to_json()
+    assert other["batches"] == 2
+    assert other["loss_curves"]["original"] != seeded["loss_curves"]["original"]
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"x": np.zeros((8, FEATURES)), "ghost": np.zeros(8)}, "'ghost', which is not an input"),
+    ({"x": np.zeros((8, FEATURES + 1))}, f"examples of shape [{FEATURES + 1}], the graph takes "
+                                         f"[{FEATURES}]"),
+    ({"x": np.zeros((BATCH - 1, FEATURES))}, f"fewer than one batch of {BATCH}"),
+    ({"x": np.zeros((2 * BATCH, FEATURES)), "labels": np.zeros(BATCH, np.int64)},
+     "different numbers of batches (labels: 1, x: 2)"),
+    ({"labels": np.zeros(BATCH, np.float32)}, "float32 values, the graph takes int32"),
+    ({}, "holds no arrays"),
+])
+def test_verify_data_that_does_not_fit_the_graph_is_refused(graphs, data, message):
+    from graphrewrite import shapes as shapes_mod, verify
+
+    graph = io.load(graphs["adam_resource"]).graph
+    with pytest.raises(GraphRewriteError, match=re.escape(message)):
+        verify.data_batches(graph, shapes_mod.infer(graph), data)
+
+
+def test_verify_data_cuts_batches_in_the_graphs_dtypes(graphs):
+    from graphrewrite import shapes as shapes_mod, verify
+
+    graph = io.load(graphs["adam_resource"]).graph
+    x = np.arange((2 * BATCH + 1) * FEATURES, dtype=np.float64).reshape(-1, FEATURES)
+    batches = verify.data_batches(graph, shapes_mod.infer(graph),
+                                  {"x": x, "labels": np.arange(2 * BATCH + 1) % CLASSES})
+    assert len(batches) == 2  # the partial third batch is dropped
+    assert batches[1]["x"].dtype == np.float32 and batches[1]["labels"].dtype == np.int32
+    assert np.array_equal(batches[1]["x"], x[BATCH:2 * BATCH])
+
+
+def test_verify_data_needs_steps_and_a_readable_archive(graphs, tmp_path):
+    np.save(tmp_path / "one.npy", np.zeros(3))
+    np.savez(tmp_path / "set.npz", x=np.zeros((BATCH, FEATURES), np.float32))
+    for extra, message in ((["--data", tmp_path / "set.npz"], "--data is for --steps N"),
+                           (["--data", tmp_path / "one.npy", "--steps", "2"],
+                            "not an .npz archive"),
+                           (["--data", tmp_path / "none.npz", "--steps", "2"], "cannot read")):
+        shown = run_cli("verify", graphs["adam_resource"], graphs["adam_resource"], *extra)
+        assert shown.exit_code == 2 and message in shown.stderr, shown.stderr
+        assert len(shown.stderr.strip().splitlines()) == 1
 
 
 def test_verify_batches_needs_steps():
