@@ -377,11 +377,11 @@ class Graph:
                 elif seen_control:
                     problems.append(f"node '{name}' lists a control input before a data input")
                     break
-        for name in self.nodes():
-            inputs = len(self.data_inputs(name))
-            problems.extend(f"node '{name}': _swap_to_host names input {index}, but it has "
-                            f"{inputs} data inputs"
-                            for index in self.swap_hints(name) if not 0 <= index < inputs)
+            for index in self.swap_hints(name):
+                inputs = sum(d["port"] != CONTROL for _, d in edges)
+                if not 0 <= index < inputs:
+                    problems.append(f"node '{name}': _swap_to_host names input {index}, but it "
+                                    f"has {inputs} data inputs")
         problems.extend(self._cycle_problems())
         return problems
 
