@@ -13,8 +13,8 @@ own; their step times in one more process that holds both and times their steps 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 import zipfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
