@@ -17,12 +17,13 @@ layout changes are not modelled.
 from __future__ import annotations
 
 import logging
+import os
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from .graph import Graph
 
 log = logging.getLogger(__name__)
-_BACKGROUND = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grappler")
+_background: dict[int, ThreadPoolExecutor] = {}  # per process: a forked child has no threads
 
 
 def as_run(graph: Graph, fetches: list[str], meta_graph=None) -> Graph | None:
@@ -43,7 +44,10 @@ def as_run_soon(graph: Graph, fetches: list[str], meta_graph=None) -> Future:
         item.meta_info_def.CopyFrom(meta_graph.meta_info_def)
     item.graph_def.CopyFrom(graph.to_graph_def())
     item.collection_def["train_op"].node_list.value.extend(fetches)
-    return _BACKGROUND.submit(tf_optimizer.OptimizeGraph, config_pb2.ConfigProto(), item)
+    pool = _background.get(os.getpid())
+    if pool is None:
+        pool = _background[os.getpid()] = ThreadPoolExecutor(1, thread_name_prefix="grappler")
+    return pool.submit(tf_optimizer.OptimizeGraph, config_pb2.ConfigProto(), item)
 
 
 def finish(started: Future) -> Graph | None:

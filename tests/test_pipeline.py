@@ -181,3 +181,24 @@ def test_grappler_in_the_background_models_the_same_step_and_falls_back_on_failu
         failed = pipeline.optimize(model, "memory")
     assert failed.run_reports == (None, None)
     assert "Grappler could not optimize the graph (no kernel for this graph)" in caplog.text
+
+
+@pytest.mark.tf
+def test_grappler_in_the_background_also_runs_in_a_forked_child():
+    """The background thread belongs to the process that started it: a child forked after
+    the parent used it (a user's own worker pool) gets a thread of its own instead of
+    queueing behind one that does not exist there, which hung it."""
+    import os
+    import signal
+
+    from graphrewrite import analysis, grappler
+
+    model = io.load(fixture_path("mlp"))
+    fetches = analysis.analyse(model, model.graph).fetches
+    assert grappler.as_run(model.graph, fetches) is not None
+    child = os.fork()
+    if child == 0:  # pragma: no cover  (the child reports through its exit status)
+        signal.alarm(60)
+        os._exit(0 if grappler.as_run(model.graph, fetches) is not None else 1)
+    _, status = os.waitpid(child, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
