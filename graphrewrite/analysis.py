@@ -132,6 +132,14 @@ def as_run(model: Model, graph: Graph, found: Analysis, input_shapes: dict | Non
     Grappler keeps under their names keep their shapes (its output records none, and a TF2
     step's variable reads cannot be inferred without them). `started`: `start_as_run`'s
     Grappler call for this graph, when it was begun earlier."""
+    step = as_run_step(model, graph, found, input_shapes, device, started)
+    return None if step is None else step[2]
+
+
+def as_run_step(model: Model, graph: Graph, found: Analysis, input_shapes: dict | None = None,
+                device: str | None = None, started: Future | None = None
+                ) -> tuple[Graph, shapes_mod.Shapes, memory.MemoryReport] | None:
+    """`as_run`, with the graph Grappler returned and its shapes beside the report."""
     from . import grappler
 
     optimized = grappler.finish(started or start_as_run(model, graph, found))
@@ -143,4 +151,5 @@ def as_run(model: Model, graph: Graph, found: Analysis, input_shapes: dict | Non
     kept = [f for f in found.fetches if f.split(":")[0] in optimized]
     if device is None and scratch.device_kind(graph) == "gpu":  # placement Grappler may drop
         device = "gpu"
-    return memory.simulate(optimized, shapes_mod.infer(optimized, input_shapes), kept, device)
+    shapes = shapes_mod.infer(optimized, input_shapes)
+    return optimized, shapes, memory.simulate(optimized, shapes, kept, device)

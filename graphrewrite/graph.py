@@ -9,8 +9,9 @@ in the input list (so `Mul(x, x)` is two edges and the original order survives).
   edges a pass created, which print canonically.
 
 Node data: `node_def` (the NodeDef with its inputs cleared: the edges hold those), `op` (its op,
-read far more often than anything else), `order` (position in the file; new nodes append). A producer named by an input but absent from the graph is kept as a
-node with `missing=True`, so `check()` can report it and nothing is silently dropped.
+read far more often than anything else), `order` (position in the file; new nodes append). A
+producer named by an input but absent from the graph is kept as a node with `missing=True`, so
+`check()` can report it and nothing is silently dropped.
 
 All mutation goes through the methods below; there is no second index that could go stale.
 Copies share networkx's per-node dicts until one of them changes a node (copy-on-write, see

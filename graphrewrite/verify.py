@@ -130,9 +130,9 @@ def data_batches(graph, shapes, data: dict[str, np.ndarray]) -> list[dict[str, n
         raise GraphRewriteError("--data: the file holds no arrays")
     cut = {}
     for name, array in sorted(data.items()):
-        info = shapes[TensorRef(name)] if name in graph else None
-        if name not in graph or graph.op(name) not in ("Placeholder", "PlaceholderV2"):
+        if name not in graph or graph.op(name) not in bind.PLACEHOLDERS:
             raise GraphRewriteError(f"--data names '{name}', which is not an input placeholder")
+        info = shapes[TensorRef(name)]
         if info is None or not info.shape or None in info.shape:
             raise GraphRewriteError(f"--data {name}: the graph gives it no full shape (fix it "
                                     "with --input-shape)")
@@ -219,19 +219,29 @@ def verify(original: Model, rewritten: Model, fetches: list[str] | None = None,
                         cause)
 
 
-def _verify_steps(original, rewritten, fetches, shapes, given, inputs, rtol, atol, runs, seed,
-                  int_high, steps, run, batches=0, data=None) -> VerifyResult:
-    loss = _loss_output(original, fetches, shapes)
-    user = data_batches(original.graph, shapes, data) if data is not None else None
+def training_schedule(graph, shapes, inputs: dict, steps: int, batches: int = 0,
+                      data: dict | None = None, seed: int = 0, int_high: int = 10,
+                      given: dict | None = None) -> tuple[list[dict], int]:
+    """The feeds of `steps` training steps (`inputs` the first's) and the size of the set they
+    cycle over (0: a fresh seeded batch each step): `batches` seeded batches, or the batches of
+    `data` (the first `batches` of them, when given), inputs it does not name seeded."""
+    given = given or {}
+    user = data_batches(graph, shapes, data) if data is not None else None
     if user:
         batches = min(batches or len(user), len(user))
     count = min(batches, steps) if batches else steps
-    seeded = [inputs] + [{**measure.random_feeds(original.graph, shapes, seed + k, int_high,
-                                                 set(given)), **given}
-                         for k in range(1, count)]
+    seeded = [inputs] + [{**measure.random_feeds(graph, shapes, seed + k, int_high, set(given)),
+                          **given} for k in range(1, count)]
     if user:
         seeded = [{**feeds, **batch} for feeds, batch in zip(seeded, user)]
-    schedule = [seeded[k % count] for k in range(steps)]
+    return [seeded[k % count] for k in range(steps)], batches
+
+
+def _verify_steps(original, rewritten, fetches, shapes, given, inputs, rtol, atol, runs, seed,
+                  int_high, steps, run, batches=0, data=None) -> VerifyResult:
+    loss = _loss_output(original, fetches, shapes)
+    schedule, batches = training_schedule(original.graph, shapes, inputs, steps, batches, data,
+                                          seed, int_high, given)
     curves = {"loss": loss, "rtol": rtol, "batches": batches}
     import tensorflow as tf
 

@@ -13,6 +13,7 @@ import pytest
 
 from graphrewrite import io, names, pipeline, verify
 from graphrewrite.passes.base import RecomputeResult
+from graphrewrite.tensor_ref import TensorRef
 
 DEPTH, WIDTH, BATCH, FEATURES = 8, 128, 256, 64
 
@@ -60,13 +61,17 @@ def rewritten(tmp_path_factory, request):
     return found
 
 
+def _adam_writes(graph, variable):
+    """The Adam update's writes of a ref variable (the `Assign`s of its value)."""
+    return [u for u, slot in graph.consumers(TensorRef(variable))
+            if slot == 0 and graph.op(u) == "Assign" and "Adam" in u]
+
+
 def _check_copies_dequantize_again(graph, original):
     """Every recomputed MatMul reads a copy of its weight's dequantization, made from the
     forward pass's 16-bit read (a ref variable itself: then every write of the variable waits
     for the copy), and each copy waits for the copies of what its original waits for (a gated
     dequantization: the activation its reader multiplies)."""
-    from graphrewrite.tensor_ref import TensorRef
-
     copies = {n: names.copied_from(n) for n in graph.nodes() if names.copied_from(n)}
     copy_of = {o: c for c, o in copies.items()}
     matmuls = [c for c in copies if graph.op(c) == "MatMul"]
@@ -82,8 +87,7 @@ def _check_copies_dequantize_again(graph, original):
         read = graph.data_inputs(cast)[0].node
         assert graph.op(read) in ("ReadVariableOp", "VariableV2")  # not copied
         if graph.op(read) == "VariableV2":
-            writes = [u for u, slot in graph.consumers(TensorRef(read))
-                      if slot == 0 and graph.op(u) == "Assign" and "Adam" in u]
+            writes = _adam_writes(graph, read)
             assert writes and all(nx.has_path(graph.nx, cast, w) for w in writes), cast
         for wait in original.control_inputs(copies[cast]):
             if wait in copy_of:
@@ -131,15 +135,12 @@ def test_a_copied_read_of_a_ref_variable_runs_before_its_writes(tmp_path):
     found = analysis.analyse(model, dieted.graph, shapes=dieted.shapes)
     result = recompute.run(dieted.graph, found, recompute.RecomputeOptions())
     graph = result.graph
-    from graphrewrite.tensor_ref import TensorRef
-
     casts = [c for c in graph.nodes() if names.copied_from(c) and graph.op(c) == "Cast"]
     assert casts
     for cast in casts:
         variable = graph.data_inputs(cast)[0].node
         assert graph.op(variable) == "VariableV2"
-        writes = [u for u, slot in graph.consumers(TensorRef(variable))
-                  if slot == 0 and graph.op(u) == "Assign" and "Adam" in u]
+        writes = _adam_writes(graph, variable)
         assert writes and all(cast in graph.control_inputs(w) for w in writes), cast
     assert not graph.check()
 

@@ -300,7 +300,7 @@ def _estimate(estimator: PlanEstimator, ctx: Context, checkpoints: set[str],
     blocked: dict[str, set[str]] = {}  # left empty: the chosen plan is applied again
     unchecked = _unchecked(ctx)
     removed = _removed(ctx, checkpoints)
-    recomputed = unchecked.everything - removed  # `_recomputed_quickly`
+    recomputed = unchecked.everything - removed  # `_recomputed_nodes`'s set (`_removed`)
     early = _ahead_members(ctx, ahead, _recomputable(ctx, checkpoints, blocked))
     groups = [(chain & ahead, {v for a in chain & ahead for v in ctx.graph.successors(a)
                                if v in recomputed})
@@ -570,18 +570,13 @@ def _recomputable(ctx: Context, checkpoints: set[str], blocked: dict[str, set[st
     return recomputable
 
 
-def _recomputed_quickly(ctx: Context, checkpoints: set[str]) -> set[str]:
-    """`_recomputed_nodes` without walking the graph for every plan: what is recomputed with
-    no checkpoint at all (found once), less the checkpoints and the nodes cut off by them (not
-    read by the gradient flow themselves, and read only by checkpoints and other such
-    nodes), found by walking up from the checkpoints. The same set: a node is recomputed when
-    the flow reads it or a recomputed node reads it. The planners price hundreds of plans."""
-    return _unchecked(ctx).everything - _removed(ctx, checkpoints)
-
-
 def _removed(ctx: Context, checkpoints: set[str]) -> set[str]:
     """The nodes of `_unchecked`'s set that keeping `checkpoints` does not recompute: the
-    checkpoints themselves and the nodes they cut off (see `_recomputed_quickly`)."""
+    checkpoints themselves and the nodes they cut off (not read by the gradient flow
+    themselves, and read only by checkpoints and other such nodes), found by walking up from
+    the checkpoints. `_unchecked(ctx).everything` less these is `_recomputed_nodes`'s set
+    without walking the graph for every plan (a node is recomputed when the flow reads it or a
+    recomputed node reads it): the planners price hundreds of plans."""
     everything, boundary, readers, _ = _unchecked(ctx)
     sources = ctx.sources()
     cut: set[str] = set()
