@@ -79,3 +79,24 @@ def test_sizes_only_the_data_decides_are_not_blamed_on_the_inputs(tmp_path, capl
     messages = [r.getMessage() for r in caplog.records]
     assert any("only the data decides" in m for m in messages)
     assert not any("--input-shape" in m for m in messages)
+
+
+@pytest.mark.tf
+@pytest.mark.parametrize("fixture", ["mlp.pbtxt", "keras_train.meta", "keras_step_tf2.pb",
+                                     "rnn_while_v1.pb", "rnn_while_v2.pb", "tape_tf2.pb"])
+def test_the_fast_import_infers_what_the_public_importer_does(fixture):
+    """The C++ import without Python operations (`_imported`) sees the same shapes and dtypes,
+    loops and functions included, as `tf.graph_util.import_graph_def`."""
+    from pathlib import Path
+
+    from graphrewrite import io
+
+    graph_def = io.load(Path(__file__).parent.parent / "fixtures" / fixture).graph.to_graph_def()
+    fast = shapes._tensorflow_shapes(graph_def)
+    public = {op.name: [(t.dtype.as_datatype_enum,
+                         None if t.shape.rank is None else tuple(t.shape.as_list()))
+                        for t in op.outputs]
+              for op in shapes._imported(graph_def, public=True)}
+    assert fast == public
+    assert any(shape for outputs in fast.values() for _, shape in outputs)  # shapes were read
+    assert len(fast) == len(graph_def.node)
