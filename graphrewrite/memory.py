@@ -45,7 +45,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from . import bfc, dtypes, loops, parameters, scratch
-from .graph import Graph
+from .graph import LOOP_BACK_OPS, Graph
 from .shapes import Shapes, TensorInfo
 from .split import reachable
 from .tensor_ref import CONTROL, TensorRef
@@ -256,7 +256,11 @@ def placement(graph: Graph, name: str, cpu_is_host: bool) -> str:
     """Where a node's outputs live: HOST for CPU-pinned nodes when the compute device is
     something else, and for Grappler's swap-out copy (its output is host memory); else DEVICE."""
     node = graph.node_def(name)
-    if node.op in HOST_OUTPUT_OPS or (cpu_is_host and "CPU" in node.device.upper()):
+    return _place(node.op, node.device, cpu_is_host)
+
+
+def _place(op: str, device: str, cpu_is_host: bool) -> str:
+    if op in HOST_OUTPUT_OPS or (cpu_is_host and "CPU" in device.upper()):
         return HOST
     return DEVICE
 
@@ -265,7 +269,10 @@ def cpu_is_host(graph: Graph) -> bool:
     """Whether CPU-pinned nodes are host memory: the graph uses an accelerator, or most nodes are
     unplaced (they land on the accelerator of a GPU machine, and a node pinned to the CPU, such
     as a swapped-out copy, lives in host memory there)."""
-    devices = [graph.node_def(n).device for n in graph.nodes()]
+    return _cpu_is_host([graph.node_def(n).device for n in graph.nodes()])
+
+
+def _cpu_is_host(devices: list[str]) -> bool:
     if any(m in d for d in devices for m in ACCELERATOR_MARKERS):
         return True
     pinned_cpu = sum(1 for d in devices if "CPU" in d.upper())
@@ -366,7 +373,10 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
     fetched = set(fetches)
     bypassed = bypassed_identities(graph, graph.nodes(), fetches)
     order = schedule(graph, fetches, bypassed)
-    host_split = cpu_is_host(graph)
+    node_defs = {name: graph.node_def(name) for name in graph.nodes()}
+    host_split = _cpu_is_host([node.device for node in node_defs.values()])
+    place_of = {name: _place(node_defs[name].op, node_defs[name].device, host_split)
+                for name in order}
     kind = device or ("gpu" if host_split and scratch.device_kind(graph) == "gpu" else
                       None if host_split else "cpu")
     buffers: list[Buffer] = []
@@ -374,19 +384,21 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
     in_use: dict[str, int] = {}
     peak: dict[str, tuple[int, int]] = {}  # place -> (bytes, step)
     unknown: list[TensorRef] = []
-    op_of = {name: graph.op(name) for name in order}
+    op_of = {name: node_defs[name].op for name in order}
     maybe_variable = parameters.VARIABLE_OPS | FEED_OPS
     variable_sizes = {n: _nbytes(parameters.value_info(graph, shapes, n)) for n in order
                       if op_of[n] in maybe_variable and parameters.is_variable(graph, n)}
 
+    kernel_scratch = scratch.KERNEL_SCRATCH.get(kind, {})  # op -> its measure
     transfers: set[tuple[TensorRef, str]] = set()  # (tensor, place it was copied to)
     scratch_at: dict[int, int] = {}
     pileup_at: dict[int, int] = {}
     timeline: list[int] = []
     # A Merge's back edge is not a read: the body counts once. What loops keep from every
     # iteration is held by the nodes that take it out (`loops.py`).
+    loops_back = {name for name, op in op_of.items() if op in LOOP_BACK_OPS}
     reads = {name: [bypassed[r.node][r.port] if r.node in bypassed else r
-                    for r in graph.data_inputs(name) if not graph.loops_back(r.node)]
+                    for r in graph.data_inputs(name) if r.node not in loops_back]
              for name in order}
     looped = loops.analyse(graph, shapes, order)
     for name, held in looped.held_by.items():
@@ -423,7 +435,7 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
     preexisting = PERSISTENT_OPS | FEED_OPS
     for name in order:
         if op_of[name] in preexisting:
-            place = placement(graph, name, host_split)
+            place = place_of[name]
             fed = op_of[name] in FEED_OPS and name not in variable_sizes
             for ref in outputs[name]:
                 add_output(ref, allocate(ref, place, 0, pinned=True,
@@ -435,7 +447,7 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
 
     for step, name in enumerate(order):
         op = op_of[name]
-        place = placement(graph, name, host_split)
+        place = place_of[name]
         inputs = [r for r in reads[name] if r in buffer_of]
         transfers.update((r, place) for r in inputs if buffer_of[r].place != place)
         if op not in preexisting:
@@ -447,7 +459,8 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
                     buffer = allocate(ref, place, step, pinned=False)
                 buffer.pinned |= name in fetched
                 add_output(ref, buffer)
-        extra = scratch.kernel_bytes(kind, graph, shapes, name) + looped.overlap.get(name, 0)
+        measure = kernel_scratch.get(op)
+        extra = (measure(graph, shapes, name) if measure else 0) + looped.overlap.get(name, 0)
         if extra:
             scratch_at[step] = extra
         if looped.pileup.get(name) and place == DEVICE:
