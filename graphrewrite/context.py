@@ -222,8 +222,8 @@ class Context:
         byte an element) is held instead of the uniform floats it was drawn from, which die in
         the forward pass; the mask's float cast, as large as the draw, is recomputed from it."""
         shapes = self.analysis.shapes
-        fixed = self.constant | self.parameters
-        drawn = [r for r in self.graph.data_inputs(name) if r.node not in fixed]
+        drawn = [r for r in self.graph.data_inputs(name)
+                 if r.node not in self.constant and r.node not in self.parameters]
         if not drawn or any(self.blocker(r.node) not in RANDOM_REASONS for r in drawn):
             return False
         size = max((shapes.nbytes(r) or 0 for r in shapes.outputs(name)), default=0)

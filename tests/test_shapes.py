@@ -100,3 +100,23 @@ def test_the_fast_import_infers_what_the_public_importer_does(fixture):
     assert fast == public
     assert any(shape for outputs in fast.values() for _, shape in outputs)  # shapes were read
     assert len(fast) == len(graph_def.node)
+
+
+def test_large_constants_lose_their_values_for_inference_only():
+    """Inference drops the values of constants too large to be shapes, on its own copy: the
+    shapes come out as with the values, and the graph keeps them."""
+    import numpy as np
+
+    def graph():
+        weights = tf.constant(np.arange(64 * 80, dtype=np.float32).reshape(64, 80), name="w")
+        x = tf.compat.v1.placeholder(tf.float32, (8, 64), name="x")
+        y = tf.matmul(x, weights, name="y")
+        tf.reshape(y, tf.constant([4, 160], name="shape"), name="r")
+    built = build(graph)
+    assert shapes.VALUES_READ_UP_TO < 64 * 80
+    found = shapes.infer(built)
+    kept = shapes._tensorflow_shapes(built.to_graph_def())  # values and all
+    assert {ref.node: info.shape for ref, info in found.tensors.items()} == \
+        {name: outputs[0][1] for name, outputs in kept.items()}
+    assert found[TensorRef("r")].shape == (4, 160)
+    assert len(built.node_def("w").attr["value"].tensor.tensor_content) == 64 * 80 * 4
