@@ -126,6 +126,15 @@ class Graph:
         other._nodes_cache = None if self._nodes_cache is None else list(self._nodes_cache)
         return other
 
+    def drop_views(self) -> None:
+        """Forget the views networkx caches on its graph (`pred`, `in_edges`, ...). Each holds
+        the graph, a cycle only Python's cyclic collector frees: a dropped rewrite of a 99k-node
+        graph waited for a 1.4 s collection. Without them, dropping it frees it at once."""
+        cached = self.nx.__dict__
+        for key in [k for k, v in cached.items()
+                    if type(v).__module__.startswith("networkx.classes.")]:
+            del cached[key]
+
     def set_attr(self, name: str, key: str, value) -> None:
         """Set attribute `key` of node `name` on a private copy of its NodeDef."""
         payload = node_def_pb2.NodeDef()

@@ -326,9 +326,8 @@ def _evaluate(ctx: Context, checkpoints: set[str],
     attempt.peak = report.peak()
     attempt.live_at_peak = {ref.node for ref, _ in report.live_at_peak.get(memory.DEVICE, [])}
     attempt.extra_flops = ctx.flops([*attempt.recomputed, *attempt.ahead])
+    attempt.graph.drop_views()  # no cycle left: the copy goes as soon as it is dropped
     attempt.graph = attempt.shapes = None  # the chosen plan is applied again (with its gates)
-    del report
-    gc.collect(0)  # the dropped graph's cycles, among the youngest objects (`_collector_paused`)
     log.info("recompute: %d checkpoints -> modelled peak %d bytes, %d extra FLOPs",
              len(checkpoints), attempt.peak, attempt.extra_flops)
     return attempt
