@@ -216,6 +216,27 @@ def test_start_is_quick_without_tensorflow():
     assert time.perf_counter() - start < 1.5  # 0.25 s here; TensorFlow alone takes 3 s
 
 
+def test_the_command_ends_without_freeing_and_keeps_its_exit_code_and_output(tmp_path):
+    """`entry` ends the process at once (`os._exit`): the exit code, the report on stdout and
+    the one-line error on stderr still come out whole."""
+    import subprocess
+    import sys
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "cli.main", *args], capture_output=True,
+                              text=True)
+
+    out = tmp_path / "mlp_opt.pbtxt"
+    done = run("optimize", str(fixture_path("mlp")), "-o", str(out), "--no-as-run", "--json")
+    assert done.returncode == 0 and json.loads(done.stdout)["output"] == str(out)
+    assert out.exists()
+    refused = run("inspect", str(tmp_path / "missing.pb"))
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert refused.stderr.startswith("graphrewrite: error:") and refused.stderr.count("\n") == 1
+    usage = run("optimize")
+    assert usage.returncode == 2 and "Missing argument" in usage.stderr
+
+
 def test_exit_codes_and_output_rules_are_documented():
     import re
     from pathlib import Path
