@@ -252,15 +252,11 @@ def replay(buffers: list[Buffer], allocator: bfc.Allocator,
     return allocator.peak
 
 
-def placement(graph: Graph, name: str, cpu_is_host: bool) -> str:
-    """Where a node's outputs live: HOST for CPU-pinned nodes when the compute device is
-    something else, and for Grappler's swap-out copy (its output is host memory); else DEVICE."""
-    node = graph.node_def(name)
-    return _place(node.op, node.device, cpu_is_host)
-
-
-def _place(op: str, device: str, cpu_is_host: bool) -> str:
-    if op in HOST_OUTPUT_OPS or (cpu_is_host and "CPU" in device.upper()):
+def placement(node, cpu_is_host: bool) -> str:
+    """Where a node's (NodeDef's) outputs live: HOST for CPU-pinned nodes when the compute
+    device is something else, and for Grappler's swap-out copy (its output is host memory);
+    else DEVICE."""
+    if node.op in HOST_OUTPUT_OPS or (cpu_is_host and "CPU" in node.device.upper()):
         return HOST
     return DEVICE
 
@@ -375,8 +371,7 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
     order = schedule(graph, fetches, bypassed)
     node_defs = {name: graph.node_def(name) for name in graph.nodes()}
     host_split = _cpu_is_host([node.device for node in node_defs.values()])
-    place_of = {name: _place(node_defs[name].op, node_defs[name].device, host_split)
-                for name in order}
+    place_of = {name: placement(node_defs[name], host_split) for name in order}
     kind = device or ("gpu" if host_split and scratch.device_kind(graph) == "gpu" else
                       None if host_split else "cpu")
     buffers: list[Buffer] = []
@@ -389,7 +384,7 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
     variable_sizes = {n: _nbytes(parameters.value_info(graph, shapes, n)) for n in order
                       if op_of[n] in maybe_variable and parameters.is_variable(graph, n)}
 
-    kernel_scratch = scratch.KERNEL_SCRATCH.get(kind, {})  # op -> its measure
+    kernel_scratch = scratch.KERNEL_SCRATCH.get(kind, {})  # the ops that take any
     transfers: set[tuple[TensorRef, str]] = set()  # (tensor, place it was copied to)
     scratch_at: dict[int, int] = {}
     pileup_at: dict[int, int] = {}
@@ -459,8 +454,8 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
                     buffer = allocate(ref, place, step, pinned=False)
                 buffer.pinned |= name in fetched
                 add_output(ref, buffer)
-        measure = kernel_scratch.get(op)
-        extra = (measure(graph, shapes, name) if measure else 0) + looped.overlap.get(name, 0)
+        extra = (scratch.kernel_bytes(kind, graph, shapes, name) if op in kernel_scratch
+                 else 0) + looped.overlap.get(name, 0)
         if extra:
             scratch_at[step] = extra
         if looped.pileup.get(name) and place == DEVICE:

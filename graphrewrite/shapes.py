@@ -223,43 +223,47 @@ def _tensorflow_shapes(graph_def) -> dict[str, list[tuple[int, tuple | None]]]:
     return result
 
 
-def _imported(graph_def, public: bool = False):
-    """The graph's operations after TensorFlow's C++ importer ran its shape functions.
-
-    `tf.graph_util.import_graph_def` also builds the Python side of every operation (colocation
-    groups, control-flow contexts, name scopes): three quarters of its time on a 37k-node graph
-    (3.4 s of 4.4), none of it needed to read shapes. So the C++ import is called as the public
-    one calls it, and each operation gets only its output tensors. Should those internals
-    change, the public importer is used (same shapes, slower); `public` asks for it."""
+def _imported(graph_def, public: bool = False) -> list:
+    """The graph's operations after TensorFlow's importer ran its shape functions: through
+    `_c_imported`, or, should TensorFlow's internals differ or `public` ask for it, through
+    `tf.graph_util.import_graph_def` (same shapes, slower)."""
     import tensorflow as tf
 
-    try:
-        if public:
-            raise ImportError("asked for")
-        from tensorflow.python.client import pywrap_tf_session as c_api
-        from tensorflow.python.framework import c_api_util, importer, ops
-
-        graph = tf.Graph()
-        scoped = c_api_util.ScopedTFImportGraphDefOptions()
-        importer._PopulateTFImportGraphDefOptions(scoped.options, "", {}, None, False, False)
-        with c_api_util.tf_buffer(graph_def.SerializeToString()) as serialized:
-            with graph._c_graph.get() as c_graph:
-                results = c_api.TF_GraphImportGraphDefWithResults(c_graph, serialized,
-                                                                  scoped.options)
-        c_api_util.ScopedTFImportGraphDefResults(results)  # frees them
-        operations = []
-        for c_op in graph.new_operations():
-            op = ops.Operation(c_op, ops.SymbolicTensor)
-            op.graph = graph
-            op._init_outputs()
-            operations.append(op)
-        return operations
-    except (AttributeError, ImportError) as err:  # not this TensorFlow's internals
-        log.debug("shape inference through the public importer (%s)", err)
+    if not public:
+        try:
+            return _c_imported(graph_def)
+        except (AttributeError, ImportError) as err:  # not this TensorFlow's internals
+            log.debug("shape inference through the public importer (%s)", err)
     graph = tf.Graph()
     with graph.as_default():
         tf.graph_util.import_graph_def(graph_def, name="")
     return graph.get_operations()
+
+
+def _c_imported(graph_def) -> list:
+    """`import_graph_def` without the Python side it builds for every operation (colocation
+    groups, control-flow contexts, name scopes: three quarters of its time on a 37k-node graph,
+    3.4 s of 4.4, none of it needed to read shapes). The C++ import is called as the public one
+    calls it, and each operation gets only its output tensors."""
+    import tensorflow as tf
+    from tensorflow.python.client import pywrap_tf_session as c_api
+    from tensorflow.python.framework import c_api_util, importer, ops
+
+    graph = tf.Graph()
+    scoped = c_api_util.ScopedTFImportGraphDefOptions()
+    importer._PopulateTFImportGraphDefOptions(scoped.options, "", {}, None, False, False)
+    with c_api_util.tf_buffer(graph_def.SerializeToString()) as serialized:
+        with graph._c_graph.get() as c_graph:
+            results = c_api.TF_GraphImportGraphDefWithResults(c_graph, serialized,
+                                                              scoped.options)
+    c_api_util.ScopedTFImportGraphDefResults(results)  # frees them
+    operations = []
+    for c_op in graph.new_operations():
+        op = ops.Operation(c_op, ops.SymbolicTensor)
+        op.graph = graph
+        op._init_outputs()
+        operations.append(op)
+    return operations
 
 
 def _recorded_only(graph_def) -> dict:

@@ -120,3 +120,12 @@ def test_large_constants_lose_their_values_for_inference_only():
         {name: outputs[0][1] for name, outputs in kept.items()}
     assert found[TensorRef("r")].shape == (4, 160)
     assert len(built.node_def("w").attr["value"].tensor.tensor_content) == 64 * 80 * 4
+
+
+def test_without_the_internals_it_reads_shapes_through_the_public_importer(monkeypatch):
+    def missing(graph_def):
+        raise AttributeError("module has no attribute '_PopulateTFImportGraphDefOptions'")
+
+    expected = shapes.infer(unknown_batch_graph(), {"x": (16, 8)}).tensors
+    monkeypatch.setattr(shapes, "_c_imported", missing)
+    assert shapes.infer(unknown_batch_graph(), {"x": (16, 8)}).tensors == expected
