@@ -1,6 +1,7 @@
 """The command line as a user meets it: exit codes, outputs, help."""
 
 import json
+import sys
 
 from graphrewrite import io
 
@@ -260,3 +261,17 @@ def test_license_is_an_spdx_string():
     pyproject = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
     assert re.search(r'^license = "Apache-2.0"$', pyproject, re.MULTILINE)
     assert '"setuptools>=77' in pyproject  # the first setuptools that reads SPDX strings
+
+
+def test_optimize_shows_its_stages_on_a_terminal_only(monkeypatch, capsys):
+    import cli.main
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    shown = cli.main._Stages()
+    shown("loading")
+    assert capsys.readouterr().err.endswith("s  loading\n")
+    assert not cli.main._Stages(enabled=False).shown  # -q
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
+    quiet = cli.main._Stages()
+    quiet("loading")
+    assert capsys.readouterr().err == ""

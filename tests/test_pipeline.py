@@ -202,3 +202,9 @@ def test_grappler_in_the_background_also_runs_in_a_forked_child():
         os._exit(0 if grappler.as_run(model.graph, fetches) is not None else 1)
     _, status = os.waitpid(child, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+
+
+def test_progress_is_told_each_stage_as_it_begins():
+    seen = []
+    pipeline.optimize(io.load(fixture_path("mlp")), "memory", as_run=False, progress=seen.append)
+    assert seen == ["analysing the step", "pass defer", "pass recompute"]
