@@ -125,7 +125,6 @@ def parse_input_shape(text: str) -> tuple[str, tuple]:
 def infer(graph: Graph, input_shapes: dict[str, tuple] | None = None) -> Shapes:
     """Shapes of every tensor, by TensorFlow's shape inference (plus `_output_shapes`)."""
     graph_def = graph.to_graph_def()
-    _drop_large_constants(graph_def)
     for name, shape in (input_shapes or {}).items():
         _fix_placeholder(graph, graph_def, name, shape)
     shapes = Shapes()
@@ -142,26 +141,6 @@ def infer(graph: Graph, input_shapes: dict[str, tuple] | None = None) -> Shapes:
             shapes.tensors[TensorRef(node.name, port)] = TensorInfo(dtype, shape)
     _follow_kernel_sized(graph, shapes)
     return shapes
-
-
-# Constants with more elements than this lose their values before inference. A shape function
-# reads constant values only of shape-like inputs (a Reshape's shape, a Tile's multiples, a
-# loop's bound), never this large; a frozen graph's weights are (190 of its 191 MB on a 99k-node
-# residual MLP, serialized and parsed again for nothing).
-VALUES_READ_UP_TO = 4096
-
-
-def _drop_large_constants(graph_def) -> None:
-    """Empty the values of `graph_def`'s large constants (a copy made for inference); their
-    dtype and shape stay, which is all inference takes from them."""
-    for node in graph_def.node:
-        if node.op == "Const" and "value" in node.attr:
-            tensor = node.attr["value"].tensor
-            dims = [d.size for d in tensor.tensor_shape.dim]
-            if all(d >= 0 for d in dims) and math.prod(dims) > VALUES_READ_UP_TO:
-                for field, _ in tensor.ListFields():
-                    if field.name not in ("dtype", "tensor_shape"):
-                        tensor.ClearField(field.name)
 
 
 def record(graph: Graph, name: str, shapes: Shapes) -> None:
