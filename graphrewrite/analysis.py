@@ -120,9 +120,9 @@ def start_as_run(model: Model, graph: Graph, found: Analysis) -> Future:
     """`as_run`'s Grappler call, begun in the background (`grappler.as_run_soon`)."""
     from . import grappler, inline
 
-    inlined = inline.inline_calls(graph.to_graph_def())  # a TF2 Keras RNN's calls, as run
-    return grappler.as_run_soon(Graph.from_graph_def(inlined) if inlined else graph,
-                                found.fetches, model.meta_graph)
+    graph_def = graph.to_graph_def()
+    inlined = inline.inline_calls(graph_def)  # a TF2 Keras RNN's calls, as run
+    return grappler.as_run_soon(inlined or graph_def, found.fetches, model.meta_graph)
 
 
 def as_run(model: Model, graph: Graph, found: Analysis, input_shapes: dict | None = None,

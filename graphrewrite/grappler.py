@@ -29,12 +29,12 @@ _background: dict[int, ThreadPoolExecutor] = {}  # per process: a forked child h
 def as_run(graph: Graph, fetches: list[str], meta_graph=None) -> Graph | None:
     """`graph` as Grappler would hand it to the executor for a step fetching `fetches`; None
     (with a warning) when Grappler cannot process it."""
-    return finish(as_run_soon(graph, fetches, meta_graph))
+    return finish(as_run_soon(graph.to_graph_def(), fetches, meta_graph))
 
 
-def as_run_soon(graph: Graph, fetches: list[str], meta_graph=None) -> Future:
-    """Start `as_run`'s Grappler call in a background thread and return at once; `finish` takes
-    its result. Grappler's C++ releases the GIL, so on a machine with a core to spare the
+def as_run_soon(graph_def, fetches: list[str], meta_graph=None) -> Future:
+    """Start `as_run`'s Grappler call on `graph_def` in a background thread and return at once;
+    `finish` takes its result. Grappler's C++ releases the GIL, so on a machine with a core to spare the
     original step's optimization (3-4 s of a ResNet-50 training step) overlaps the planner."""
     from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
     from tensorflow.python.grappler import tf_optimizer
@@ -42,7 +42,7 @@ def as_run_soon(graph: Graph, fetches: list[str], meta_graph=None) -> Future:
     item = meta_graph_pb2.MetaGraphDef()
     if meta_graph is not None:
         item.meta_info_def.CopyFrom(meta_graph.meta_info_def)
-    item.graph_def.CopyFrom(graph.to_graph_def())
+    item.graph_def.CopyFrom(graph_def)
     item.collection_def["train_op"].node_list.value.extend(fetches)
     pool = _background.get(os.getpid())
     if pool is None:
