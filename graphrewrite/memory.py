@@ -312,7 +312,9 @@ def schedule(graph: Graph, fetches: list[str],
             for edge in edges.values():
                 if edge["port"] != CONTROL and consumer in needed:
                     through.setdefault(inputs[edge["port"]].node, []).append(consumer)
-    loops_back = {n for n in needed if graph.loops_back(n)}
+    node_data = graph.nx._node
+    loops_back = {n for n in needed if node_data[n].get("op") in LOOP_BACK_OPS
+                  and not node_data[n].get("missing")}
     # `needed` holds every producer of its nodes, so only loop back edges are not counted.
     if loops_back:
         pending = {name: sum(len(edges) for u, edges in pred[name].items()
@@ -369,9 +371,10 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
     fetched = set(fetches)
     bypassed = bypassed_identities(graph, graph.nodes(), fetches)
     order = schedule(graph, fetches, bypassed)
-    node_defs = {name: graph.node_def(name) for name in graph.nodes()}
-    host_split = _cpu_is_host([node.device for node in node_defs.values()])
-    place_of = {name: placement(node_defs[name], host_split) for name in order}
+    node_data = graph.nx._node
+    node_defs = {name: node_data[name]["node_def"] for name in order}
+    host_split = _cpu_is_host([node_data[name]["node_def"].device for name in graph.nodes()])
+    place_of = {name: placement(node, host_split) for name, node in node_defs.items()}
     kind = device or ("gpu" if host_split and scratch.device_kind(graph) == "gpu" else
                       None if host_split else "cpu")
     buffers: list[Buffer] = []
@@ -379,7 +382,7 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
     in_use: dict[str, int] = {}
     peak: dict[str, tuple[int, int]] = {}  # place -> (bytes, step)
     unknown: list[TensorRef] = []
-    op_of = {name: node_defs[name].op for name in order}
+    op_of = {name: node_data[name]["op"] for name in order}
     maybe_variable = parameters.VARIABLE_OPS | FEED_OPS
     variable_sizes = {n: _nbytes(parameters.value_info(graph, shapes, n)) for n in order
                       if op_of[n] in maybe_variable and parameters.is_variable(graph, n)}
@@ -398,7 +401,7 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
     looped = loops.analyse(graph, shapes, order)
     for name, held in looped.held_by.items():
         reads[name] += held
-    outputs = {name: shapes.outputs(name) for name in order}
+    outputs = shapes.outputs_of(order)
     for identity in bypassed:  # its readers hold its inputs' buffers, it holds none
         reads[identity], outputs[identity] = [], []
     uses = Counter(ref for name in order for ref in reads[name])

@@ -9,6 +9,7 @@ unknown dimensions of placeholders before inference. Whatever stays unknown is r
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -45,7 +46,7 @@ class TensorInfo:
     dtype: int
     shape: tuple | None
 
-    @property
+    @functools.cached_property  # read hundreds of thousands of times by each simulation
     def nbytes(self) -> int | None:
         """Bytes of the tensor's buffer, or None when a dimension or the element size is unknown."""
         item = _ITEM_BYTES.get(dtypes.base(self.dtype))
@@ -75,12 +76,20 @@ class Shapes:
 
     def outputs(self, node: str) -> list[TensorRef]:
         """The node's output tensors (port order); empty for nodes TensorFlow could not import."""
+        return list(self._index().get(node, ()))
+
+    def outputs_of(self, nodes) -> dict[str, list[TensorRef]]:
+        """`outputs` of each of `nodes`, at once (a simulation asks for every node's)."""
+        index = self._index()
+        return {node: list(index.get(node, ())) for node in nodes}
+
+    def _index(self) -> dict[str, list[TensorRef]]:
         tensors = self.tensors
         indexed, size = self._indexed
         if indexed is not tensors or size != len(tensors):
             self._outputs_of = _outputs_index(tensors)
             self._indexed = (tensors, len(tensors))
-        return list(self._outputs_of.get(node, ()))
+        return self._outputs_of
 
     @property
     def unknown(self) -> list[TensorRef]:
@@ -160,6 +169,9 @@ def record(graph: Graph, name: str, shapes: Shapes) -> None:
 
 def _follow_kernel_sized(graph: Graph, shapes: Shapes) -> None:
     """Ops shaped like their input (ZerosLike of a kernel-sized output) take the input's size."""
+    unsized = {ref.node for ref, info in shapes.tensors.items() if info.nbytes is None}
+    if not any(graph.op(name) in SAME_SHAPE_OPS for name in unsized if name in graph):
+        return  # nothing to fill in: no walk over the whole graph (0.8 s at 99k nodes)
     for name in graph.topological_order():
         if graph.op(name) not in SAME_SHAPE_OPS:
             continue
