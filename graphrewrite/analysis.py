@@ -65,11 +65,12 @@ def default_fetches(model: Model, graph: Graph | None = None,
 def analyse(model: Model, graph: Graph | None = None, input_shapes: dict | None = None,
             backward_scope: str | None = None, fetches: list[str] | None = None,
             shapes: shapes_mod.Shapes | None = None, device: str | None = None,
-            planned: bool = True) -> Analysis:
+            planned: bool = True, report: memory.MemoryReport | None = None) -> Analysis:
     """Shapes (unless given), forward/backward split, simulated step memory and FLOPs;
     `device`: the kind the step runs on (`memory.simulate`). Without `planned`, no split and
     no FLOPs: what a pipeline reports of the graph its last pass wrote (on a 100k-node graph
-    the split of the rewritten one took 5 s)."""
+    the split of the rewritten one took 5 s). `report`: the step already simulated with these
+    fetches and no `device` (by the pass that wrote the graph), not simulated again."""
     graph = graph or model.graph
     missing = [f for f in fetches or [] if f.split(":")[0] not in graph]
     if missing:
@@ -78,7 +79,8 @@ def analyse(model: Model, graph: Graph | None = None, input_shapes: dict | None 
     fetches = fetches or default_fetches(model, graph, shapes)
     fetch_nodes = list(dict.fromkeys(f.split(":")[0] for f in fetches))
     split = split_mod.split(graph, backward_scope) if planned else None
-    report = memory.simulate(graph, shapes, fetch_nodes, device)
+    if report is None or device is not None:
+        report = memory.simulate(graph, shapes, fetch_nodes, device)
     total = flops_mod.total_flops(graph, shapes, report.order) if planned else 0
     blind = parameters.unknown_variables(graph, shapes)
     if blind:

@@ -253,7 +253,8 @@ def optimize(model: Model, mode: str, input_shapes: dict | None = None,
             graph = result.graph
             found = analysis_mod.analyse(model, graph, input_shapes, backward_scope,
                                          found.fetches, shapes=result.shapes, device=device,
-                                         planned=index < len(steps) - 1)  # a pass follows
+                                         planned=index < len(steps) - 1,  # a pass follows
+                                         report=result.memory)
     run_reports = (None, None)
     if as_run:
         stage("modelling both steps as run (after Grappler)")

@@ -77,6 +77,7 @@ class PassResult:
     modified: bool = False
     shapes: object = None  # the new graph's Shapes, when the pass knows them (saves inference)
     note: str = ""         # why the pass did less than it could (or nothing), for the report
+    memory: object = None  # the new graph's simulated step (no device named), when the pass made it
 
     def then(self, later: PassResult) -> PassResult:
         """This result followed by `later`, of the same pass run again: lists extend, counts
@@ -84,7 +85,7 @@ class PassResult:
         combined = {}
         for f in dataclasses.fields(self):
             first, second = getattr(self, f.name), getattr(later, f.name)
-            if f.name in ("graph", "shapes"):
+            if f.name in ("graph", "shapes", "memory"):
                 combined[f.name] = second
             elif isinstance(first, bool):
                 combined[f.name] = first or second
