@@ -33,9 +33,10 @@ def as_run(graph: Graph, fetches: list[str], meta_graph=None) -> Graph | None:
 
 
 def as_run_soon(graph_def, fetches: list[str], meta_graph=None) -> Future:
-    """Start `as_run`'s Grappler call on `graph_def` in a background thread and return at once;
-    `finish` takes its result. Grappler's C++ releases the GIL, so on a machine with a core to spare the
-    original step's optimization (3-4 s of a ResNet-50 training step) overlaps the planner."""
+    """Start `as_run`'s Grappler call on `graph_def` in a background thread and return at
+    once; `finish` takes its result. Grappler's C++ releases the GIL, so on a machine with a
+    core to spare the original step's optimization (3-4 s of a ResNet-50 training step)
+    overlaps the planner."""
     from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
     from tensorflow.python.grappler import tf_optimizer
 

@@ -265,10 +265,7 @@ def cpu_is_host(graph: Graph) -> bool:
     """Whether CPU-pinned nodes are host memory: the graph uses an accelerator, or most nodes are
     unplaced (they land on the accelerator of a GPU machine, and a node pinned to the CPU, such
     as a swapped-out copy, lives in host memory there)."""
-    return _cpu_is_host([graph.node_def(n).device for n in graph.nodes()])
-
-
-def _cpu_is_host(devices: list[str]) -> bool:
+    devices = [graph.node_def(n).device for n in graph.nodes()]
     if any(m in d for d in devices for m in ACCELERATOR_MARKERS):
         return True
     pinned_cpu = sum(1 for d in devices if "CPU" in d.upper())
@@ -312,9 +309,7 @@ def schedule(graph: Graph, fetches: list[str],
             for edge in edges.values():
                 if edge["port"] != CONTROL and consumer in needed:
                     through.setdefault(inputs[edge["port"]].node, []).append(consumer)
-    node_data = graph.nx._node
-    loops_back = {n for n in needed if node_data[n].get("op") in LOOP_BACK_OPS
-                  and not node_data[n].get("missing")}
+    loops_back = {n for n in needed if graph.loops_back(n)}
     # `needed` holds every producer of its nodes, so only loop back edges are not counted.
     if loops_back:
         pending = {name: sum(len(edges) for u, edges in pred[name].items()
@@ -371,10 +366,8 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
     fetched = set(fetches)
     bypassed = bypassed_identities(graph, graph.nodes(), fetches)
     order = schedule(graph, fetches, bypassed)
-    node_data = graph.nx._node
-    node_defs = {name: node_data[name]["node_def"] for name in order}
-    host_split = _cpu_is_host([node_data[name]["node_def"].device for name in graph.nodes()])
-    place_of = {name: placement(node, host_split) for name, node in node_defs.items()}
+    host_split = cpu_is_host(graph)
+    place_of = {name: placement(graph.node_def(name), host_split) for name in order}
     kind = device or ("gpu" if host_split and scratch.device_kind(graph) == "gpu" else
                       None if host_split else "cpu")
     buffers: list[Buffer] = []
@@ -382,7 +375,7 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
     in_use: dict[str, int] = {}
     peak: dict[str, tuple[int, int]] = {}  # place -> (bytes, step)
     unknown: list[TensorRef] = []
-    op_of = {name: node_data[name]["op"] for name in order}
+    op_of = {name: graph.op(name) for name in order}
     maybe_variable = parameters.VARIABLE_OPS | FEED_OPS
     variable_sizes = {n: _nbytes(parameters.value_info(graph, shapes, n)) for n in order
                       if op_of[n] in maybe_variable and parameters.is_variable(graph, n)}

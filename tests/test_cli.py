@@ -221,7 +221,6 @@ def test_the_command_ends_without_freeing_and_keeps_its_exit_code_and_output(tmp
     """`entry` ends the process at once (`os._exit`): the exit code, the report on stdout and
     the one-line error on stderr still come out whole."""
     import subprocess
-    import sys
 
     def run(*args):
         return subprocess.run([sys.executable, "-m", "cli.main", *args], capture_output=True,
