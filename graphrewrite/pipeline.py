@@ -21,7 +21,7 @@ from . import analysis as analysis_mod
 from . import plan as plan_mod
 from .budget import parse_budget
 from .context import Context
-from .errors import GraphRewriteError, PassError
+from .errors import GraphError, GraphRewriteError, PassError
 from .graph import Graph
 from .io import Model
 from .modes import MODES
@@ -213,7 +213,8 @@ def optimize(model: Model, mode: str, input_shapes: dict | None = None,
     told each stage as it begins (a minute of work on a 100k-node graph).
 
     A budget that is a share is of the original's modelled peak, for every pass alike. A pass
-    that raises (other than a GraphRewriteError, which is about the input) or leaves a graph
+    that raises (other than a GraphRewriteError about the input; a GraphError, a node looked up
+    or changed wrongly, is the pass's own) or leaves a graph
     `check()` rejects is a PassError naming it and the passes before it."""
     start = time.perf_counter()
     text = compose(mode, **options) if composed is None else composed
@@ -240,6 +241,8 @@ def optimize(model: Model, mode: str, input_shapes: dict | None = None,
         stage(f"pass {name}")
         try:
             result = PASSES[name][1](graph, found, pass_opts, model)
+        except GraphError as err:  # a node the pass looked up or changed wrongly: its bug
+            raise PassError(name, before, f"failed: {err}") from err
         except GraphRewriteError:
             raise
         except Exception as err:  # noqa: BLE001  (anything else is a bug in the pass)

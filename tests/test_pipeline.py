@@ -143,8 +143,13 @@ def crashing(graph, analysis, options, model=None):
     raise KeyError("boom")
 
 
+def looks_up_nothing(graph, analysis, options, model=None):
+    graph.op(None)  # a GraphError, but about the pass, not the input (issue 32)
+
+
 @pytest.mark.parametrize("run, problem", [(broken, "left an invalid graph"),
-                                          (crashing, "failed: KeyError")])
+                                          (crashing, "failed: KeyError"),
+                                          (looks_up_nothing, "failed: no node named 'None'")])
 def test_a_failing_pass_is_named_with_the_passes_before_it(run, problem, monkeypatch, tmp_path):
     monkeypatch.setitem(PASSES, "accumulate", (PASSES["accumulate"][0], run))
     with pytest.raises(PassError, match=f"pass 'accumulate' \\(after relax_assign\\) {problem}"):
@@ -208,3 +213,30 @@ def test_progress_is_told_each_stage_as_it_begins():
     seen = []
     pipeline.optimize(io.load(fixture_path("mlp")), "memory", as_run=False, progress=seen.append)
     assert seen == ["analysing the step", "pass defer", "pass recompute"]
+
+
+def test_a_rewritten_graph_rewrites_again():
+    """Issue 32: a second rewrite names its copies `<node>-graphrewrite_recompute_1` (the first
+    rewrite's hold the plain suffix); the triggers read each copy's original from its name and
+    asked for node 'None' (exit 2). They are now handed the originals."""
+    import dataclasses
+
+    model = io.load(fixture_path("mlp"))
+    once = pipeline.optimize(model, "memory", as_run=False)
+    again = pipeline.optimize(dataclasses.replace(model, graph=once.graph), "collection",
+                              checkpoints="dense_2/Relu", as_run=False)
+    recompute = again.of(RecomputeResult)
+    assert recompute.checkpoints == ["dense_2/Relu"] and recompute.triggers
+    assert "dense_3/Relu-graphrewrite_recompute_1" in again.graph  # a second copy of dense_3
+    assert again.graph.check() == []
+
+
+@pytest.mark.tf
+def test_a_rewritten_graph_rewritten_again_is_bitwise_equal_to_the_original(tmp_path):
+    once, twice = tmp_path / "once.pbtxt", tmp_path / "twice.pbtxt"
+    assert run_cli("optimize", fixture_path("mlp"), "-o", once, "--no-as-run").exit_code == 0
+    again = run_cli("optimize", once, "-o", twice, "--mode", "collection",
+                    "--checkpoints", "dense_2/Relu", "--no-as-run")
+    assert again.exit_code == 0, again.stderr
+    checked = run_cli("verify", fixture_path("mlp"), twice, "--runs", "1")
+    assert checked.exit_code == 0 and "MATCH" in checked.output, checked.output

@@ -18,7 +18,7 @@ previous trigger's ancestors plus what is new (`_Ancestry`).
 from __future__ import annotations
 
 from ..graph import Graph
-from ..names import TRIGGER_PREFIX, copied_from
+from ..names import TRIGGER_PREFIX
 from ..split import reachable
 from ..tensor_ref import CONTROL, TensorRef
 from ..topo import TopoOrder
@@ -61,22 +61,24 @@ def add_triggers(graph: Graph, original: Graph, copies: dict[str, str], segments
         gate_of.update(dict.fromkeys(members, trigger))
         if executor_gates:
             triggers.update(_gate_late_copies(graph, original, ancestry, reach,
-                                              [copies[n] for n in component], all_copies, flow,
-                                              set(waits)))
+                                              {copies[n]: n for n in component}, all_copies,
+                                              flow, set(waits)))
     return triggers, gate_of, ungated
 
 
-def _gate_late_copies(graph: Graph, original: Graph, ancestry, reach, members: list[str],
+def _gate_late_copies(graph: Graph, original: Graph, ancestry, reach, members: dict[str, str],
                       all_copies: set[str], flow, segment_waits: set[str]):
     """Triggers for the copies of a segment that back-propagation reads later than its first:
     each waits for the gradients its readers read, as the segment's roots do. Without them
     the executor computes the whole segment as soon as the roots' trigger fires, beside the
     large gradient of the layer above (the model's one-at-a-time schedule would not show it).
     A group of copies is only given the waits it does not reach, checked on the graph as it
-    grows, so no cycle can form. Returns the new triggers with their waits."""
+    grows, so no cycle can form. `members`: copy -> its original (not read from the copy's
+    name: in a graph rewritten before, `unique_name` gives the copy a suffix `_1`). Returns
+    the new triggers with their waits."""
     groups: dict[tuple, list[str]] = {}
-    for copy in members:
-        if _chain_root(original, copied_from(copy)):
+    for copy, source in members.items():
+        if _chain_root(original, source):
             continue
         targets = {v for v in graph.successors(copy) if v in flow and v not in all_copies}
         waits = {_wait_of(graph, r.node, flow) for t in targets for r in graph.data_inputs(t)
