@@ -38,8 +38,10 @@ class RewrittenStep:
     `.graph_def` the rewritten GraphDef, `.function` the underlying concrete function."""
 
     def __init__(self, function, structured_outputs, graph_def, report: dict,
-                 variables: dict | None = None, originals: dict | None = None):
+                 variables: dict | None = None, originals: dict | None = None,
+                 signature: "_Signature | None" = None):
         self.function = function
+        self._signature = signature
         self.graph_def = graph_def
         self.report = report
         self.variables = variables or {}  # placeholder -> tf.Variable made for this step
@@ -57,11 +59,12 @@ class RewrittenStep:
                 value = value * float(scale)
             tf.raw_ops.AssignVariableOp(resource=handle, value=value)
 
-    def __call__(self, *args):
+    def __call__(self, *args, **kwargs):
         import tensorflow as tf
 
-        flat = self.function(*args)
-        return tf.nest.pack_sequence_as(self._structure, flat, expand_composites=True)
+        flat = self._signature.flatten(args, kwargs) if self._signature else list(args)
+        outputs = self.function(*flat)
+        return tf.nest.pack_sequence_as(self._structure, outputs, expand_composites=True)
 
 
 def rewrite(fn, *input_signature, mode: str = "memory", budget: str | None = None,
@@ -70,12 +73,26 @@ def rewrite(fn, *input_signature, mode: str = "memory", budget: str | None = Non
     `pipeline.compose`) and return the function that runs the result on fn's own variables.
 
     `fn` is a `tf.function` (its own `input_signature`, or the `tf.TensorSpec`s given here) or a
-    concrete function. Every argument must be a tensor of fully known shape."""
+    concrete function (`step.get_concrete_function(...)`, for keyword or nested specs). Every
+    tensor argument must have a fully known shape. The result is called as `fn` is: the same
+    parameters, positional or by keyword, nested structures (a dict or tuple batch) included.
+
+    A step compiled with XLA (`jit_compile=True`) is rewritten and run without XLA, with a
+    warning, not refused: XLA would undo the rewrite (its common-subexpression pass merges each
+    recomputed copy back into its original, and it schedules the graph by its own rules), so
+    keeping XLA means keeping the original step, which the caller still has. What is lost is
+    XLA's fusion: step time, the intermediates fused kernels never write out, and XLA's own
+    numerics (the result is bitwise the step without `jit_compile`, not the compiled one)."""
     import tensorflow as tf
 
     concrete = _concrete(fn, input_signature)
     graph = concrete.graph
     name = concrete.name.decode() if isinstance(concrete.name, bytes) else concrete.name
+    if _compiled_with_xla(concrete):
+        log.warning("'%s' is compiled with XLA (jit_compile=True); the rewritten step runs "
+                    "without XLA, because XLA would merge the recomputed copies back: its "
+                    "fused kernels, their speed and XLA's numerics are lost (it trains as the "
+                    "step without jit_compile does); measure both", name)
     captured = {id(t) for t in graph.internal_captures}
     inputs = [t for t in graph.inputs if id(t) not in captured]
     unknown = [t for t in inputs if not t.shape.is_fully_defined()]
@@ -118,7 +135,7 @@ def rewrite(fn, *input_signature, mode: str = "memory", budget: str | None = Non
     log.info("rewrote %s: %d -> %d nodes", name, result.nodes_before,
              result.nodes_after)
     return RewrittenStep(function, concrete.structured_outputs, rewritten, facts, own,
-                         originals)
+                         originals, _Signature(concrete, inputs))
 
 
 def _own_variables(graph: Graph, bindings) -> tuple[dict, dict]:
@@ -159,7 +176,73 @@ def _concrete(fn, input_signature):
         try:
             return fn.get_concrete_function(*input_signature)
         except (TypeError, ValueError) as err:
-            raise StepError(f"cannot trace the step: {err}") from None
+            hint = ""
+            if not input_signature and getattr(fn, "input_signature", None) is None:
+                hint = ("; the tf.function has no input_signature: pass the arguments' specs, "
+                        "rewrite(step, tf.TensorSpec([64, 32], tf.float32), ...), or a concrete "
+                        "function, rewrite(step.get_concrete_function(...))")
+            raise StepError(f"cannot trace the step: {err}{hint}") from None
     if hasattr(fn, "graph") and hasattr(fn, "captured_inputs"):
         return fn
     raise StepError(f"expected a tf.function or a concrete function, got {type(fn).__name__}")
+
+
+def _compiled_with_xla(concrete) -> bool:
+    """Whether the step was traced with `jit_compile=True` (its function carries XLA's mark)."""
+    attr = concrete.function_def.attr.get("_XlaMustCompile")
+    return bool(attr is not None and attr.b)
+
+
+class _Signature:
+    """The traced step's parameters: binds a call's arguments as the step binds them and
+    flattens them, with `tf.nest`, to the tensors its graph takes, in the graph's order.
+
+    Parameters traced with a Python value (a flag such as `training=True`) may be left out or
+    given the same value; another value would need another trace, so it is refused."""
+
+    def __init__(self, concrete, inputs):
+        import inspect
+
+        args, kwargs = concrete.structured_input_signature
+        parameters = list(concrete.function_type.parameters.values())
+        self.traced = {p.name: args[i] if i < len(args) else kwargs[p.name]
+                       for i, p in enumerate(parameters)}
+        self.signature = inspect.Signature([inspect.Parameter(p.name, p.kind)
+                                            for p in parameters])
+        self.count = len(inputs)
+
+    def flatten(self, args, kwargs) -> list:
+        import tensorflow as tf
+
+        try:
+            bound = self.signature.bind_partial(*args, **kwargs).arguments
+        except TypeError as err:
+            raise TypeError(f"the rewritten step takes {self.signature}: {err}") from None
+        flat = []
+        for name, traced in self.traced.items():
+            specs = tf.nest.flatten(traced, expand_composites=True)
+            if name not in bound:
+                if any(isinstance(s, tf.TypeSpec) for s in specs):
+                    raise TypeError(f"the rewritten step takes {self.signature}: missing a "
+                                    f"required argument: '{name}'")
+                continue
+            try:
+                tf.nest.assert_same_structure(traced, bound[name], expand_composites=True)
+            except (TypeError, ValueError) as err:
+                raise TypeError(f"argument '{name}' is not structured as the traced "
+                                f"{traced}: {err}") from None
+            for spec, value in zip(specs, tf.nest.flatten(bound[name], expand_composites=True)):
+                if isinstance(spec, tf.TypeSpec):
+                    flat.append(value)
+                elif not _same_value(spec, value):
+                    raise TypeError(f"argument '{name}' was traced as {spec!r}, got {value!r}: "
+                                    "rewrite the step traced with that value")
+        assert len(flat) == self.count, (len(flat), self.count)
+        return flat
+
+
+def _same_value(traced, value) -> bool:
+    try:
+        return bool(traced is value or traced == value)
+    except (TypeError, ValueError):  # an array's ambiguous truth value
+        return False

@@ -84,6 +84,83 @@ def test_signature_given_at_rewrite_time():
     assert np.isfinite(rewritten(*_batch())["loss"].numpy())
 
 
+def _batch_step(form):
+    """The training step of `_step`'s model, taking its batch as `form`: "dict" ({"x", "y"})
+    or "tuple" ((x, y)), with a Python flag traced as True."""
+    step, state, optimizer = _step()
+    model = step.keras_model
+
+    def train_step(batch, training=True):
+        x, y = (batch["x"], batch["y"]) if form == "dict" else batch
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(
+                y, model(x, training=training), from_logits=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss, {"loss": loss}
+
+    specs = {"x": SPECS[0], "y": SPECS[1]} if form == "dict" else tuple(SPECS)
+    return tf.function(train_step, input_signature=[specs]), state
+
+
+@pytest.mark.parametrize("form", ["dict", "tuple"])
+def test_rewritten_step_is_called_as_the_step_is(form):
+    """Issue 32: a dict or tuple batch, positional or by keyword, as the original takes it."""
+    step, state = _batch_step(form)
+    rewritten = tf2.rewrite(step)
+    x, y = _batch()
+    batch = {"x": x, "y": y} if form == "dict" else (x, y)
+    start = [v.numpy() for v in state]
+    runs = {}
+    for label, train, calls in (
+            ("original", step, [lambda: step(batch), lambda: step(batch=batch)]),
+            ("rewritten", rewritten, [lambda: rewritten(batch), lambda: rewritten(batch=batch),
+                                      lambda: rewritten(batch, training=True)])):
+        for variable, value in zip(state, start):
+            variable.assign(value)
+        tf.random.set_seed(7)
+        outputs = [call() for call in calls[:2]]
+        runs[label] = [(a.numpy().tobytes(), b["loss"].numpy().tobytes()) for a, b in outputs]
+        runs[label].append([v.numpy().tobytes() for v in state])
+    assert runs["original"] == runs["rewritten"]
+    assert np.isfinite(calls[2]()[0].numpy())
+    with pytest.raises(TypeError, match="traced as True"):
+        rewritten(batch, training=False)
+    with pytest.raises(TypeError, match="missing a required argument: 'batch'"):
+        rewritten(training=True)
+
+
+def test_concrete_function_with_keyword_specs():
+    step, _, _ = _step(with_signature=False)
+    concrete = step.get_concrete_function(x=SPECS[0], y=SPECS[1])
+    rewritten = tf2.rewrite(concrete)
+    x, y = _batch()
+    assert np.isfinite(rewritten(y=y, x=x)["loss"].numpy())
+
+
+def test_step_without_signature_says_how_to_give_one():
+    step, _, _ = _step(with_signature=False)
+    with pytest.raises(tf2.StepError, match=r"cannot trace the step: .*missing a required "
+                       r"argument.*input_signature.*TensorSpec.*get_concrete_function"):
+        tf2.rewrite(step)
+
+
+def test_xla_step_warns_that_it_runs_without_xla(caplog):
+    """Issue 32: jit_compile=True cannot survive the rewrite (XLA would merge the recomputed
+    copies back): a warning names XLA and what is lost; a step without it gets none."""
+    step, _, _ = _step()
+    xla_step = tf.function(step.python_function, input_signature=SPECS, jit_compile=True)
+    with caplog.at_level("WARNING", logger="graphrewrite.tf2"):
+        tf2.rewrite(step)
+        assert not [r for r in caplog.records if "XLA" in r.getMessage()]
+        rewritten = tf2.rewrite(xla_step)
+    (warning,) = [r for r in caplog.records if "XLA" in r.getMessage()]
+    assert warning.levelname == "WARNING"
+    assert "jit_compile=True" in warning.getMessage() and "without XLA" in warning.getMessage()
+    assert "fused kernels" in warning.getMessage()
+    assert np.isfinite(rewritten(*_batch())["loss"].numpy())
+
+
 def test_inference_function_is_refused():
     model = tf.keras.Sequential([tf.keras.layers.Dense(4)])
     model.build((None, FEATURES))
