@@ -230,8 +230,12 @@ def optimize(model: Model, mode: str, input_shapes: dict | None = None,
         plan_mod.check_recomputable(plan, Context.build(graph, found))
     peak_before = found.memory.peak()
     original = found
+    # No backward pass: nothing to rewrite, so no as-run model beside the passes (most of a
+    # minute at 100k nodes); it is made after them only if a pass changed the graph anyway.
+    backward = bool(found.split.seeds)
     # Grappler on the original runs beside the passes (it releases the GIL).
-    grappled = analysis_mod.start_as_run(model, model.graph, original) if as_run else None
+    grappled = (analysis_mod.start_as_run(model, model.graph, original)
+                if as_run and backward else None)
     results: dict[str, PassResult] = {}
     for index, (name, pass_opts) in enumerate(steps):
         if getattr(pass_opts, "budget", None):
@@ -259,9 +263,9 @@ def optimize(model: Model, mode: str, input_shapes: dict | None = None,
                                          planned=index < len(steps) - 1,  # a pass follows
                                          report=result.memory)
     run_reports = (None, None)
-    if as_run:
+    changed = any(r.modified for r in results.values())  # else Grappler's run repeats
+    if as_run and (backward or changed):
         stage("modelling both steps as run (after Grappler)")
-        changed = any(r.modified for r in results.values())  # else Grappler's run repeats
         grappled_after = analysis_mod.start_as_run(model, graph, found) if changed else None
         run_before = analysis_mod.as_run(model, model.graph, original, input_shapes, device,
                                          grappled)
