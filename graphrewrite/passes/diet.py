@@ -18,7 +18,9 @@ model code instead) bring that to a little over 2 bytes:
   quantum still move the weight on average; recomputation never copies random ops) or to
   nearest;
 - slots no longer read are removed with their initializers and checkpoint entries; new slots
-  are added to the Saver and (through `metagraph.sync`) to the `variables` collection;
+  are added to the Saver, to the `variables` collection (through `metagraph.sync`) and to the
+  init ops that run their weight's initializer (`init`, whatever its name), so the graph's own
+  init op still initialises every variable;
 - initial values are quantized once, in the initializer, and so are values a Saver restores:
   a checkpoint holds the dequantized weights as float32 under their own names, so it reads like
   the original's (see the README);
@@ -401,7 +403,7 @@ class _Diet:
         controls = [TensorRef(c, -1) for c in graph.control_inputs(apply)]
         self.orphans.update(r.node for r in graph.data_inputs(apply)[1:])
         self.late_reads = []
-        self.shape = shape
+        self.shape, self.apply = shape, apply
         if not captured:  # a captured variable's placeholder is a handle: its readers say int16
             graph.set_attr(var, "dtype", _type(self.fmt))
         mark = options.format + (f" {options.scale!r}" if options.format == "int16" else "")
@@ -490,7 +492,7 @@ class _Diet:
                 if recorded is not None:  # a read's is the variable's, a gather's its rows'
                     graph.set_attr(user, "_output_shapes", recorded)
                 self._shape_readers(user, TensorRef(raw_name))
-                self._backward_read(var, user, True)
+                self._backward_read(var, user, raw_name)
             elif op == "AssignVariableOp":
                 self._quantize_write(b, user, inputs, shape, {"dtype": _type(self.fmt),
                                                               "validate_shape": node.attr[
@@ -520,7 +522,7 @@ class _Diet:
             self.forward_reads[value.node] = value.node if len(args) == 1 else args[0].node
             graph.replace_uses(TensorRef(var), value, readers)
             self._shape_readers(value.node, TensorRef(var))
-            self._backward_read(var, value.node, False)
+            self._backward_read(var, value.node, None)
 
     def _shape_readers(self, read: str, raw: TensorRef) -> None:
         """Readers of the dequantized `read` (or of an Identity of it) that want only its shape
@@ -567,13 +569,16 @@ class _Diet:
         for port in range(slot + 1, len(data)):
             graph.replace_uses(TensorRef(user, port), TensorRef(user, port - 1))
 
-    def _backward_read(self, var: str, read: str, resource: bool) -> None:
+    def _backward_read(self, var: str, read: str, raw_read: str | None) -> None:
         """Give the gradient-flow readers of dequantized `read` (and of the forward views of it:
         Reshape, Identity, ...) a second dequantizing read of their own, made to wait for the
         gradients those readers read. The original's read aliases the variable; a dequantized
         one is a float32 copy, and shared by the forward and backward passes it would live
         from a weight's forward use to its backward use: a whole float32 copy of the model at
-        the peak. The update must then wait for this read (`_order_after_late_reads`)."""
+        the peak. The update must then wait for this read (`_order_after_late_reads`).
+        `raw_read` is a resource variable's 16-bit read behind `read`, copied as it is: a
+        `ResourceGather` (an embedding lookup) reads the same rows again, not the whole table
+        (None: a ref variable, read directly)."""
         graph, split = self.graph, self.split
         if split is None or not split.gradient_flow:
             return
@@ -602,17 +607,25 @@ class _Diet:
             return
         device = graph.node_def(read).device
         b = _Builder(graph, f"{read}/{PREFIX}/backward", device)
-        if resource:
-            raw = b.op("raw", "ReadVariableOp", [TensorRef(var)], dtype=_type(self.fmt))
-            _record_shape(graph, raw.node, self.shape)
+        if raw_read is not None:
+            node = graph.node_def(raw_read)
+            raw = b.op("raw", node.op, graph.inputs(raw_read), **dict(node.attr))
+            if "_output_shapes" not in node.attr:
+                _record_shape(graph, raw.node, self.shape)
         else:
             raw = TensorRef(var)
         deq_op, args = dequantize(b, raw, self.fmt, self.options.scale)
-        first = raw.node if resource else args[0].node
+        first = raw.node if raw_read is not None else args[0].node
         for gate in sorted(gates):
             graph.add_control(gate, first)
         copies = {read: b.op("value", deq_op, args, **_dequantize_attrs(self.fmt)).node}
-        _record_shape(graph, copies[read], self.shape)
+        # The value's shape is its read's: a gather's rows, else the variable's.
+        recorded = graph.node_def(raw.node).attr.get("_output_shapes") \
+            if raw_read is not None else None
+        if recorded is not None:
+            graph.set_attr(copies[read], "_output_shapes", recorded)
+        else:
+            _record_shape(graph, copies[read], self.shape)
 
         def copy(view: str) -> str:
             if view not in copies:
@@ -806,6 +819,8 @@ class _Diet:
             init = b.op("Assign", "Assign", [TensorRef(name), zeros], T=flt,
                         use_locking=_bool(True), validate_shape=_bool(True))
             read = b.op("read", "Identity", [TensorRef(name)], T=flt)
+        for group in _initializer_groups(graph, var, self.apply):
+            graph.add_control(init.node, group)
         definition = variable_pb2.VariableDef(
             variable_name=f"{name}:0", initial_value_name=f"{zeros.node}:0",
             initializer_name=init.node, snapshot_name=f"{read.node}:0", is_resource=resource,
@@ -898,6 +913,32 @@ def _matrix(shape: tuple) -> tuple | None:
     if rows == 1 or shape[-1] == 1:
         return None
     return rows, int(shape[-1])
+
+
+def _initializer_groups(graph: Graph, var: str, update: str) -> list[str]:
+    """The NoOps that wait for `var`'s initializer (`global_variables_initializer()`'s `init`,
+    a Scaffold's or a user's group of initializers, whatever its name): a new slot's
+    initializer joins them, so the graph's own init op still initialises every variable.
+    Restores (their value read from a RestoreV2) and the update are not initializers."""
+    groups = set()
+    for user, slot in graph.consumers(TensorRef(var)):
+        if slot != 0 or user == update or graph.op(user) not in ("Assign", "AssignVariableOp"):
+            continue
+        if "RestoreV2" in {graph.op(n) for n in _data_ancestors(graph, user)}:
+            continue
+        groups.update(n for n, s in graph.consumers(user)
+                      if s == -1 and graph.op(n) == "NoOp")
+    return sorted(groups)
+
+
+def _data_ancestors(graph: Graph, name: str) -> set[str]:
+    found, todo = set(), [name]
+    while todo:
+        for ref in graph.data_inputs(todo.pop()):
+            if ref.node not in found:
+                found.add(ref.node)
+                todo.append(ref.node)
+    return found
 
 
 def _through_identity_n(graph: Graph, ref: TensorRef) -> str:
