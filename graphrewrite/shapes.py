@@ -3,8 +3,12 @@
 TensorFlow's own shape inference does the work: the GraphDef is imported into a `tf.Graph`, whose
 C++ shape functions (with constant inputs evaluated) give each output a dtype and shape.
 `_output_shapes` attributes fill in dimensions inference left unknown. `--input-shape` fixes the
-unknown dimensions of placeholders before inference. Whatever stays unknown is reported by
-`Shapes.unknown`, never counted as 1.
+unknown dimensions of placeholders before inference (a shape that conflicts with the graph's is
+refused). Whatever stays unknown is reported by `Shapes.unknown`, never counted as 1.
+
+The importer refuses a whole graph for one node (an op not in TensorFlow's registry, a name it
+does not allow, a shape function that fails), so such a node is imported under a valid name or
+cut out of the import (`_Trial`): everything else is still inferred.
 """
 
 from __future__ import annotations
@@ -13,11 +17,12 @@ import functools
 import logging
 import math
 import os
+import re
 from dataclasses import dataclass, field
 
 from tensorflow.core.framework import types_pb2
 
-from . import dtypes, loops
+from . import dtypes, loops, ops
 from .errors import GraphRewriteError
 from .graph import Graph
 from .tensor_ref import TensorRef
@@ -37,6 +42,12 @@ _ITEM_BYTES = {
 # CPU, a small cuDNN workspace on a GPU. Counted as empty rather than reported as unknown.
 KERNEL_SIZED = {("FusedBatchNormV3", 5), ("_FusedBatchNormEx", 5)}
 SAME_SHAPE_OPS = frozenset({"ZerosLike", "OnesLike", "Identity", "StopGradient"})
+# A node name TensorFlow's importer accepts (`IsValidNodeName`).
+_VALID_NAME = re.compile(r"[A-Za-z0-9.][A-Za-z0-9_./-]*(>[A-Za-z0-9.][A-Za-z0-9_./-]*)*")
+# Where an import error names the node it failed on.
+_BLAMED = (re.compile(r"\{\{node ([^}]+)\}\}"), re.compile(r"[Nn]ode '([^']+)'"),
+           re.compile(r"of node (\S+) was passed"))
+MAX_CUT = 32  # nodes cut out of one import before giving up on TensorFlow's inference
 
 
 @dataclass(frozen=True)
@@ -132,12 +143,18 @@ def parse_input_shape(text: str) -> tuple[str, tuple]:
 
 
 def infer(graph: Graph, input_shapes: dict[str, tuple] | None = None) -> Shapes:
-    """Shapes of every tensor, by TensorFlow's shape inference (plus `_output_shapes`)."""
+    """Shapes of every tensor, by TensorFlow's shape inference (plus `_output_shapes`).
+    `input_shapes` (placeholder -> dims, None unknown) that conflict with the graph's shapes are
+    a GraphRewriteError."""
     graph_def = graph.to_graph_def()
     for name, shape in (input_shapes or {}).items():
         _fix_placeholder(graph, graph_def, name, shape)
     shapes = Shapes()
-    inferred = _tensorflow_shapes(graph_def)
+    inference = _inferred(graph_def)
+    if input_shapes and (inference.cut or inference.failed):
+        _refuse_conflicts(graph, input_shapes, inference)
+    inference.log(logging.WARNING)
+    inferred = inference.shapes
     loops.refine_shapes(graph_def, inferred, _tensorflow_shapes)
     for node in graph_def.node:
         recorded = [_from_proto(s) for s in node.attr["_output_shapes"].list.shape] \
@@ -150,6 +167,19 @@ def infer(graph: Graph, input_shapes: dict[str, tuple] | None = None) -> Shapes:
             shapes.tensors[TensorRef(node.name, port)] = TensorInfo(dtype, shape)
     _follow_kernel_sized(graph, shapes)
     return shapes
+
+
+def _refuse_conflicts(graph: Graph, input_shapes: dict[str, tuple], inference) -> None:
+    """A GraphRewriteError if TensorFlow refuses nodes with `input_shapes` that it accepts
+    without them: the shapes given conflict with the graph's."""
+    without = _inferred(graph.to_graph_def())
+    refused = [(node, why) for node, why in inference.cut.items() if node not in without.cut]
+    if inference.failed and not without.failed:
+        refused.append(("", inference.failed))
+    if refused:
+        given = ", ".join(f"{name}:{_dims(shape)}" for name, shape in input_shapes.items())
+        raise GraphRewriteError(f"input shape {given} conflicts with the graph's shapes: "
+                                f"{refused[0][1]}")
 
 
 def record(graph: Graph, name: str, shapes: Shapes) -> None:
@@ -181,6 +211,10 @@ def _follow_kernel_sized(graph: Graph, shapes: Shapes) -> None:
             shapes.tensors[ref] = TensorInfo(info.dtype, shapes[inputs[0]].shape)
 
 
+def _dims(shape: tuple, sep: str = ",") -> str:
+    return sep.join("?" if d is None else str(d) for d in shape)
+
+
 def _fix_placeholder(graph: Graph, graph_def, name: str, shape: tuple) -> None:
     if name not in graph:
         raise GraphRewriteError(f"--input-shape names '{name}', which is not a node of the graph")
@@ -188,30 +222,209 @@ def _fix_placeholder(graph: Graph, graph_def, name: str, shape: tuple) -> None:
     if "shape" not in node.attr:
         raise GraphRewriteError(f"--input-shape: '{name}' is a {node.op}, not a placeholder")
     proto = node.attr["shape"].shape
+    known = None if proto.unknown_rank else tuple(None if d.size < 0 else d.size
+                                                  for d in proto.dim)
+    if known is not None and (len(known) != len(shape) or any(
+            k is not None and d is not None and k != d for k, d in zip(known, shape))):
+        raise GraphRewriteError(f"input shape {name}:{_dims(shape)} conflicts with the "
+                                f"placeholder's shape [{_dims(known, ', ')}] (only unknown "
+                                "dimensions can be fixed)")
     proto.Clear()
-    for dim in shape:
+    for index, dim in enumerate(shape):  # `?` keeps a dimension the placeholder knows
+        dim = known[index] if dim is None and known is not None else dim
         proto.dim.add(size=-1 if dim is None else dim)
 
 
 def _tensorflow_shapes(graph_def) -> dict[str, list[tuple[int, tuple | None]]]:
-    """node -> [(dtype, shape)] per output, from importing into a tf.Graph; {} if that fails."""
+    """node -> [(dtype, shape)] per output, from importing into a tf.Graph (`_inferred`)."""
+    inference = _inferred(graph_def)
+    inference.log(logging.DEBUG)
+    return inference.shapes
+
+
+@dataclass
+class _Inference:
+    """What TensorFlow's importer inferred: node -> [(dtype, shape)] per output; the nodes cut
+    out of the import, with why; and, if it gave up, why (only `_output_shapes` are used)."""
+
+    shapes: dict
+    cut: dict[str, str] = field(default_factory=dict)
+    failed: str = ""
+
+    def log(self, level: int) -> None:
+        if self.failed:
+            log.warning("TensorFlow cannot import the graph for shape inference (%s); only "
+                        "recorded _output_shapes are used", self.failed)
+        if self.cut:
+            node, why = next(iter(self.cut.items()))
+            others = f" and {len(self.cut) - 1} more" if len(self.cut) > 1 else ""
+            log.log(level, "shape inference left out node '%s' (%s)%s: their outputs are "
+                    "sized by their _output_shapes, else unknown, as is what is computed from "
+                    "them", node, why, others)
+
+
+def _inferred(graph_def) -> _Inference:
+    """Import `graph_def` for its shapes; a node the importer refuses is cut out and the import
+    tried again (`_Trial`), up to MAX_CUT nodes."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import tensorflow as tf
 
-    try:
-        operations = _imported(graph_def)
-    except (ValueError, TypeError, tf.errors.OpError) as err:
-        log.warning("TensorFlow cannot import the graph for shape inference (%s); only recorded "
-                    "_output_shapes are used", str(err).splitlines()[0][:200])
-        return _recorded_only(graph_def)
-    result = {}
-    for op in operations:
-        result[op.name] = []
-        for tensor in op.outputs:
-            dims, unknown_rank = tensor._shape  # the C++ tensor's; `.shape` wraps it
-            result[op.name].append((tensor.dtype.as_datatype_enum,
-                                    None if unknown_rank else tuple(dims)))
-    return result
+    functions = {f.signature.name for f in graph_def.library.function}
+    cut = {n.name: f"op '{n.op}' is not in TensorFlow's op registry" for n in graph_def.node
+           if not ops.is_known(n.op, functions)}
+    while True:
+        trial = _Trial(graph_def, cut)
+        try:
+            operations = _imported(trial.graph_def)
+        except (ValueError, TypeError, tf.errors.OpError) as err:
+            why = _reason(err)
+            blamed = trial.blamed(str(err))
+            if blamed is None or blamed in cut or len(cut) >= MAX_CUT:
+                return _Inference(_recorded_only(graph_def), failed=why)
+            cut[blamed] = why
+            continue
+        return _Inference(trial.results(operations), cut)
+
+
+def _reason(err: Exception) -> str:
+    """An import error's first line, the node it names written as `node 'NAME'`.
+
+    >>> _reason(ValueError("Shapes differ for '{{node a/b}} = Add[T=DT_FLOAT](x, y)' with ...\\n"))
+    "Shapes differ for node 'a/b' with ..."
+    """
+    line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return re.sub(r"'\{\{node ([^}]+)\}\}[^']*'", r"node '\1'", line)[:300]
+
+
+def _recorded(node) -> list:
+    """The node's `_output_shapes` protos (read without adding the attribute)."""
+    return node.attr["_output_shapes"].list.shape if "_output_shapes" in node.attr else []
+
+
+class _Trial:
+    """`graph_def` as TensorFlow's importer can take it: nodes with names it refuses renamed,
+    and the nodes `cut` left out, each of their outputs that another node reads replaced by a
+    placeholder (typed as that reader expects, shaped by the node's `_output_shapes`). The
+    graph is copied only when there is something to change."""
+
+    def __init__(self, graph_def, cut: dict[str, str]):
+        self.source, self.cut = graph_def, cut
+        self.renamed: dict[str, str] = {}  # original -> imported name
+        self.stand_ins: dict[str, TensorRef] = {}  # placeholder -> the cut output it replaces
+        invalid = [n.name for n in graph_def.node if not _VALID_NAME.fullmatch(n.name)]
+        if not invalid and not cut:
+            self.graph_def = graph_def
+            return
+        taken = {n.name for n in graph_def.node}
+        fresh = (name for name in (f"graphrewrite_import/{i}" for i in range(len(taken) * 2 + 2))
+                 if name not in taken)
+        self.renamed = {name: next(fresh) for name in invalid if name not in cut}
+        nodes = {n.name: n for n in graph_def.node}
+        self.graph_def = type(graph_def)()
+        self.graph_def.versions.CopyFrom(graph_def.versions)
+        self.graph_def.library.CopyFrom(graph_def.library)
+        placeholders: dict[TensorRef, str] = {}
+        for node in graph_def.node:
+            if node.name in cut:
+                continue
+            new = self.graph_def.node.add()
+            new.CopyFrom(node)
+            new.name = self.renamed.get(node.name, node.name)
+            del new.input[:]
+            data_index = -1
+            for text in node.input:
+                ref = TensorRef.parse(text)
+                data_index += not ref.is_control
+                if ref.node not in cut:
+                    new.input.append(str(ref._replace(node=self.renamed.get(ref.node, ref.node))))
+                elif not ref.is_control:
+                    if ref not in placeholders:
+                        placeholders[ref] = next(fresh)
+                        self._stand_in(placeholders[ref], nodes[ref.node], ref.port,
+                                       _input_dtype(node, data_index))
+                    new.input.append(placeholders[ref])
+
+    def _stand_in(self, name: str, cut_node, port: int, dtype: int | None) -> None:
+        placeholder = self.graph_def.node.add(name=name, op="Placeholder")
+        placeholder.attr["dtype"].type = dtype or _declared_dtype(cut_node) or types_pb2.DT_FLOAT
+        recorded = _recorded(cut_node)
+        if port < len(recorded):
+            placeholder.attr["shape"].shape.CopyFrom(recorded[port])
+        else:
+            placeholder.attr["shape"].shape.unknown_rank = True
+        self.stand_ins[name] = TensorRef(cut_node.name, port)
+
+    def blamed(self, message: str) -> str | None:
+        """The node of the source graph an import error names, if it names one."""
+        original = {v: k for k, v in self.renamed.items()}
+        names = {n.name for n in self.graph_def.node}
+        for pattern in _BLAMED:
+            for found in pattern.findall(message):
+                if found in names and found not in self.stand_ins:
+                    return original.get(found, found)
+        return None
+
+    def results(self, operations) -> dict[str, list[tuple[int, tuple | None]]]:
+        original = {v: k for k, v in self.renamed.items()}
+        result, stood_in = {}, {}
+        for op in operations:
+            outputs = []
+            for tensor in op.outputs:
+                dims, unknown_rank = tensor._shape  # the C++ tensor's; `.shape` wraps it
+                outputs.append((tensor.dtype.as_datatype_enum,
+                                None if unknown_rank else tuple(dims)))
+            if op.name in self.stand_ins:
+                stood_in[self.stand_ins[op.name]] = outputs[0]
+            else:
+                result[original.get(op.name, op.name)] = outputs
+        for node in self.source.node:
+            if node.name not in self.cut:
+                continue
+            recorded = [_from_proto(s) for s in _recorded(node)]
+            count = max([len(recorded)] + [ref.port + 1 for ref in stood_in
+                                            if ref.node == node.name])
+            declared = _declared_dtype(node) or types_pb2.DT_INVALID
+            result[node.name] = [
+                stood_in.get(TensorRef(node.name, port),
+                             (declared, recorded[port] if port < len(recorded) else None))
+                for port in range(count)]
+        return result
+
+
+def _input_dtype(node, index: int) -> int | None:
+    """The dtype `node`'s registered op expects at data input `index`, if the registry and the
+    node's attributes say."""
+    op_def = ops.op_def(node.op)
+    if op_def is None:
+        return None
+    defaults = {a.name: a.default_value for a in op_def.attr}
+
+    def attr(name: str):
+        return node.attr[name] if name in node.attr else defaults.get(name)
+
+    start = 0
+    for arg in op_def.input_arg:
+        types = list(attr(arg.type_list_attr).list.type) if arg.type_list_attr and attr(
+            arg.type_list_attr) is not None else None
+        count = (len(types) if types is not None else
+                 attr(arg.number_attr).i if arg.number_attr and attr(arg.number_attr) else 1)
+        if index < start + count:
+            if types is not None:
+                return types[index - start]
+            if arg.type_attr:
+                value = attr(arg.type_attr)
+                return value.type if value is not None and value.type else None
+            return arg.type or None
+        start += count
+    return None
+
+
+def _declared_dtype(node) -> int | None:
+    """The dtype a node's own attributes give its outputs (T, dtype, out_type), if one does."""
+    for name in ("T", "dtype", "out_type", "Tout"):
+        if name in node.attr and node.attr[name].type:
+            return node.attr[name].type
+    return None
 
 
 def _imported(graph_def, public: bool = False) -> list:

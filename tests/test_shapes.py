@@ -123,3 +123,126 @@ def test_without_the_internals_it_reads_shapes_through_the_public_importer(monke
     expected = shapes.infer(unknown_batch_graph(), {"x": (16, 8)}).tensors
     monkeypatch.setattr(shapes, "_c_imported", missing)
     assert shapes.infer(unknown_batch_graph(), {"x": (16, 8)}).tensors == expected
+
+
+def _edited(graph, **changes):
+    """`graph` with nodes renamed or given another op: {old name: (new name, new op)}."""
+    from graphrewrite.graph import Graph
+
+    graph_def = graph.to_graph_def()
+    renames = {old: new for old, (new, _) in changes.items()}
+    for node in graph_def.node:
+        if node.name in changes:
+            node.name, node.op = changes[node.name][0], changes[node.name][1] or node.op
+        node.input[:] = [("^" if i.startswith("^") else "") + renames.get(i.lstrip("^"),
+                                                                        i.lstrip("^"))
+                         for i in node.input]
+    return Graph.from_graph_def(graph_def)
+
+
+def two_branches():
+    """x (16, 8) -> r = relu(x) -> s = sum(r); x -> other = tanh(x)."""
+    def graph():
+        x = tf.compat.v1.placeholder(tf.float32, (16, 8), name="x")
+        tf.reduce_sum(tf.nn.relu(x, name="r"), name="s")
+        tf.tanh(x, name="other")
+    return build(graph)
+
+
+def test_an_op_unknown_to_tensorflow_leaves_the_rest_inferred(caplog):
+    """Issue 32: one unregistered op failed TensorFlow's whole import, so every tensor was
+    unknown and the modelled peak 0 B. Now only what depends on it is unknown, and its
+    `_output_shapes` size it, typed as its reader expects."""
+    graph = _edited(two_branches(), r=("r", "MyCustomRelu"))
+    with caplog.at_level("WARNING", logger="graphrewrite"):
+        result = shapes.infer(graph)
+    assert result.nbytes(TensorRef("x")) == result.nbytes(TensorRef("other")) == 16 * 8 * 4
+    assert result.nbytes(TensorRef("r")) is None and TensorRef("r") in result.unknown
+    assert "left out node 'r' (op 'MyCustomRelu' is not in TensorFlow's op registry)" \
+        in caplog.text
+    recorded = graph.node_def("r").attr["_output_shapes"].list.shape.add()
+    for size in (16, 8):
+        recorded.dim.add(size=size)
+    result = shapes.infer(graph)
+    assert result[TensorRef("r")].shape == (16, 8) and result.nbytes(TensorRef("r")) == 512
+    assert result[TensorRef("s")].shape == ()
+
+
+def test_a_node_name_tensorflow_refuses_is_inferred_under_another():
+    graph = _edited(two_branches(), r=("r bad!", None))
+    result = shapes.infer(graph)
+    assert result[TensorRef("r bad!")].shape == (16, 8)
+    assert result[TensorRef("s")].shape == () and result.unknown == []
+    assert "graphrewrite_import/0" not in {ref.node for ref in result.tensors}
+
+
+def test_a_node_whose_shape_function_fails_is_left_out():
+    """A Reshape of 128 elements to [3, 7] fails TensorFlow's import; only it (and what reads
+    it) is left unknown."""
+    def graph():
+        x = tf.compat.v1.placeholder(tf.float32, (16, 8), name="x")
+        tf.reshape(x, tf.compat.v1.placeholder(tf.int32, (2,), name="to"), name="reshaped")
+        tf.tanh(x, name="other")
+    built = build(graph)
+    graph_def = built.to_graph_def()
+    to = next(n for n in graph_def.node if n.name == "to")
+    to.op = "Const"
+    to.attr.clear()
+    to.attr["dtype"].type = tf.int32.as_datatype_enum
+    to.attr["value"].tensor.CopyFrom(tf.make_tensor_proto([3, 7], tf.int32))
+    from graphrewrite.graph import Graph
+
+    result = shapes.infer(Graph.from_graph_def(graph_def))
+    assert result[TensorRef("other")].shape == (16, 8)
+    assert TensorRef("reshaped") not in result.tensors  # left out: no _output_shapes, no reader
+
+
+@pytest.mark.parametrize("given, conflict", [
+    ((8, 8), "conflicts with the placeholder's shape [4, 8]"),
+    ((4, 8, 1), "conflicts with the placeholder's shape [4, 8]"),
+    ((None, 8), None),  # leaves a dimension unknown: not a conflict
+])
+def test_an_input_shape_that_conflicts_with_the_placeholders_is_refused(given, conflict):
+    def graph():
+        tf.nn.relu(tf.compat.v1.placeholder(tf.float32, (4, 8), name="x"), name="r")
+    if conflict is None:
+        assert shapes.infer(build(graph), {"x": given})[TensorRef("r")].shape == (4, 8)
+        return
+    with pytest.raises(GraphRewriteError, match="^[^\n]*$") as err:
+        shapes.infer(build(graph), {"x": given})
+    assert conflict in str(err.value)
+
+
+def test_an_input_shape_that_conflicts_with_the_graph_is_refused():
+    """x's batch is unknown, y's is 4: x:16,8 cannot be added to y. Refused with TensorFlow's
+    reason, in one line; the graph itself (without the shape) infers."""
+    def graph():
+        x = tf.compat.v1.placeholder(tf.float32, (None, 8), name="x")
+        tf.add(x, tf.compat.v1.placeholder(tf.float32, (4, 8), name="y"), name="sum")
+    assert shapes.infer(build(graph), {"x": (4, 8)})[TensorRef("sum")].shape == (4, 8)
+    with pytest.raises(GraphRewriteError, match="^[^\n]*$") as err:
+        shapes.infer(build(graph), {"x": (16, 8)})
+    assert "input shape x:16,8 conflicts with the graph's shapes" in str(err.value)
+    assert "node 'sum'" in str(err.value) and "{{node" not in str(err.value)
+
+
+def test_optimize_models_and_rewrites_a_graph_with_an_unknown_op(tmp_path):
+    """The CLI end of issue 32's row: the MLP with one custom op is modelled (not 0 B) and
+    rewritten; a conflicting --input-shape is one line and exit 2."""
+    import json
+
+    from conftest import fixture_path, run_cli
+
+    text = fixture_path("mlp").read_text()
+    custom = tmp_path / "custom.pbtxt"
+    custom.write_text(text.replace('name: "dense_3/Relu"\n  op: "Relu"',
+                                   'name: "dense_3/Relu"\n  op: "MyCustomRelu"', 1))
+    shown = run_cli("optimize", custom, "-o", tmp_path / "out.pbtxt", "--json", "--no-as-run")
+    assert shown.exit_code == 0, shown.stderr
+    report = json.loads(shown.stdout)
+    assert report["peak_bytes"]["before"] > 512 * 64 * 4 and report["nodes_added"] > 0
+    refused = run_cli("optimize", fixture_path("mlp"), "-o", tmp_path / "no.pbtxt",
+                      "--input-shape", "x:256,64", "--no-as-run")
+    assert refused.exit_code == 2 and refused.stderr.count("\n") == 1
+    assert "conflicts with the placeholder's shape [512, 64]" in refused.stderr
+    assert not (tmp_path / "no.pbtxt").exists()
