@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
 import traceback
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -94,13 +95,7 @@ def run_job(job: Job) -> dict:
         line.update(peak_before=result.peak_before, peak_after=result.peak_after,
                     nodes_added=result.nodes_after - result.nodes_before)
         if job.verify:
-            from . import verify
-
-            checked = verify.verify(model, io.load(job.output), runs=1, isolated=False)
-            line["match"] = checked.match
-            if not checked.match:
-                line["status"] = "failed"
-                line["error"] = f"outputs differ (max |diff| {checked.max_abs_diff:.3g})"
+            _verified(model, job.output, line)
     except Exception as err:  # noqa: BLE001  (one bad model must not stop the zoo)
         line["status"] = "failed"
         text = err.message if isinstance(err, InputError) else str(err)
@@ -110,6 +105,33 @@ def run_job(job: Job) -> dict:
         logger.removeHandler(capture)
     line["seconds"] = round(time.perf_counter() - start, 3)
     return line
+
+
+def _verified(model, output: str, line: dict) -> None:
+    """Verify a written output; one that differs or cannot be verified is removed, so it fails
+    again on the next run instead of being skipped as up to date."""
+    from . import io, verify
+
+    try:
+        checked = verify.verify(model, io.load(output), runs=1, isolated=False)
+        line["match"] = checked.match
+        if not checked.match:
+            raise _Mismatch(f"outputs differ (max |diff| {checked.max_abs_diff:.3g})")
+    except BaseException:
+        _remove(Path(output))
+        raise
+
+
+class _Mismatch(Exception):
+    """The rewritten model runs but its outputs or variables differ from the original's."""
+
+
+def _remove(path: Path) -> None:
+    log.info("removing %s: it did not pass verification", path)
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 class _Collect(logging.Handler):

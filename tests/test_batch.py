@@ -91,3 +91,37 @@ def test_batch_on_a_dask_local_cluster(zoo, tmp_path):
         jobs = batch.plan([zoo], tmp_path / "out")
         lines = batch.run(jobs, scheduler=cluster.scheduler_address)
     assert [line["status"] for line in lines] == ["failed", "ok", "ok", "ok", "ok"]
+
+
+def test_batch_verify_a_model_that_differs_fails_every_time_and_leaves_no_output(
+        zoo, tmp_path, monkeypatch):
+    """A model whose rewrite does not verify is failed, its output removed: the next run tries
+    it again (and fails again) rather than skipping it as up to date."""
+    from graphrewrite import verify
+
+    class Differs:
+        match, max_abs_diff = False, 0.5
+
+    monkeypatch.setattr(verify, "verify", lambda *args, **kwargs: Differs())
+    out, report = tmp_path / "out", tmp_path / "report.jsonl"
+    for _ in range(2):
+        result = run_cli("batch", zoo / "mlp.pbtxt", "--out-dir", out, "--verify", "--report",
+                         report)
+        assert result.exit_code == 1, result.output
+        line = json.loads(report.read_text())
+        assert line["status"] == "failed" and "outputs differ (max |diff| 0.5)" in line["error"]
+        assert "1 models: 0 ok, 0 skipped, 1 failed" in result.stdout
+        assert not (out / "mlp.pbtxt").exists()
+
+
+def test_batch_verify_that_cannot_run_removes_a_saved_model_output(zoo, tmp_path, monkeypatch):
+    from graphrewrite import verify
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("the step failed")
+
+    monkeypatch.setattr(verify, "verify", fails)
+    [job] = batch.plan([zoo / "tiny_savedmodel"], tmp_path / "out", verify=True)
+    line = batch.run_job(job)
+    assert line["status"] == "failed" and line["error"] == "the step failed"
+    assert not (tmp_path / "out" / "tiny_savedmodel").exists()
