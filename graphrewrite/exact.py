@@ -27,7 +27,10 @@ optional extra (`pip install 'graphrewrite[exact]'`): only this planner needs it
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -220,12 +223,14 @@ def _solve(model: ChainModel, limit: int | None) -> Solution | None:
     lp.a_matrix_.start_, lp.a_matrix_.index_ = np.array(starts), np.array(index, dtype=np.int32)
     lp.a_matrix_.value_ = np.array(value)
     lp.integrality_ = [highspy.HighsVarType.kInteger] * n + [highspy.HighsVarType.kContinuous]
-    solver = highspy.Highs()
-    for option, setting in (("output_flag", False), ("mip_rel_gap", 0.0), ("mip_abs_gap", 0.0),
-                            ("time_limit", TIME_LIMIT), ("random_seed", 0)):
-        solver.setOptionValue(option, setting)
-    solver.passModel(lp)
-    solver.run()
+    with _quiet_stdout():  # HiGHS prints its banner on making its first solver
+        solver = highspy.Highs()
+        for option, setting in (("output_flag", False), ("mip_rel_gap", 0.0),
+                                ("mip_abs_gap", 0.0), ("time_limit", TIME_LIMIT),
+                                ("random_seed", 0)):
+            solver.setOptionValue(option, setting)
+        solver.passModel(lp)
+        solver.run()
     status = solver.getModelStatus()
     if status == highspy.HighsModelStatus.kInfeasible:
         return None
@@ -242,6 +247,22 @@ def _solve(model: ChainModel, limit: int | None) -> Solution | None:
         raise GraphRewriteError(f"planner exact: HiGHS's plan models {peak} bytes, over "
                                 f"{limit}")
     return Solution(kept, peak, int(model.flops[chosen].sum()))
+
+
+@contextlib.contextmanager
+def _quiet_stdout():
+    """File descriptor 1 sent to /dev/null: HiGHS writes its banner from C++, before any option
+    can silence it, onto the stdout that `--json` keeps for the report alone."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _highspy():
