@@ -35,11 +35,13 @@ def sinks(graph: Graph) -> list[str]:
 
 
 def default_fetches(model: Model, graph: Graph | None = None,
-                    shapes: shapes_mod.Shapes | None = None) -> list[str]:
-    """What one training step fetches: a MetaGraphDef's `train_op` (and `losses`) collections,
-    a TF2 step's returned `Identity` nodes (they wait on its updates by control edges), else the
-    sinks of the graph that can be fetched: not inside a while-loop frame, and (given
-    `shapes`) holding a numeric tensor or nothing at all."""
+                    shapes: shapes_mod.Shapes | None = None,
+                    split: split_mod.Split | None = None) -> list[str]:
+    """What one training step fetches: a MetaGraphDef's `train_op` collection with the loss
+    (what the gradient seeds differentiate, from `split` or found here; and the `losses`
+    collection), a TF2 step's returned `Identity` nodes (they wait on its updates by control
+    edges), else the sinks of the graph that can be fetched: not inside a while-loop frame,
+    and (given `shapes`) holding a numeric tensor or nothing at all."""
     graph = graph or model.graph
     meta = model.meta_graph
     if meta is not None and "train_op" in meta.collection_def:
@@ -48,7 +50,8 @@ def default_fetches(model: Model, graph: Graph | None = None,
             names += list(meta.collection_def["losses"].node_list.value)
         found = [n.split(":")[0].lstrip("^") for n in names]
         if all(n in graph for n in found):
-            return list(dict.fromkeys(found))
+            split = split or split_mod.split(graph)
+            return list(dict.fromkeys(found + list(split.differentiated)))
     in_loop = split_mod.loop_frame_nodes(graph)
     found = [n for n in sinks(graph) if n not in in_loop]
     returned = [n for n in found if graph.op(n) == "Identity" and graph.control_inputs(n)]
@@ -76,9 +79,9 @@ def analyse(model: Model, graph: Graph | None = None, input_shapes: dict | None 
     if missing:
         raise GraphRewriteError(f"output '{missing[0]}' is not a node of the graph")
     shapes = shapes or shapes_mod.infer(graph, input_shapes)
-    fetches = fetches or default_fetches(model, graph, shapes)
-    fetch_nodes = list(dict.fromkeys(f.split(":")[0] for f in fetches))
     split = split_mod.split(graph, backward_scope) if planned else None
+    fetches = fetches or default_fetches(model, graph, shapes, split)
+    fetch_nodes = list(dict.fromkeys(f.split(":")[0] for f in fetches))
     if report is None or device is not None:
         report = memory.simulate(graph, shapes, fetch_nodes, device)
     total = flops_mod.total_flops(graph, shapes, report.order) if planned else 0

@@ -193,9 +193,12 @@ def _find_bottlenecks(ctx: Context) -> list[str]:
     """
     graph, shapes, split = ctx.graph, ctx.analysis.shapes, ctx.analysis.split
     # Only what the loss depends on: side branches (batch-norm moving-average updates,
-    # metrics) end elsewhere and must not count as ways around a bottleneck.
+    # metrics) end elsewhere and must not count as ways around a bottleneck. The loss is what
+    # the seeds differentiate, needed or not: a train op alone never reads a scalar loss's
+    # value (its gradient seed takes only its static shape).
     needed = needed_nodes(graph, ctx.analysis.fetches)
-    losses = [n for n in split.losses if n in needed] + [
+    losses = list(split.differentiated) + [
+        n for n in split.losses if n in needed and n not in split.differentiated] + [
         n for n in ctx.analysis.fetches if n in split.forward]
     towards_loss = reachable(graph.nx, losses, upstream=True) if losses else None
     fixed = ctx.constant | ctx.parameters  # the same every step: never an activation

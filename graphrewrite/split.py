@@ -4,7 +4,7 @@ TF1 puts gradients under `gradients/`, GradientTape under `gradient_tape/`, Kera
 elsewhere, and the tape's seed (`ones`) sits outside any gradient scope; names do not decide.
 
 1. Anchors: nodes whose op type only ever appears in a backward pass (`ReluGrad`,
-   `Conv2DBackpropInput`, `FusedBatchNormGradV3`, ...).
+   `Conv2DBackpropInput`, `FusedBatchNormGradV3`, an optimizer's `ResourceApplyAdam`, ...).
 2. Forward values: what anchors read besides the incoming gradient (`ReluGrad`'s features,
    `FusedBatchNormGrad`'s x and reserve spaces) and everything those depend on.
 3. Gradient seeds: ones-valued tensors (`OnesLike`, `Fill(.., 1)`, an all-ones `Const`) computed
@@ -45,15 +45,19 @@ FORWARD_INPUTS = {
     "MaxPoolGrad": (0, 1), "MaxPoolGradV2": (0, 1), "MaxPool3DGrad": (0, 1),
     "LRNGrad": (1, 2),
 }
+UPDATE_PREFIXES = ("Apply", "ResourceApply", "SparseApply", "ResourceSparseApply")
 # Ops through which a constant-valued tensor stays constant-valued even if fed a variable input.
 SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank", "OnesLike", "ZerosLike"})
+FED_OPS = frozenset({"Placeholder", "PlaceholderV2", "PlaceholderWithDefault", "IteratorGetNext"})
 SOURCE_INPUT_OPS = frozenset({"Placeholder", "PlaceholderV2", "PlaceholderWithDefault",
                               "VarHandleOp", "VariableV2", "Variable", "ReadVariableOp"})
 
 
 def is_gradient_op(op: str) -> bool:
-    """An op type that only a backward pass contains."""
-    return op in FORWARD_INPUTS or "Backprop" in op or op.endswith(("Grad", "GradV2", "GradV3"))
+    """An op type that only a backward pass contains: a gradient kernel, or an optimizer's
+    fused update (`ResourceApplyAdam`), which a model of MatMuls and Adds alone still has."""
+    return op in FORWARD_INPUTS or "Backprop" in op or op.endswith(
+        ("Grad", "GradV2", "GradV3")) or op.startswith(UPDATE_PREFIXES)
 
 
 def anchors(graph: Graph) -> list[str]:
@@ -92,6 +96,7 @@ class Split:
     gradient_flow: frozenset
     losses: tuple         # forward nodes the seeds mirror, plus forward sinks
     constant: frozenset   # nodes whose value depends on no input, variable or random draw
+    differentiated: tuple = ()  # what the seeds differentiate: the loss, whether fetched or not
 
     @property
     def early_backward(self) -> frozenset:
@@ -116,14 +121,17 @@ def split(graph: Graph, backward_scope: str | None = None) -> Split:
     sinks = {n for n in graph.nodes() if full.out_degree(n) == 0}
     # A TF2 step returns its loss through an `Identity` that waits on every update by control
     # edges; that output is in the flow, the value it returns is not.
-    data_flow = reachable(data if whole else _data_only(graph, full), seeds)
+    data_full = data if whole else _data_only(graph, full)
+    data_flow = reachable(data_full, seeds)
     returned = {r.node for n in sinks & flow - data_flow for r in graph.data_inputs(n)}
-    losses = (set(_mirrored(graph, seeds)) | {n for n in sinks | returned
-                                               if n not in constant}) - flow
+    outside = {n for n in sinks | returned if n not in constant} - flow
+    differentiated = (set(_mirrored(graph, seeds)) - flow) or _differentiated(
+        graph, data_full, flow, outside)
+    losses = differentiated | outside
     forward = reachable(full, (losses | _forward_value_inputs(graph)) - flow, upstream=True) - flow
     backward = set(graph.nodes()) - forward
     return Split(frozenset(forward), frozenset(backward), tuple(sorted(seeds)), frozenset(flow),
-                 tuple(sorted(losses)), frozenset(constant))
+                 tuple(sorted(losses)), frozenset(constant), tuple(sorted(differentiated)))
 
 
 def find_seeds(graph: Graph, dag: nx.DiGraph, data: nx.DiGraph, constant: set[str]) -> list[str]:
@@ -265,6 +273,22 @@ def _const_all_ones(node) -> bool:
     except (TypeError, ValueError):
         return False
     return values.size > 0 and bool(np.all(values == 1))
+
+
+def _differentiated(graph: Graph, data: nx.DiGraph, flow: set[str], sinks: set[str]) -> set[str]:
+    """The sinks outside the gradient flow whose values depend on the most of the activations
+    the flow reads: the loss, when its seed copies no shape from it (a scalar loss of static
+    shape gets `Fill(Const([]), 1)`). Metrics, unused model outputs and moving-average
+    updates depend on a part of those at most; initialisers on none (by data edges)."""
+    fed = [n for n in graph.nodes() if graph.op(n) in FED_OPS
+           and graph.node_def(n).attr["dtype"].type != dtypes.RESOURCE]
+    activations = reachable(data, fed)
+    reads = {r.node for n in flow for r in graph.data_inputs(n)
+             if r.node not in flow and r.node in activations}
+    covered = {n: len(reachable(data, [n], upstream=True) & reads) for n in sorted(sinks)
+               if n in data}
+    most = max(covered.values(), default=0)
+    return {n for n, count in covered.items() if count == most and most > 0}
 
 
 def _mirrored(graph: Graph, seeds) -> list[str]:

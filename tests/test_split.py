@@ -108,3 +108,38 @@ def test_a_tf2_gelu_step_is_split_at_the_tapes_seed():
     assert not any("Gelu" in s for s in found.seeds)
     matmuls = [n for n in graph.nodes() if graph.op(n) == "MatMul" and "gradient" not in n]
     assert len(matmuls) == 4 and all(n in found.forward for n in matmuls)
+
+
+def test_a_static_scalar_loss_is_found_although_its_seed_copies_no_shape():
+    """`tf.gradients` of a scalar of static shape seeds `Fill(Const([]), 1)`: no edge leads
+    from the seed to the loss. The loss is the sink that depends on the most activations the
+    gradient flow reads; a metric on the logits, a side branch and an initialiser do not."""
+    def graph():
+        x = placeholder(shape=(8, 64))
+        w = tf.Variable(tf.ones([64, 10]), name="w")
+        logits = tf.nn.relu(tf.matmul(x, w), name="logits")
+        tf.reduce_max(logits, name="metric")
+        tf.reduce_mean(x, name="side")
+        loss = tf.reduce_mean(tf.square(logits - 1.0), name="loss")
+        tf.compat.v1.gradients(loss, [w])
+        tf.compat.v1.global_variables_initializer()
+    graph = build(graph)
+    assert graph.op("gradients/Shape") == "Const"  # the seed copies no shape from the loss
+    assert split(graph).differentiated == ("loss",)
+
+
+def test_a_train_op_collection_alone_fetches_the_loss_too(tmp_path):
+    """Minimize puts its op in `train_op`; the loss, in no collection, is fetched beside it
+    (found from the graph) so that `verify` compares it."""
+    from graphrewrite.analysis import default_fetches
+
+    with tf.Graph().as_default() as g:
+        x = placeholder(shape=(8, 64))
+        w = tf.compat.v1.get_variable("w", [64, 10])
+        loss = tf.reduce_mean(tf.square(tf.matmul(x, w)), name="loss")
+        tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, name="train")
+        meta = tf.compat.v1.train.export_meta_graph(graph=g)
+    assert "losses" not in meta.collection_def
+    path = tmp_path / "train.meta"
+    path.write_bytes(meta.SerializeToString())
+    assert default_fetches(io.load(path)) == ["train", "loss"]
