@@ -1,7 +1,7 @@
 """`graphrewrite`: rewrite TensorFlow training graphs offline so they need less accelerator memory.
 
 Exit codes: 0 success, 1 a check failed (e.g. outputs differ), 2 bad input or usage, 3 a pass
-failed or left a broken graph (a bug in graphrewrite).
+failed or left a broken graph (a bug in graphrewrite), 130 interrupted (Ctrl-C).
 
 Only click and the standard library load at start: TensorFlow (and numpy) are imported inside the
 commands that need them, so `--help` and `--version` are quick.
@@ -23,6 +23,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before TensorFlow is impor
 import click  # noqa: E402
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT, EXIT_PASS_FAILED = 0, 1, 2, 3
+EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report a SIGINT
 
 
 class _Group(click.Group):
@@ -32,8 +33,14 @@ class _Group(click.Group):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except click.UsageError as err:  # one line, as every refusal; --help shows the usage
+            click.echo(f"graphrewrite: error: {err.format_message()}", err=True)
+            ctx.exit(EXIT_BAD_INPUT)
         except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
             raise
+        except KeyboardInterrupt:  # outputs are written atomically: nothing partial is left
+            click.echo("graphrewrite: interrupted", err=True)
+            ctx.exit(EXIT_INTERRUPTED)
         except Exception as err:  # noqa: BLE001  (every failure becomes one line)
             from graphrewrite.errors import GraphRewriteError, PassError
 
@@ -68,9 +75,19 @@ tag_option = click.option("--tag", metavar="TAGS",
                                "(default: the only one, else 'serve').")
 
 
+def _check_plot(ctx, param, value):
+    """Refuse a --plot that cannot be drawn before the command runs (and writes anything)."""
+    if value is not None:
+        from graphrewrite import plot
+
+        plot.check(value)
+    return value
+
+
 def plot_option(what: str):
     """`--plot FILE`, drawing `what`; the format and the extra it needs are the same for all."""
     return click.option("--plot", "plot_path", type=click.Path(), metavar="FILE",
+                        callback=_check_plot,
                         help=f"Draw {what} (.png, .svg or .pdf; needs pip install "
                              "'graphrewrite[plot]').")
 
@@ -131,7 +148,8 @@ def main(ctx, debug, verbose, quiet):
       graphrewrite dump model.pb > model.txt   canonical text, for diffs and golden files
 
     Exit codes: 0 ok, 1 a check failed, 2 bad input or usage, 3 a pass failed or left a broken
-    graph (a bug in graphrewrite: please report it with the --debug traceback).
+    graph (a bug in graphrewrite: please report it with the --debug traceback), 130
+    interrupted.
     """
     from graphrewrite.measure import measurement_environment
 
@@ -162,7 +180,9 @@ mode_option = click.option("--mode", default="memory", show_default=True, metava
 @click.argument("model_path", metavar="IN", type=click.Path())
 @click.option("-o", "--output", "output", required=True, type=click.Path(),
               help="Where to write the rewritten model; its extension may pick the format "
-                   "(.pb binary, .pbtxt text, .meta MetaGraphDef), else the input's is kept. "
+                   "(.pb binary, .pbtxt text, .meta MetaGraphDef), else the input's is kept; "
+                   "a SavedModel is written as a directory (named OUT, whatever it ends in) "
+                   "unless OUT ends in .meta. "
                    "Missing directories are created; a symlink is written through (the file "
                    "it points to is replaced, the link stays); IN itself is refused without "
                    "--in-place.")
@@ -187,7 +207,7 @@ mode_option = click.option("--mode", default="memory", show_default=True, metava
                    "within it, however slow (default: the lowest peak for at most a little "
                    "more compute). Swap: the fewest tensors moved (default: as low as it "
                    "goes).")
-@click.option("--bandwidth", type=float, metavar="BYTES_PER_S",
+@click.option("--bandwidth", type=click.FloatRange(min=0, min_open=True), metavar="BYTES_PER_S",
               help="Swapping: host transfer bandwidth for timing swap-ins [default: 16e9].")
 @click.option("--planner", type=click.Choice(["estimate", "search", "exact"]), default=None,
               help="Mode memory: how checkpoint choices are priced. estimate (the default): "
@@ -318,16 +338,20 @@ def _parse_feeds(ctx, param, values):
 @main.command()
 @click.argument("original_path", metavar="ORIGINAL", type=click.Path())
 @click.argument("rewritten_path", metavar="REWRITTEN", type=click.Path())
-@click.option("--rtol", default=0.0, show_default=True, help="Relative tolerance (0: bitwise).")
-@click.option("--atol", default=0.0, show_default=True, help="Absolute tolerance (0: bitwise).")
+@click.option("--rtol", default=0.0, show_default=True, type=click.FloatRange(min=0),
+              help="Relative tolerance (0: bitwise).")
+@click.option("--atol", default=0.0, show_default=True, type=click.FloatRange(min=0),
+              help="Absolute tolerance (0: bitwise).")
 @click.option("--feed", "feeds", multiple=True, metavar="NAME=FILE.npy", callback=_parse_feeds,
               help="Feed this array instead of a random one (repeatable).")
-@click.option("--runs", default=5, show_default=True, help="Timed steps per model.")
-@click.option("--steps", default=0, show_default=True, metavar="N",
+@click.option("--runs", default=5, show_default=True, type=click.IntRange(min=1),
+              help="Timed steps per model.")
+@click.option("--steps", default=0, show_default=True, metavar="N", type=click.IntRange(min=0),
               help="For lossy rewrites (mode diet): run N training steps of both, step k on "
                    "the same seeded batch, and compare the final losses within --rtol; the "
                    "report shows both loss curves. 0: the bitwise two-step check.")
 @click.option("--batches", default=0, show_default=True, metavar="K",
+              type=click.IntRange(min=0),
               help="With --steps: a fixed data set of K seeded batches, cycled over the N "
                    "steps (the same for both graphs), so the loss can fall (a model memorises "
                    "it); the mean losses of the last pass over the set are compared, and the "
@@ -341,7 +365,7 @@ def _parse_feeds(ctx, param, values):
                    "--batches, which then takes the first K). Inputs it does not name are "
                    "seeded.")
 @click.option("--seed", default=0, show_default=True, help="Seed of the random inputs.")
-@click.option("--int-high", default=10, show_default=True,
+@click.option("--int-high", default=10, show_default=True, type=click.IntRange(min=1),
               help="Integer inputs are drawn from [0, INT_HIGH) (class ids, token ids).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object (keys in the README).")
 @plot_option("both graphs' measured allocator bytes in use over a traced step")
@@ -352,27 +376,33 @@ def _parse_feeds(ctx, param, values):
                    "(tensorboard --logdir DIR: the graphs with per-node memory and time).")
 @analysis_options
 @tag_option
-def verify(original_path, rewritten_path, rtol, atol, feeds, runs, steps, batches, data_path,
-           seed, int_high, as_json,
-           plot_path, trace_dir, input_shapes, outputs, backward_scope, tag):
+@click.pass_context
+def verify(ctx, original_path, rewritten_path, rtol, atol, feeds, runs, steps, batches, data_path,
+           seed, int_high, as_json, plot_path, trace_dir, input_shapes, outputs, backward_scope,
+           tag):
     """Run ORIGINAL and REWRITTEN on the same seeded inputs and compare every output.
 
     Each runs two steps: the outputs of both steps and every variable after them (weights,
     optimizer slots, batch-norm statistics, step counters) are compared, bitwise unless
-    --rtol/--atol relax it. A MetaGraphDef's variables start from its initialisers; a TF2 step's
-    resource placeholders are bound to fresh variables holding the same seeded values for both
-    (export it with add_shapes=True). Both are also measured: peak memory of one step
-    (TensorFlow's allocator; variables included) and the median step time, side by side. A GPU
-    is used when TensorFlow sees one. Exit 0 when everything matches, 1 when anything differs.
+    --rtol/--atol relax it. A MetaGraphDef's variables start from its initialisers, a
+    SavedModel's from its own variables/; a TF2 step's resource placeholders are bound to fresh
+    variables holding the same seeded values for both (export it with add_shapes=True). Only
+    the placeholders the fetched outputs need are fed. Both are also measured: peak memory of
+    one step (TensorFlow's allocator; variables included) and the median step time, side by
+    side. A GPU is used when TensorFlow sees one. Exit 0 when everything matches, 1 when
+    anything differs.
     """
     from graphrewrite import io, verify as verify_mod
 
+    stages = _Stages(enabled=not ctx.find_root().params.get("quiet"))
+    stages("loading")
     original = io.load(original_path, tag=tag)
     rewritten = io.load(rewritten_path, tag=tag)
     result = verify_mod.verify(original, rewritten, outputs, input_shapes,
                                verify_mod.load_feeds(feeds), rtol, atol, runs, seed, int_high,
                                steps=steps, batches=batches,
-                               data=verify_mod.load_data(data_path) if data_path else None)
+                               data=verify_mod.load_data(data_path) if data_path else None,
+                               progress=stages)
     facts = result.to_json()
     if as_json:
         click.echo(json.dumps(facts, indent=2))
@@ -428,12 +458,13 @@ def format_verify(facts: dict) -> str:
 @click.option("--out-dir", required=True, type=click.Path(file_okay=False),
               help="Where rewritten models go, under their path relative to the PATH given.")
 @mode_option
-@click.option("--jobs", default=1, show_default=True,
+@click.option("--jobs", default=1, show_default=True, type=click.IntRange(min=1),
               help="Models rewritten at once (a local process pool).")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False),
               help="Write one JSON line per model here (JSON Lines).")
 @click.option("--verify", "with_verify", is_flag=True,
-              help="Also run each original and rewritten model and compare outputs.")
+              help="Also run each original and rewritten model and compare outputs; a model "
+                   "that differs (or cannot be run) fails and its output is removed.")
 @click.option("--force", is_flag=True, help="Redo models whose output is already up to date.")
 @click.option("--budget", metavar="BYTES|PCT",
               help="Modes memory and swap: the modelled peak each model should reach, as in "
@@ -484,8 +515,9 @@ def batch(paths, out_dir, mode, jobs, report_path, with_verify, force, budget, e
 
 
 class _Stages:
-    """On a terminal, a line on stderr as each stage of a long `optimize` begins, with the
-    seconds so far (a 100k-node graph takes a minute); nothing in logs and pipes."""
+    """On a terminal, a line on stderr as each stage of a long `optimize` or `verify` begins,
+    with the seconds so far (a 100k-node graph takes a minute to rewrite; verifying even a tiny
+    one takes seconds); nothing in logs and pipes."""
 
     def __init__(self, enabled: bool = True):
         self.shown = enabled and sys.stderr.isatty()
@@ -595,8 +627,8 @@ def _format_curves(facts: dict) -> str:
 @main.command()
 @click.argument("model_path", metavar="IN", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="One JSON object (keys in the README).")
-@click.option("--top", default=10, show_default=True, help="How many tensors live at the peak "
-                                                           "to list.")
+@click.option("--top", default=10, show_default=True, type=click.IntRange(min=0),
+              help="How many tensors live at the peak to list.")
 @plot_option("the step's modelled memory over its schedule, the peak and its largest "
              "tensors labelled")
 @analysis_options
@@ -646,13 +678,10 @@ EXPECTED_SKIPS = ("constant", "graph input", "smaller than 1 KiB")
 
 def format_optimize(facts: dict) -> str:
     """The `optimize` report for people."""
-    before, after = facts["peak_bytes"]["before"], facts["peak_bytes"]["after"]
-    ratio = f" ({after / before:.2f}x)" if before else ""
     rows = [
         ("wrote", f"{facts['output']} ({facts['format']}) in {facts['seconds']:.1f} s"),
         ("mode", f"{facts['mode']}: {facts['pipeline'] or '(no passes)'}"),
-        ("modelled peak", f"{format_bytes(before)} -> {format_bytes(after)}{ratio}"),
-        *_as_run_row(facts["peak_bytes_as_run"]),
+        *_peak_rows(facts),
         ("nodes", f"{facts['nodes_before']} -> {facts['nodes_after']} "
                   f"(+{facts['nodes_added']})"),
     ]
@@ -697,12 +726,20 @@ def format_optimize(facts: dict) -> str:
     return "\n".join(f"{key:<15} {value}" for key, value in rows)
 
 
-def _as_run_row(peaks: dict) -> list[tuple[str, str]]:
-    """The peaks of the step after Grappler, when it could process both graphs."""
-    if not peaks["before"] or peaks["after"] is None:
-        return []
-    return [("as run", f"{format_bytes(peaks['before'])} -> {format_bytes(peaks['after'])} "
-                       f"({peaks['after'] / peaks['before']:.2f}x, after Grappler)")]
+def _peak_rows(facts: dict) -> list[tuple[str, str]]:
+    """The headline peaks, those `verify` should measure (as run, after Grappler, when both
+    steps were modelled so), then the peaks as written that the passes plan on."""
+    def peaks(before: int, after: int, how: str) -> str:
+        ratio = f"{after / before:.2f}x, " if before else ""
+        return f"{format_bytes(before)} -> {format_bytes(after)} ({ratio}{how})"
+
+    predicted, written = facts["peak_bytes_predicted"], facts["peak_bytes"]
+    if predicted["model"] != "as_run":
+        return [("modelled peak", peaks(written["before"], written["after"], "as written"))]
+    return [("modelled peak", peaks(predicted["before"], predicted["after"],
+                                    "as run, after Grappler")),
+            ("as written", peaks(written["before"], written["after"],
+                                 "the step the passes plan on"))]
 
 
 def format_summary(facts: dict) -> str:

@@ -30,5 +30,8 @@ def parse_budget(text: str | None, peak: int) -> int:
     if value <= 0 or (unit != "%" and value * UNITS[unit] < 1):
         raise GraphRewriteError(f"budget '{text}': a budget must be positive")
     if unit == "%":
+        if value > 100:  # above the original's peak: nothing to reach, the budget would be moot
+            raise GraphRewriteError(f"budget '{text}': a share of the original's peak is at "
+                                    "most 100%")
         return int(peak * value / 100)
     return int(value * UNITS[unit])

@@ -43,6 +43,7 @@ TEXT_FIELDS = {
                 "asset_file_def", "object_graph_def"},
     SAVEDMODEL: {"saved_model_schema_version", "meta_graphs"},
 }
+RESTORE_FROM = "graphrewrite_restore_from"  # `Model.runnable`: a SavedModel's checkpoint
 _OP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_>.\-]*\Z")
 
 
@@ -78,8 +79,19 @@ class Model:
 
     def runnable(self) -> pb_message.Message:
         """What a session imports: the MetaGraphDef itself (its variables and collections come
-        along), else the GraphDef."""
-        return self.container if self.format.kind == METAGRAPH else self.graph.to_graph_def()
+        along), else the GraphDef. A SavedModel's MetaGraphDef names its variables' checkpoint
+        in the collection RESTORE_FROM: a session restores them from it, as TensorFlow's loader
+        does, instead of running initialisers (a TF2 SavedModel has none)."""
+        if self.format.kind == METAGRAPH:
+            return self.container
+        if self.format.kind != SAVEDMODEL:
+            return self.graph.to_graph_def()
+        meta = meta_graph_pb2.MetaGraphDef()
+        meta.CopyFrom(self.meta_graph)
+        prefix = self.path / "variables" / "variables"
+        if meta.saver_def.restore_op_name and prefix.with_suffix(".index").is_file():
+            meta.collection_def[RESTORE_FROM].bytes_list.value.append(str(prefix).encode())
+        return meta
 
     def with_graph(self, graph: Graph | None = None) -> pb_message.Message:
         """A copy of the container with `graph` (default: the model's own) in place of the old."""
@@ -309,15 +321,33 @@ def save(model: Model, graph: Graph, out: str | os.PathLike, fmt: Format | None 
     if not in_place:
         refuse_overwriting(model.path, out)
     fmt = fmt or output_format(model, out)
-    out = _through_links(out)
+    given, out = out, _through_links(out)
     container = model.with_graph(graph)
     if fmt.kind == METAGRAPH and model.format.kind != METAGRAPH:
         container = _as_meta_graph(model, container)
     if fmt.kind == SAVEDMODEL:
-        _save_saved_model(model, container, out, fmt.text)
+        if Path(given).suffix.lower() in FILE_SUFFIXES:
+            log.warning("%s: a SavedModel is written as a directory, named as given (end the "
+                        "name in .meta for a MetaGraphDef file)", given)
+        try:
+            _save_saved_model(model, container, out, fmt.text)
+        except OSError as err:
+            raise GraphRewriteError(f"cannot write {given}: {_reason(err, out)}") from None
     else:
-        write_atomic(out, serialize(container, fmt.text))
+        write_atomic(out, serialize(container, fmt.text), name=given)
     return fmt
+
+
+FILE_SUFFIXES = (".pb", ".pbtxt", ".txt")  # names that look like a file, not a SavedModel
+
+
+def _reason(err: OSError, path) -> str:
+    """Why a write failed, in a user's words: the OS's reason, and the path it concerns when it
+    is not the output itself (a parent directory that is a file)."""
+    reason = err.strerror or str(err)
+    if err.filename and os.path.abspath(err.filename) != os.path.abspath(path):
+        reason += f" ({err.filename})"
+    return reason
 
 
 def _as_meta_graph(model: Model, container) -> meta_graph_pb2.MetaGraphDef:
@@ -344,9 +374,18 @@ def _mode_for(path: Path, fresh: int) -> int:
         return fresh & ~umask
 
 
-def write_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """Write `data` to `path` via a temporary sibling and a rename: all or nothing."""
-    path = _through_links(path)
+def write_atomic(path: str | os.PathLike, data: bytes, name: str | os.PathLike | None = None
+                 ) -> None:
+    """Write `data` to `path` via a temporary sibling and a rename: all or nothing. A failure
+    (a read-only directory, a full disk) is a GraphRewriteError naming `name` (default: `path`)."""
+    name, path = name or path, _through_links(path)
+    try:
+        _write_atomic(path, data)
+    except OSError as err:
+        raise GraphRewriteError(f"cannot write {name}: {_reason(err, path)}") from None
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:

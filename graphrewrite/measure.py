@@ -42,6 +42,7 @@ BFC_FLAG = "TF_CPU_ALLOCATOR_USE_BFC"
 # whole free chunks up to twice the size asked for, so one step's peak varies by several %.
 TRACED_STEPS = 3
 STEPS_COMPARED = 2
+RESTORE_FROM = "graphrewrite_restore_from"  # as `io.RESTORE_FROM` (io imports TensorFlow)
 
 
 def measurement_environment() -> None:
@@ -200,13 +201,44 @@ def _import(message, feeds: dict[str, np.ndarray]):
     with graph.as_default():
         if message.DESCRIPTOR.name == "MetaGraphDef":
             tf.compat.v1.train.import_meta_graph(message, clear_devices=False)
-            imported = _assigned_from_initial_values(graph, tf.compat.v1.global_variables())
+            checkpoint = message.collection_def[RESTORE_FROM].bytes_list.value \
+                if RESTORE_FROM in message.collection_def else []
+            imported = (_restored(graph, message, checkpoint[0].decode()) if checkpoint else
+                        _assigned_from_initial_values(graph, tf.compat.v1.global_variables()))
         else:
             resources = bind.resource_placeholder_names(message) & set(feeds)
             imported = bind.bind(message, {k: feeds[k] for k in resources})
             tf.graph_util.import_graph_def(message, input_map=imported.input_map, name="")
     imported.graph = graph
     return imported
+
+
+def _restored(graph, meta, checkpoint: str):
+    """A SavedModel's variables, restored from `checkpoint` by its own saver (and its init op
+    run, which sets up tables), as TensorFlow's loader does; every variable read after the
+    steps, TF1 ones and a TF2 model's `VarHandleOp`s alike."""
+    import tensorflow as tf
+
+    from . import bind
+
+    saver = meta.saver_def
+    init = [graph.get_operation_by_name(saver.restore_op_name)]
+    for key in ("saved_model_main_op", "legacy_init_op"):
+        if key in meta.collection_def:
+            init += [graph.as_graph_element(n) for n in meta.collection_def[key].node_list.value]
+    if "__saved_model_init_op" in meta.signature_def:
+        for output in meta.signature_def["__saved_model_init_op"].outputs.values():
+            init.append(graph.as_graph_element(output.name.split(":")[0]))
+    reads = {}
+    with tf.name_scope(bind.BIND_SCOPE + "_reads/"):
+        for op in graph.get_operations():
+            if op.type == "VarHandleOp":
+                reads[op.name] = tf.raw_ops.ReadVariableOp(resource=op.outputs[0],
+                                                           dtype=op.get_attr("dtype"))
+            elif op.type in ("VariableV2", "Variable"):
+                reads[op.name] = tf.identity(op.outputs[0])
+    filename = graph.get_tensor_by_name(saver.filename_tensor_name)
+    return bind.Bound({}, init, {filename: checkpoint}, reads)
 
 
 def _assigned_from_initial_values(graph, variables):
@@ -324,10 +356,13 @@ def loss_curve(message, batches: list[dict[str, np.ndarray]], fetches: list[str]
 
 
 def random_feeds(graph, shapes, seed: int = 0, int_high: int = 10,
-                 given: set[str] = frozenset()) -> dict[str, np.ndarray]:
+                 given: set[str] = frozenset(),
+                 fetches: list[str] | None = None) -> dict[str, np.ndarray]:
     """Seeded inputs for every placeholder not `given`: normal floats, integers in [0, int_high),
     False bools; for a resource placeholder (a TF2 step's captured variable), the initial value
-    of the variable bound to it (`bind.seeded_value`).
+    of the variable bound to it (`bind.seeded_value`). With `fetches`, only the placeholders
+    they depend on are fed: a Keras model's own unused `input_1`, a SavedModel's
+    `saver_filename` are not (TensorFlow would not run them; nothing says what they hold).
 
     The same seed gives the same arrays, so two graphs can be compared on equal inputs.
     """
@@ -342,9 +377,10 @@ def random_feeds(graph, shapes, seed: int = 0, int_high: int = 10,
         feeds = bind.seeded_values(graph, shapes, seed, frozenset(given))
     except GraphRewriteError as err:
         raise ValueError(str(err)) from None
+    needed = upstream(graph, fetches) if fetches is not None else None
     for name in sorted(graph.nodes()):
         if graph.op(name) not in ("Placeholder", "PlaceholderV2") or name in given \
-                or name in feeds:
+                or name in feeds or (needed is not None and name not in needed):
             continue
         info = shapes[TensorRef(name)]
         if info is None or info.shape is None or None in info.shape:
@@ -358,6 +394,19 @@ def random_feeds(graph, shapes, seed: int = 0, int_high: int = 10,
         else:
             feeds[name] = np.zeros(info.shape, dtype)
     return feeds
+
+
+def upstream(graph, fetches: list[str]) -> set[str]:
+    """The nodes running `fetches` runs: the fetched ones and everything they depend on, by
+    data or control edges."""
+    seen, todo = set(), [f.split(":")[0].lstrip("^") for f in fetches]
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in graph:
+            continue
+        seen.add(name)
+        todo.extend(ref.node for ref in graph.inputs(name))
+    return seen
 
 
 def _tensor_name(name: str) -> str:

@@ -69,12 +69,19 @@ def gradient_flow(graph, split) -> frozenset:
                             for r in graph.data_inputs(n)))
 
 
+def check(path) -> None:
+    """Refuse a chart that could not be drawn (its format, matplotlib missing): the commands
+    call it before they run, so nothing is written for a plot that would fail at the end."""
+    if Path(path).suffix.lower() not in FORMATS:
+        raise GraphRewriteError(f"--plot {path}: the extension picks the format; use one of "
+                                f"{', '.join(FORMATS)}")
+    _pyplot()
+
+
 def draw(path, curves: list[Curve], title: str) -> Path:
     """Draw `curves` on one chart and write it to `path` atomically."""
     path = Path(path)
-    if path.suffix.lower() not in FORMATS:
-        raise GraphRewriteError(f"--plot {path}: the extension picks the format; use one of "
-                                f"{', '.join(FORMATS)}")
+    check(path)
     pyplot = _pyplot()
     figure, axes = pyplot.subplots(figsize=(10, 5))
     boundaries = 0

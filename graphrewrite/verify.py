@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -161,7 +162,8 @@ def verify(original: Model, rewritten: Model, fetches: list[str] | None = None,
            input_shapes: dict | None = None, feeds: dict[str, np.ndarray] | None = None,
            rtol: float = 0.0, atol: float = 0.0, runs: int = 5, seed: int = 0,
            int_high: int = 10, isolated: bool = True, steps: int = 0,
-           batches: int = 0, data: dict[str, np.ndarray] | None = None) -> VerifyResult:
+           batches: int = 0, data: dict[str, np.ndarray] | None = None,
+           progress: Callable[[str], None] | None = None) -> VerifyResult:
     """Run both models on equal inputs for two steps; compare every fetched output of each step
     and every variable after them, and measure both.
 
@@ -177,14 +179,17 @@ def verify(original: Model, rewritten: Model, fetches: list[str] | None = None,
 
     `isolated` runs each model in a fresh process, so both are measured from an empty allocator,
     and times them in a third; otherwise all of it runs in this process (faster, for tests).
+    `progress` is told each stage as it begins (each takes seconds, even on a tiny graph).
     """
+    stage = progress or (lambda text: None)
     if batches and not steps or batches < 0:
         raise GraphRewriteError("--batches K (K >= 1) is for --steps N: the fixed data set the "
                                 "N steps cycle over")
     if data is not None and not steps:
         raise GraphRewriteError("--data is for --steps N: the training set both graphs learn")
     shapes = shapes_mod.infer(original.graph, input_shapes)
-    fetches = fetches or analysis.default_fetches(original, shapes=shapes)
+    if not fetches:
+        fetches = without_saver(original, analysis.default_fetches(original, shapes=shapes))
     missing = [f for f in fetches if f.split(":")[0] not in rewritten.graph]
     if missing:
         raise GraphRewriteError(f"the rewritten model has no node '{missing[0]}'")
@@ -193,8 +198,8 @@ def verify(original: Model, rewritten: Model, fetches: list[str] | None = None,
     if unknown:
         raise GraphRewriteError(f"--feed names '{unknown[0]}', which is not a node")
     try:
-        inputs = {**measure.random_feeds(original.graph, shapes, seed, int_high, set(given)),
-                  **given}
+        inputs = {**measure.random_feeds(original.graph, shapes, seed, int_high, set(given),
+                                         fetches), **given}
     except ValueError as err:
         raise GraphRewriteError(str(err)) from None
     _require_kernels(rewritten)
@@ -202,15 +207,20 @@ def verify(original: Model, rewritten: Model, fetches: list[str] | None = None,
     run = measure.run_step_isolated if isolated else measure.run_step
     if steps:
         return _verify_steps(original, rewritten, fetches, shapes, given, inputs, rtol, atol,
-                             runs, seed, int_high, steps, run, batches, data)
+                             runs, seed, int_high, steps, run, batches, data, stage)
+    stage("running the original")
     first = run(original.runnable(), inputs, fetches, 0)
+    stage("running the rewritten")
     second = run(rewritten.runnable(), own_variables(rewritten, inputs, seed), fetches, 0)
     if runs:
+        stage("timing both in turns")
         first.step_seconds, second.step_seconds = measure.time_interleaved(
             [(original.runnable(), None), (rewritten.runnable(), None)], inputs, fetches, runs,
             isolated)
     comparisons = compare(first, second, rtol, atol)
     match = all(c.equal for c in comparisons)
+    if not (match or rtol or atol):
+        stage("looking for the cause of the mismatch")
     # A bitwise mismatch is run again under other Grappler settings, to name its cause.
     cause = "" if match or rtol or atol else mismatch.diagnose(
         original.runnable(), rewritten.runnable(), inputs, fetches,
@@ -219,9 +229,27 @@ def verify(original: Model, rewritten: Model, fetches: list[str] | None = None,
                         cause)
 
 
+def without_saver(model: Model, fetches: list[str]) -> list[str]:
+    """`fetches` less what saves or restores the model's checkpoint (a SavedModel's sinks): they
+    need its `saver_filename` fed, and are not part of a step. The variables are restored before
+    the step instead (`Model.runnable`)."""
+    meta = model.meta_graph
+    name = meta.saver_def.filename_tensor_name.split(":")[0] if meta is not None else ""
+    if not name or name not in model.graph:
+        return fetches
+    reached, todo = set(), [name]
+    while todo:
+        node = todo.pop()
+        if node not in reached:
+            reached.add(node)
+            todo.extend(model.graph.successors(node))
+    return [f for f in fetches if f.split(":")[0] not in reached] or fetches
+
+
 def training_schedule(graph, shapes, inputs: dict, steps: int, batches: int = 0,
                       data: dict | None = None, seed: int = 0, int_high: int = 10,
-                      given: dict | None = None) -> tuple[list[dict], int]:
+                      given: dict | None = None, fetches: list[str] | None = None
+                      ) -> tuple[list[dict], int]:
     """The feeds of `steps` training steps (`inputs` the first's) and the size of the set they
     cycle over (0: a fresh seeded batch each step): `batches` seeded batches, or the batches of
     `data` (the first `batches` of them, when given), inputs it does not name seeded."""
@@ -230,18 +258,19 @@ def training_schedule(graph, shapes, inputs: dict, steps: int, batches: int = 0,
     if user:
         batches = min(batches or len(user), len(user))
     count = min(batches, steps) if batches else steps
-    seeded = [inputs] + [{**measure.random_feeds(graph, shapes, seed + k, int_high, set(given)),
-                          **given} for k in range(1, count)]
+    seeded = [inputs] + [{**measure.random_feeds(graph, shapes, seed + k, int_high, set(given),
+                                                  fetches), **given} for k in range(1, count)]
     if user:
         seeded = [{**feeds, **batch} for feeds, batch in zip(seeded, user)]
     return [seeded[k % count] for k in range(steps)], batches
 
 
 def _verify_steps(original, rewritten, fetches, shapes, given, inputs, rtol, atol, runs, seed,
-                  int_high, steps, run, batches=0, data=None) -> VerifyResult:
+                  int_high, steps, run, batches=0, data=None,
+                  stage=lambda text: None) -> VerifyResult:
     loss = _loss_output(original, fetches, shapes)
     schedule, batches = training_schedule(original.graph, shapes, inputs, steps, batches, data,
-                                          seed, int_high, given)
+                                          seed, int_high, given, fetches)
     curves = {"loss": loss, "rtol": rtol, "batches": batches}
     import tensorflow as tf
 
@@ -251,11 +280,13 @@ def _verify_steps(original, rewritten, fetches, shapes, given, inputs, rtol, ato
             model, own_variables(model, start, seed), set(given))
         own = [first] + [{k: v for k, v in batch.items() if k in model.graph}
                          for batch in schedule[1:]]
+        stage(f"training the {label} for {steps} steps")
         try:
             curves[label] = measure.loss_curve(model.runnable(), own, fetches, loss)
         except tf.errors.OpError as err:
             raise GraphRewriteError(f"--steps: the {label} graph failed at a training step: "
                                     f"{_first_cause(err.message)}") from None
+    stage("measuring both")
     first = run(original.runnable(), inputs, fetches, runs)
     second = run(rewritten.runnable(), own_variables(rewritten, inputs, seed), fetches, runs)
     trends = {label: loss_trend(curves[label], batches) for label in ("original", "rewritten")}

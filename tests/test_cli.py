@@ -3,6 +3,8 @@
 import json
 import sys
 
+import pytest
+
 from graphrewrite import io
 
 from conftest import FIXTURE_NAMES, fixture_path, run_cli
@@ -274,3 +276,149 @@ def test_optimize_shows_its_stages_on_a_terminal_only(monkeypatch, capsys):
     quiet = cli.main._Stages()
     quiet("loading")
     assert capsys.readouterr().err == ""
+
+
+# Usage a new user tries (issue 32): each refused before anything runs, with one line on stderr
+# naming what is wrong, the exit code given, nothing written. Each case: (command line after
+# `graphrewrite`, given the scratch directory; a setup taking (monkeypatch, scratch) or None;
+# the exit code; what the line says).
+def _full_disk(monkeypatch, scratch):
+    import errno
+    import os
+
+    def no_space(*args):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", no_space)
+
+
+def _no_matplotlib(monkeypatch, scratch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` fails
+
+
+def _interrupted(monkeypatch, scratch):
+    from graphrewrite import pipeline
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "optimize", ctrl_c)
+
+
+MLP = fixture_path("mlp")
+USAGE_CASES = {
+    "plot format from a .jpg": (
+        lambda d: ["optimize", MLP, "-o", d / "o.pbtxt", "--plot", d / "a.jpg"], None, 2,
+        "--plot"),
+    "inspect plot format from a .jpg": (lambda d: ["inspect", MLP, "--plot", d / "a.jpg"], None,
+                                        2, "use one of .png, .svg, .pdf"),
+    "plot without matplotlib": (
+        lambda d: ["optimize", MLP, "-o", d / "o.pbtxt", "--plot", d / "a.png"], _no_matplotlib,
+        2, "--plot needs matplotlib"),
+    "verify --runs 0": (lambda d: ["verify", MLP, MLP, "--runs", "0"], None, 2, "--runs"),
+    "inspect --top -3": (lambda d: ["inspect", MLP, "--top", "-3"], None, 2, "--top"),
+    "budget over 100%": (lambda d: ["optimize", MLP, "-o", d / "o.pbtxt", "--budget", "150%"],
+                         None, 2, "budget '150%': a share of the original's peak is at most"),
+    "batch --jobs 0": (lambda d: ["batch", MLP, "--out-dir", d / "out", "--jobs", "0"], None, 2,
+                       "--jobs"),
+    "output under a file": (
+        lambda d: ["optimize", MLP, "-o", (d / "file").touch() or d / "file" / "o.pbtxt",
+                   "--mode", "none", "--no-as-run"], None, 2, "cannot write "),
+    "full disk": (lambda d: ["optimize", MLP, "-o", d / "o.pbtxt", "--mode", "none",
+                             "--no-as-run"], _full_disk, 2,
+                  "o.pbtxt: No space left on device"),
+    "Ctrl-C": (lambda d: ["optimize", MLP, "-o", d / "o.pbtxt"], _interrupted, 130,
+               "graphrewrite: interrupted"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(USAGE_CASES))
+def test_usage_is_refused_with_one_line_before_anything_is_written(case, tmp_path, monkeypatch):
+    args, setup, code, expected = USAGE_CASES[case]
+    arguments = args(tmp_path)
+    if setup:
+        setup(monkeypatch, tmp_path)
+    before = sorted(tmp_path.iterdir())
+    result = run_cli(*arguments)
+    assert result.exit_code == code, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("graphrewrite: "), result.stderr
+    assert expected in lines[0]
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    assert sorted(tmp_path.iterdir()) == before  # nothing written, nothing left behind
+
+
+def test_cannot_write_names_the_output_given(tmp_path):
+    (tmp_path / "file").touch()
+    out = tmp_path / "file" / "o.pbtxt"
+    result = run_cli("optimize", MLP, "-o", out, "--mode", "none", "--no-as-run")
+    assert result.stderr.startswith(f"graphrewrite: error: cannot write {out}: ")
+
+
+def test_a_saved_model_is_written_as_a_directory_with_a_warning_on_a_file_name(tmp_path):
+    out = tmp_path / "model_opt.pb"
+    result = run_cli("optimize", fixture_path("tiny_savedmodel"), "-o", out, "--mode", "none",
+                     "--no-as-run")
+    assert result.exit_code == 0, result.stderr
+    assert (out / "saved_model.pb").is_file()
+    assert f"warning: {out}: a SavedModel is written as a directory" in result.stderr
+    quiet = run_cli("optimize", fixture_path("tiny_savedmodel"), "-o", tmp_path / "model_opt",
+                    "--mode", "none", "--no-as-run")
+    assert "SavedModel is written as a directory" not in quiet.stderr
+    assert "SavedModel is written as a directory" in " ".join(
+        run_cli("optimize", "--help").stdout.split())
+
+
+def test_optimize_stops_when_there_is_no_backward_pass(monkeypatch):
+    """Nothing to rewrite: the steps are not modelled as run either (45 s at 100k nodes)."""
+    from graphrewrite import analysis, pipeline
+
+    def refused(*args, **kwargs):
+        raise AssertionError("modelled as run")
+
+    monkeypatch.setattr(analysis, "start_as_run", refused)
+    monkeypatch.setattr(analysis, "as_run", refused)
+    model = io.load(fixture_path("tiny_savedmodel"))
+    result = pipeline.optimize(model, "memory")
+    assert result.run_reports == (None, None)
+    assert result.graph.to_graph_def() == model.graph.to_graph_def()
+    assert "nothing to do" in result.results["recompute"].note
+
+
+def test_exact_planner_json_is_alone_on_stdout(tmp_path):
+    """HiGHS prints a banner from C++ on its first solver: not onto the report."""
+    import subprocess
+
+    pytest.importorskip("highspy")
+    done = subprocess.run([sys.executable, "-m", "cli.main", "optimize", str(fixture_path("mlp")),
+                           "-o", str(tmp_path / "o.pbtxt"), "--planner", "exact", "--json",
+                           "--no-as-run"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["pipeline"].endswith("planner=exact)")
+
+
+@pytest.mark.tf
+def test_verify_shows_its_stages_on_a_terminal_only(monkeypatch, tmp_path):
+    import functools
+
+    import cli.main
+    from graphrewrite import verify
+
+    # in this process: each run takes a second, not a fresh process's thirty on a busy machine
+    monkeypatch.setattr(verify, "verify", functools.partial(verify.verify, isolated=False))
+    out = tmp_path / "mlp_opt.pbtxt"
+    assert run_cli("optimize", MLP, "-o", out, "--no-as-run").exit_code == 0
+    piped = run_cli("verify", MLP, out, "--runs", "1")
+    assert piped.exit_code == 0 and piped.stderr == ""
+    shown = cli.main._Stages.__init__
+
+    def on_a_terminal(self, enabled=True):
+        shown(self, enabled)
+        self.shown = enabled  # what a terminal's stderr gets
+
+    monkeypatch.setattr(cli.main._Stages, "__init__", on_a_terminal)
+    result = run_cli("verify", MLP, out, "--runs", "1")
+    stages = [line.split(" s  ", 1)[1] for line in result.stderr.splitlines()]
+    assert stages == ["loading", "running the original", "running the rewritten",
+                      "timing both in turns"], result.stderr
+    assert run_cli("-q", "verify", MLP, out, "--runs", "1").stderr == ""

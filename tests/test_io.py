@@ -146,12 +146,13 @@ def test_failed_write_leaves_nothing(tmp_path, monkeypatch):
     model = io.load(fixture_path("mlp"))
 
     def broken(*_args, **_kwargs):
-        raise OSError("disk full")
+        raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(io, "serialize", broken)
-    with pytest.raises(OSError):
+    monkeypatch.setattr(os, "fsync", broken)  # a file's write
+    with pytest.raises(GraphRewriteError, match="cannot write .*out.pb: No space left"):
         io.save(model, model.graph, tmp_path / "out.pb")
-    with pytest.raises(OSError):
+    monkeypatch.setattr(io, "serialize", broken)  # a SavedModel's
+    with pytest.raises(GraphRewriteError, match="cannot write .*sm: No space left"):
         io.save(io.load(fixture_path("tiny_savedmodel")), model.graph, tmp_path / "sm")
     assert list(tmp_path.iterdir()) == []
 

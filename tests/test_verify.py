@@ -141,3 +141,69 @@ def test_a_step_tensorflow_refuses_is_one_line_and_exit_2():
     assert "Traceback" not in done.stderr
     assert "graphrewrite: error: running the step failed: InvalidArgumentError: Received a " \
            "label value of" in done.stderr
+
+
+def _tf1_train_saved_model(path):
+    """A TF1 training SavedModel tagged `train`: its variable's saved value is the only one
+    (an initialiser run again would draw another)."""
+    import tensorflow as tf
+
+    with tf.Graph().as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [4, 3], name="x")
+        kernel = tf.compat.v1.get_variable("d0/kernel", [3, 2])
+        loss = tf.reduce_sum(tf.matmul(x, kernel), name="loss")
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, name="train_op")
+        tf.compat.v1.add_to_collection("train_op", train)
+        tf.compat.v1.add_to_collection("losses", loss)
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            saved = session.run(kernel)
+            builder = tf.compat.v1.saved_model.Builder(str(path))
+            builder.add_meta_graph_and_variables(session, ["train"])
+            builder.save()
+    return saved
+
+
+def test_saved_models_verify_with_their_own_variables(tmp_path):
+    """The shipped TF2 SavedModel and a TF1 one tagged `train` verify against themselves: their
+    variables restored from their own variables/ (not initialised, not missing), only the
+    placeholders the step needs fed (not the string `saver_filename`)."""
+    from graphrewrite import measure
+
+    trained = tmp_path / "tf1_train"
+    saved = _tf1_train_saved_model(trained)
+    for path, tag, variables in ((fixture_path("tiny_savedmodel"), None, {"w", "b"}),
+                                 (trained, "train", {"d0/kernel"})):
+        outcome = verify.verify(io.load(path, tag=tag), io.load(path, tag=tag), runs=1,
+                                isolated=False)
+        assert outcome.match, [c for c in outcome.comparisons if not c.equal]
+        assert {c.name for c in outcome.comparisons if c.step is None} == {
+            verify.VARIABLE_PREFIX + v for v in variables}
+    model = io.load(trained, tag="train")
+    x = np.ones([4, 3], np.float32)
+    step = measure.run_step(model.runnable(), {"x": x}, ["loss"], 0)
+    assert np.array_equal(step.variables["d0/kernel"], saved)
+    assert step.step_outputs[0]["loss:0"] == np.sum(x @ saved)
+
+
+def test_only_the_placeholders_the_step_needs_are_fed(tmp_path):
+    """A Keras model built in graph mode keeps its own `input_1` placeholder (unknown batch
+    size) beside the one the training step feeds; nothing fetched reads it."""
+    import tensorflow as tf
+
+    with tf.Graph().as_default() as graph:
+        tf.compat.v1.set_random_seed(1)  # the initialiser draws the same weights for both
+        own_input = tf.compat.v1.placeholder(tf.float32, (None, 4), name="input_1")
+        kernel = tf.compat.v1.get_variable("dense/kernel", [4, 3])
+        tf.matmul(own_input, kernel, name="dense/MatMul")  # the model on its own input
+        x = tf.compat.v1.placeholder(tf.float32, (8, 4), name="x")
+        loss = tf.reduce_mean(tf.matmul(x, kernel), name="loss")
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, name="train_op")
+        tf.compat.v1.add_to_collection("train_op", train)
+        tf.compat.v1.add_to_collection("losses", loss)
+        meta = tf.compat.v1.train.export_meta_graph(graph=graph)
+    path = tmp_path / "keras_graph_mode.meta"
+    path.write_bytes(meta.SerializeToString())
+    outcome = verify.verify(io.load(path), io.load(path), runs=1, isolated=False)
+    assert outcome.match and [(c.name, c.step) for c in outcome.comparisons
+                              if c.step is not None] == [("loss:0", 1), ("loss:0", 2)]
