@@ -12,6 +12,7 @@ previous one left it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import time
 from collections.abc import Callable
@@ -58,10 +59,25 @@ class OptimizeResult:
     run_reports: tuple = (None, None)  # (before, after) memory reports of the steps as
     # TensorFlow runs them, after Grappler (None where Grappler failed)
 
-    @property
+    @functools.cached_property  # each replays two steps through the allocator's model
     def run_peaks(self) -> tuple:
         """(before, after) allocator peaks of `run_reports`."""
         return tuple(None if r is None else r.allocated_peak() for r in self.run_reports)
+
+    @property
+    def predicted_peaks(self) -> tuple[int, int, str]:
+        """(before, after, model): the peaks `verify` should measure. The steps as run (after
+        Grappler, as TensorFlow's allocator counts them: model "as_run") where both were
+        modelled, else as written (what the passes plan on: "as_written")."""
+        before, after = self.run_peaks
+        if before and after is not None:
+            return before, after, "as_run"
+        return self.peak_before, self.peak_after, "as_written"
+
+    @property
+    def changed(self) -> bool:
+        """Whether any pass changed the graph."""
+        return any(r.modified for r in self.results.values())
 
     def of(self, kind: type[PassResult]):
         """The result of the pass that returns `kind` (its runs combined), else an empty one."""

@@ -25,6 +25,7 @@ def optimize_report(source, output, fmt, result: OptimizeResult) -> dict:
         "nodes_added": result.nodes_after - result.nodes_before,
         "peak_bytes": {"before": result.peak_before, "after": result.peak_after},
         "peak_bytes_as_run": dict(zip(("before", "after"), result.run_peaks)),
+        "peak_bytes_predicted": dict(zip(("before", "after", "model"), result.predicted_peaks)),
         "checkpoints": recompute.checkpoints,
         "recomputed": recompute.recomputed,
         "recomputed_ahead": recompute.recomputed_ahead,
@@ -89,5 +90,17 @@ def explain(result: OptimizeResult, original: Graph, name: str) -> str:
 
 
 def _note(result: OptimizeResult) -> str:
-    """What the passes say they did not do, in the order they ran."""
-    return " ".join(filter(None, (r.note for r in result.results.values())))
+    """What the passes say they did not do, in the order they ran, and whether the rewrite is
+    kept although the step as run (what `verify` measures) needs more memory."""
+    notes = [r.note for r in result.results.values()]
+    before, after = result.run_peaks
+    if result.changed and before and after is not None and after > before:
+        notes.append(f"the rewrite is kept although its modelled peak as run rises "
+                     f"({_mib(before)} -> {_mib(after)}, after Grappler): the passes plan on "
+                     f"the step as written ({_mib(result.peak_before)} -> "
+                     f"{_mib(result.peak_after)})")
+    return " ".join(filter(None, notes))
+
+
+def _mib(count: int) -> str:
+    return f"{count / 2**20:.1f} MiB"

@@ -168,7 +168,7 @@ def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None)
     budget = parse_budget(options.budget, analysis.memory.peak())
     if budget >= analysis.memory.peak():
         return RecomputeResult(graph, False, note=(
-            "the modelled peak is already within the budget: graph left unchanged"))
+            "the modelled peak is already within the budget: nothing recomputed"))
     ahead = frozenset(select(graph, options.ahead)) if options.ahead else frozenset()
     note, pricer = "", None
     if options.policy == "memory" and options.planner == "exact":
@@ -183,8 +183,8 @@ def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None)
                         for checkpoints in candidates])
     automatic = options.policy in ("memory", "speed")  # hints and selectors are obeyed as given
     unchanged = RecomputeResult(graph, False, note=(
-        f"no checkpoint choice lowers the modelled peak by {MIN_GAIN:.0%} or more: graph "
-        "left unchanged"))
+        f"no checkpoint choice lowers the modelled peak by {MIN_GAIN:.0%} or more: nothing "
+        "recomputed"))
     if automatic and best.peak > analysis.memory.peak() * (1 - MIN_GAIN):
         return unchanged
     final = _finished(ctx, best)

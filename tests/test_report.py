@@ -1,0 +1,112 @@
+"""The optimize report: one headline peak, the one `verify` should measure (the step as run,
+after Grappler, when it was modelled), and notes that agree with what the passes did (issue 32)."""
+
+import json
+
+import pytest
+
+from graphrewrite import io, pipeline, report
+from graphrewrite.passes import PASSES
+from graphrewrite.passes.base import AccumulateResult, DeferResult, RecomputeResult
+
+from conftest import fixture_path, run_cli
+
+MIB = 2**20
+
+
+class Step:
+    """A memory report of a step as run: only its allocator peak is read."""
+
+    def __init__(self, peak):
+        self.peak = peak
+
+    def allocated_peak(self):
+        return self.peak
+
+
+def result(as_run=(None, None), modified=True, written=(3 * MIB, 2 * MIB)):
+    """An OptimizeResult whose defer pass changed the graph (or not) and whose recompute pass
+    found nothing worth recomputing."""
+    recompute = RecomputeResult(note="no checkpoint choice lowers the modelled peak by 1% or "
+                                     "more: nothing recomputed")
+    return pipeline.OptimizeResult(
+        graph=None, mode="memory", pipeline="defer recompute(policy=memory)", nodes_before=10,
+        nodes_after=10, peak_before=written[0], peak_after=written[1], seconds=1.0,
+        results={"defer": DeferResult(modified=modified, deferred=["m"] if modified else []),
+                 "recompute": recompute},
+        run_reports=tuple(None if p is None else Step(p) for p in as_run))
+
+
+def human(optimized) -> str:
+    from cli.main import format_optimize
+
+    return format_optimize(report.optimize_report("in.pb", "out.pb", "graphdef", optimized))
+
+
+def test_the_headline_is_the_step_as_run_when_it_was_modelled():
+    """The resnet_cnn fixture's report read "modelled peak 0.64x" and "as run 0.97x"; verify
+    measured 0.97x. The headline is now the as-run model, the as-written one below it."""
+    facts = report.optimize_report("in.pb", "out.pb", "graphdef",
+                                   result(as_run=(36 * MIB, 35 * MIB)))
+    assert facts["peak_bytes_predicted"] == {"before": 36 * MIB, "after": 35 * MIB,
+                                             "model": "as_run"}
+    lines = human(result(as_run=(36 * MIB, 35 * MIB))).splitlines()
+    headline = [line for line in lines if line.startswith("modelled peak")]
+    assert headline == ["modelled peak   36.0 MiB -> 35.0 MiB (0.97x, as run, after Grappler)"]
+    assert "as written      3.0 MiB -> 2.0 MiB (0.67x, the step the passes plan on)" in lines
+    assert not any(line.startswith("as run") for line in lines)  # no second headline
+
+
+@pytest.mark.parametrize("as_run", [(None, None), (36 * MIB, None), (0, 0)])
+def test_without_the_step_as_run_the_headline_is_as_written(as_run):
+    """--no-as-run, or Grappler failed on a graph: the peaks as written, said so."""
+    optimized = result(as_run=as_run)
+    assert optimized.predicted_peaks == (3 * MIB, 2 * MIB, "as_written")
+    lines = human(optimized).splitlines()
+    assert "modelled peak   3.0 MiB -> 2.0 MiB (0.67x, as written)" in lines
+    assert not any(line.startswith(("as written", "as run")) for line in lines)
+
+
+def test_a_rewrite_kept_although_the_step_as_run_rises_says_so():
+    rises = report.optimize_report("in.pb", "out.pb", "graphdef",
+                                   result(as_run=(30 * MIB, 31 * MIB)))["note"]
+    assert ("the rewrite is kept although its modelled peak as run rises (30.0 MiB -> "
+            "31.0 MiB, after Grappler): the passes plan on the step as written (3.0 MiB -> "
+            "2.0 MiB)") in rises
+    falls = report.optimize_report("in.pb", "out.pb", "graphdef",
+                                   result(as_run=(30 * MIB, 29 * MIB)))["note"]
+    unchanged = report.optimize_report("in.pb", "out.pb", "graphdef",
+                                       result(as_run=(30 * MIB, 31 * MIB), modified=False))
+    assert "kept although" not in falls and "kept although" not in unchanged["note"]
+
+
+def adds_a_node(graph, analysis, options, model=None):
+    graph = graph.copy()
+    graph.add_node("an_added_noop", "NoOp")
+    return AccumulateResult(graph, True, accumulated=["an_added_noop"])
+
+
+def test_no_note_says_the_graph_was_left_unchanged_when_a_pass_changed_it(monkeypatch):
+    """Mode memory's defer changed nodes, then recompute found no checkpoint choice worth it
+    and said "graph left unchanged". A pass that changes the graph before a recompute that
+    finds nothing: the report says nothing was recomputed, not that nothing changed."""
+    monkeypatch.setitem(PASSES, "accumulate", (PASSES["accumulate"][0], adds_a_node))
+    optimized = pipeline.optimize(io.load(fixture_path("adam_train")), "none",
+                                  passes="accumulate recompute(policy=memory)", as_run=False)
+    assert optimized.changed and not optimized.of(RecomputeResult).modified
+    note = report.optimize_report("in", "out", "metagraph", optimized)["note"]
+    assert "nothing recomputed" in note and "unchanged" not in note
+
+
+@pytest.mark.tf
+def test_the_headline_of_a_cnn_is_its_step_as_run(tmp_path):
+    """resnet_cnn: 0.64x as written, 0.97x as run (verify measured 0.97x); the headline is
+    the as-run model."""
+    shown = run_cli("optimize", fixture_path("resnet_cnn"), "-o", tmp_path / "o.pb", "--json")
+    assert shown.exit_code == 0, shown.stderr
+    facts = json.loads(shown.stdout)
+    as_run, predicted = facts["peak_bytes_as_run"], facts["peak_bytes_predicted"]
+    assert predicted == {**as_run, "model": "as_run"}
+    text = run_cli("optimize", fixture_path("resnet_cnn"), "-o", tmp_path / "p.pb").stdout
+    ratio = as_run["after"] / as_run["before"]
+    assert f"({ratio:.2f}x, as run, after Grappler)" in text.splitlines()[2]
