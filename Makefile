@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-DEMO   ?= fixtures/mlp.pbtxt
+DEMO   ?= fixtures/cnn_step_tf2.pb
 MODE   ?= memory
 ZOO    ?= out/zoo
 
