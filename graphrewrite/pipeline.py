@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from . import analysis as analysis_mod
+from . import importable
 from . import plan as plan_mod
 from .budget import parse_budget
 from .context import Context
@@ -253,6 +254,7 @@ def optimize(model: Model, mode: str, input_shapes: dict | None = None,
     grappled = (analysis_mod.start_as_run(model, model.graph, original)
                 if as_run and backward else None)
     results: dict[str, PassResult] = {}
+    made = []  # (pass, the passes before it, its output graph), for `importable.check`
     for index, (name, pass_opts) in enumerate(steps):
         if getattr(pass_opts, "budget", None):
             in_bytes = max(1, parse_budget(pass_opts.budget, peak_before))
@@ -274,10 +276,14 @@ def optimize(model: Model, mode: str, input_shapes: dict | None = None,
         results[name] = results[name].then(result) if name in results else result
         if result.modified:
             graph = result.graph
+            made.append((name, before, graph))
             found = analysis_mod.analyse(model, graph, input_shapes, backward_scope,
                                          found.fetches, shapes=result.shapes, device=device,
                                          planned=index < len(steps) - 1,  # a pass follows
                                          report=result.memory)
+    if made:  # nothing is written that TensorFlow cannot import or its init ops initialise
+        stage("checking that TensorFlow imports the rewritten graph")
+        importable.check(model, made)
     run_reports = (None, None)
     changed = any(r.modified for r in results.values())  # else Grappler's run repeats
     if as_run and (backward or changed):
