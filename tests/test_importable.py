@@ -63,7 +63,7 @@ def test_a_pass_leaving_a_graph_tensorflow_cannot_use_is_a_bug_and_nothing_is_wr
 
 
 @pytest.mark.tf
-def test_the_first_pass_that_broke_the_graph_is_named_and_an_original_tensorflow_refuses_too_is_let_through(
+def test_the_first_pass_that_broke_the_graph_is_named_and_a_refused_original_is_let_through(
         caplog):
     model = io.load(fixture_path("adam_train"))
     fine, broken = model.graph.copy(), model.graph.copy()
