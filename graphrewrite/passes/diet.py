@@ -41,9 +41,9 @@ GradientDescent on resource (`ResourceApply*`) and ref (`Apply*`) variables, and
 Keras Adam, SGD with momentum and SGD (decomposed into reads and `Assign*VariableOp`s of
 resource placeholders: there the new slots are resource placeholders too, which `bind` and
 `tf2` give variables, and `bind` gives a dieted one its initial value quantized). Anything else
-(Nesterov, shared slots, unusual readers) stays float32, and one warning lists those variables
-and why. A graph without variables (a frozen graph) has its large float constants stored in 16
-bits instead, dequantized where read.
+(sparse updates other than Adam's, Nesterov, shared slots, unusual readers) stays float32, and
+one warning lists those variables and why. A graph without variables (a frozen graph) has its
+large float constants stored in 16 bits instead, dequantized where read.
 """
 
 from __future__ import annotations
