@@ -26,9 +26,12 @@ The session uses TensorFlow's default `ConfigProto` (Grappler on), which is what
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import statistics
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -117,8 +120,14 @@ def _in_fresh_process(function, payloads, feeds, fetches, runs):
     context = multiprocessing.get_context("spawn")
     try:
         with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
-            failure, result = pool.submit(_reporting, function, payloads, feeds, fetches,
-                                          runs).result()
+            with _deaf_to_ctrl_c():
+                future = pool.submit(_reporting, function, payloads, feeds, fetches, runs)
+            try:
+                failure, result = future.result()
+            except KeyboardInterrupt:  # reported by this process; its worker just stops
+                for process in list(pool._processes.values()):
+                    process.terminate()
+                raise
     except BrokenProcessPool:
         raise GraphRewriteError(
             "TensorFlow's process died running the step (a kernel abort: often an integer "
@@ -127,6 +136,21 @@ def _in_fresh_process(function, payloads, feeds, fetches, runs):
     if failure:
         raise GraphRewriteError(f"running the step failed: {failure}")
     return result
+
+
+@contextlib.contextmanager
+def _deaf_to_ctrl_c():
+    """SIGINT ignored while a worker process starts, which keeps it so: on Ctrl-C the whole
+    terminal's process group gets it, and a worker would print a traceback of its own beside
+    the one line the command reports (exit 130). The parent stops the worker instead."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _reporting(function, *args) -> tuple[str, object]:

@@ -142,7 +142,8 @@ def test_optimize_memory_reports_and_explains(tmp_path):
     result = run_cli("optimize", fixture_path("resnet_cnn"), "-o", out, "--json")
     assert result.exit_code == 0, result.stderr
     facts = json.loads(result.stdout)
-    assert facts["mode"] == "memory" and facts["pipeline"] == "defer recompute(policy=memory)"
+    assert facts["mode"] == "memory"
+    assert facts["pipeline"] == "inline defer recompute(policy=memory)"
     assert facts["peak_bytes"]["after"] < facts["peak_bytes"]["before"]
     as_run = facts["peak_bytes_as_run"]  # after Grappler, as inspect models the graphs
     assert 0 < as_run["after"] < as_run["before"]
@@ -182,7 +183,7 @@ def test_optimize_planner_is_written_into_the_pipeline_and_needs_a_recompute_pas
     search = run_cli("optimize", fixture_path("mlp"), "-o", out, "--planner", "search", "--json")
     assert search.exit_code == 0, search.stderr
     facts = json.loads(search.stdout)
-    assert facts["pipeline"] == "defer recompute(policy=memory, planner=search)"
+    assert facts["pipeline"] == "inline defer recompute(policy=memory, planner=search)"
     replayed = run_cli("optimize", fixture_path("mlp"), "-o", tmp_path / "p.pb", "--passes",
                        facts["pipeline"], "--json")
     assert (tmp_path / "p.pb").read_bytes() == out.read_bytes()
@@ -422,3 +423,16 @@ def test_verify_shows_its_stages_on_a_terminal_only(monkeypatch, tmp_path):
     assert stages == ["loading", "running the original", "running the rewritten",
                       "timing both in turns"], result.stderr
     assert run_cli("-q", "verify", MLP, out, "--runs", "1").stderr == ""
+
+
+def test_measuring_workers_start_deaf_to_ctrl_c():
+    """Ctrl-C reaches the terminal's whole process group: `verify`'s workers start with SIGINT
+    ignored (a worker keeps that), so only the command reports it, in one line (exit 130)."""
+    import signal
+
+    from graphrewrite import measure
+
+    before = signal.getsignal(signal.SIGINT)
+    with measure._deaf_to_ctrl_c():
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    assert signal.getsignal(signal.SIGINT) == before
