@@ -47,7 +47,7 @@ _VALID_NAME = re.compile(r"[A-Za-z0-9.][A-Za-z0-9_./-]*(>[A-Za-z0-9.][A-Za-z0-9_
 # Where an import error names the node it failed on.
 _BLAMED = (re.compile(r"\{\{node ([^}]+)\}\}"), re.compile(r"[Nn]ode '([^']+)'"),
            re.compile(r"of node (\S+) was passed"))
-MAX_CUT = 32  # nodes cut out of one import before giving up on TensorFlow's inference
+MAX_CUT = 32  # nodes import errors name, cut out before giving up on TensorFlow's inference
 
 
 @dataclass(frozen=True)
@@ -264,26 +264,28 @@ class _Inference:
 
 
 def _inferred(graph_def) -> _Inference:
-    """Import `graph_def` for its shapes; a node the importer refuses is cut out and the import
-    tried again (`_Trial`), up to MAX_CUT nodes."""
+    """Import `graph_def` for its shapes. Ops not in TensorFlow's registry are cut out
+    (`_Trial`) first; then each node an import error names, and the import tried again, up to
+    MAX_CUT times."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import tensorflow as tf
 
     functions = {f.signature.name for f in graph_def.library.function}
     cut = {n.name: f"op '{n.op}' is not in TensorFlow's op registry" for n in graph_def.node
            if not ops.is_known(n.op, functions)}
-    while True:
+    for _ in range(MAX_CUT + 1):
         trial = _Trial(graph_def, cut)
         try:
             operations = _imported(trial.graph_def)
         except (ValueError, TypeError, tf.errors.OpError) as err:
             why = _reason(err)
             blamed = trial.blamed(str(err))
-            if blamed is None or blamed in cut or len(cut) >= MAX_CUT:
-                return _Inference(_recorded_only(graph_def), failed=why)
+            if blamed is None:
+                break
             cut[blamed] = why
             continue
         return _Inference(trial.results(operations), cut)
+    return _Inference(_recorded_only(graph_def), failed=why)
 
 
 def _reason(err: Exception) -> str:
@@ -330,6 +332,8 @@ class _Trial:
             new = self.graph_def.node.add()
             new.CopyFrom(node)
             new.name = self.renamed.get(node.name, node.name)
+            if "_class" in new.attr:  # colocation may name a node cut or renamed here
+                del new.attr["_class"]
             del new.input[:]
             data_index = -1
             for text in node.input:

@@ -116,12 +116,13 @@ def test_shapes_computed_from_a_large_constants_values_are_inferred():
     assert shapes.infer(build(graph))[TensorRef("f")].shape == (7,)
 
 
-def test_without_the_internals_it_reads_shapes_through_the_public_importer(monkeypatch):
-    def missing(graph_def):
-        raise AttributeError("module has no attribute '_PopulateTFImportGraphDefOptions'")
+def _no_internals(graph_def):
+    raise AttributeError("module has no attribute '_PopulateTFImportGraphDefOptions'")
 
+
+def test_without_the_internals_it_reads_shapes_through_the_public_importer(monkeypatch):
     expected = shapes.infer(unknown_batch_graph(), {"x": (16, 8)}).tensors
-    monkeypatch.setattr(shapes, "_c_imported", missing)
+    monkeypatch.setattr(shapes, "_c_imported", _no_internals)
     assert shapes.infer(unknown_batch_graph(), {"x": (16, 8)}).tensors == expected
 
 
@@ -149,11 +150,16 @@ def two_branches():
     return build(graph)
 
 
-def test_an_op_unknown_to_tensorflow_leaves_the_rest_inferred(caplog):
+@pytest.mark.parametrize("importer", ["fast", "public"])
+def test_an_op_unknown_to_tensorflow_leaves_the_rest_inferred(importer, caplog, monkeypatch):
     """Issue 32: one unregistered op failed TensorFlow's whole import, so every tensor was
     unknown and the modelled peak 0 B. Now only what depends on it is unknown, and its
-    `_output_shapes` size it, typed as its reader expects."""
+    `_output_shapes` size it, typed as its reader expects. (The public importer also refuses
+    a colocation with a node it does not have.)"""
+    if importer == "public":
+        monkeypatch.setattr(shapes, "_c_imported", _no_internals)
     graph = _edited(two_branches(), r=("r", "MyCustomRelu"))
+    graph.node_def("s").attr["_class"].list.s.append(b"loc:@r")  # colocated with the cut node
     with caplog.at_level("WARNING", logger="graphrewrite"):
         result = shapes.infer(graph)
     assert result.nbytes(TensorRef("x")) == result.nbytes(TensorRef("other")) == 16 * 8 * 4
