@@ -342,10 +342,12 @@ FILE_SUFFIXES = (".pb", ".pbtxt", ".txt")  # names that look like a file, not a 
 
 
 def _reason(err: OSError, path) -> str:
-    """Why a write failed, in a user's words: the OS's reason, and the path it concerns when it
-    is not the output itself (a parent directory that is a file)."""
+    """Why a write failed, in a user's words: the OS's reason, and the directory it concerns
+    when that is one of the output's parents (a parent that is a file); a temporary sibling's
+    name would only confuse."""
     reason = err.strerror or str(err)
-    if err.filename and os.path.abspath(err.filename) != os.path.abspath(path):
+    if err.filename and Path(os.path.abspath(err.filename)) in Path(
+            os.path.abspath(path)).parents:
         reason += f" ({err.filename})"
     return reason
 

@@ -293,6 +293,17 @@ def _full_disk(monkeypatch, scratch):
     monkeypatch.setattr(os, "fsync", no_space)
 
 
+def _read_only(monkeypatch, scratch):
+    import errno
+    import os
+    import tempfile
+
+    def refused(*args, dir=None, prefix="", **kwargs):  # what a read-only directory says
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), f"{dir}/{prefix}x.tmp")
+
+    monkeypatch.setattr(tempfile, "mkstemp", refused)
+
+
 def _no_matplotlib(monkeypatch, scratch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` fails
 
@@ -325,6 +336,9 @@ USAGE_CASES = {
     "output under a file": (
         lambda d: ["optimize", MLP, "-o", (d / "file").touch() or d / "file" / "o.pbtxt",
                    "--mode", "none", "--no-as-run"], None, 2, "cannot write "),
+    "read-only directory": (lambda d: ["optimize", MLP, "-o", d / "o.pbtxt", "--mode", "none",
+                                       "--no-as-run"], _read_only, 2,
+                            "o.pbtxt: Permission denied"),
     "full disk": (lambda d: ["optimize", MLP, "-o", d / "o.pbtxt", "--mode", "none",
                              "--no-as-run"], _full_disk, 2,
                   "o.pbtxt: No space left on device"),
@@ -353,7 +367,8 @@ def test_cannot_write_names_the_output_given(tmp_path):
     (tmp_path / "file").touch()
     out = tmp_path / "file" / "o.pbtxt"
     result = run_cli("optimize", MLP, "-o", out, "--mode", "none", "--no-as-run")
-    assert result.stderr.startswith(f"graphrewrite: error: cannot write {out}: ")
+    assert result.stderr == (f"graphrewrite: error: cannot write {out}: File exists "
+                             f"({tmp_path / 'file'})\n")
 
 
 def test_a_saved_model_is_written_as_a_directory_with_a_warning_on_a_file_name(tmp_path):
