@@ -202,3 +202,28 @@ def test_keras_fit_trains_with_the_rewritten_step_as_with_the_original():
         trained[name] = (history["loss"], [v.numpy().tobytes() for v in state])
     assert int(optimizer.iterations.numpy()) == 3
     assert trained["original"] == trained["rewritten"]
+
+
+def test_readme_example_prints_what_the_readme_says(tmp_path):
+    """Issue 32: the README's TF2 example, run as written (its 100 training steps left out:
+    they print nothing), prints peaks within the ranges the README gives."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("### TF2: rewrite the step in the program that trains")[1]
+    code = section.split("```python\n")[1].split("```")[0]
+    assert "for _ in range(100):" in code
+    (tmp_path / "example.py").write_text(code.replace("range(100)", "range(0)"))
+    ran = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=900)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    before, after = (float(v) for v in re.search(r"([\d.]+) MiB -> ([\d.]+) MiB",
+                                                 ran.stdout).groups())
+    stated = re.search(r"this prints (\d+)-(\d+) MiB -> (\d+)-(\d+) MiB",
+                       " ".join(section.split())).groups()
+    low_before, high_before, low_after, high_after = (float(v) for v in stated)
+    assert 0.95 * low_before <= before <= 1.05 * high_before, (before, stated)
+    assert 0.9 * low_after <= after <= 1.1 * high_after, (after, stated)
