@@ -707,6 +707,9 @@ def format_optimize(facts: dict) -> str:
     if facts["accumulated"]:
         rows.append(("accumulated", f"{len(facts['accumulated'])} AddN sums now add as their "
                                     f"terms arrive ({_shorten(facts['accumulated'], 3)})"))
+    if facts["inlined"]:
+        rows.append(("inlined", f"{len(facts['inlined'])} function calls holding the forward or "
+                                f"backward pass ({_shorten(facts['inlined'], 3)})"))
     if facts["deferred"]:
         rows.append(("deferred", f"{len(facts['deferred'])} parameter-only values computed when "
                                  f"their gradient is ready ({_shorten(facts['deferred'], 3)})"))

@@ -32,8 +32,9 @@ from .tensor_ref import TensorRef
 log = logging.getLogger(__name__)
 
 PLACEHOLDERS = ("Placeholder", "PlaceholderV2")
-# Ops that pass a handle through unchanged: the readers behind them read the same variable.
-HANDLE_FORWARDERS = frozenset({"Identity", "IdentityN"})
+# Ops that pass a handle through unchanged: the readers behind them read the same variable
+# (`Switch`: a functional `If` as Grappler lowers it), and which of their outputs do.
+HANDLE_FORWARDERS = {"Identity": (0,), "IdentityN": None, "Switch": (0, 1), "Enter": (0,)}
 # Input argument of a writer that holds a value of the variable's shape.
 VALUE_ARGS = ("value", "grad", "delta")
 # Seeded variables are drawn from [0, SCALE): finite, small, and not negative, because the step
@@ -68,6 +69,11 @@ def value_spec(graph: Graph, shapes, name: str) -> ValueSpec:
     and writers; a GraphRewriteError (one line) when they do not tell."""
     dtype, shape = None, None
     for user, slot in _users(graph, name):
+        if graph.op(user) in CALLS:
+            inside = _read_in_functions(graph, user, slot)
+            if inside is not None:
+                return inside
+            continue
         node = graph.node_def(user)
         attr = "dtype" if "dtype" in node.attr else "T"
         if dtype is None and attr in node.attr and node.attr[attr].type:
@@ -78,7 +84,16 @@ def value_spec(graph: Graph, shapes, name: str) -> ValueSpec:
             return ValueSpec(dtype, shape)
     what = "value shape" if dtype is not None else "dtype and value shape"
     raise GraphRewriteError(f"the {what} of captured variable '{name}' (a resource placeholder) "
-                            f"is not recorded on its readers; {EXPORT_HINT}")
+                            f"is not recorded on its readers; {export_hint(graph)}")
+
+
+def export_hint(graph: Graph) -> str:
+    """What to do about a variable whose shape no reader records: export with shapes, unless
+    the graph was exported so (advice that was followed already misleads)."""
+    if any("_output_shapes" in graph.node_def(n).attr for n in graph.nodes()):
+        return ("the export recorded shapes (add_shapes=True), but none of this variable's "
+                "readers shows its value (please report the op that reads it)")
+    return EXPORT_HINT
 
 
 def seeded_value(name: str, spec: ValueSpec, seed: int, diet: str = "") -> np.ndarray:
@@ -135,10 +150,52 @@ def _users(graph: Graph, name: str) -> list[tuple[str, int]]:
                 continue
             seen.add((user, slot))
             if graph.op(user) in HANDLE_FORWARDERS:
-                todo.append(TensorRef(user, slot if graph.op(user) == "IdentityN" else 0))
+                ports = HANDLE_FORWARDERS[graph.op(user)]
+                todo.extend(TensorRef(user, port) for port in (ports or (slot,)))
             else:
                 found.append((user, slot))
     return sorted(found, key=lambda u: (graph.op(u[0]) != "ReadVariableOp", u))
+
+
+DENSE_WRITES = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp"})
+# Functional ops -> (attributes naming the functions they call, inputs before the arguments).
+CALLS = {"If": (("then_branch", "else_branch"), 1), "StatelessIf": (("then_branch", "else_branch"), 1),
+         "Case": (("branches",), 1), "StatelessCase": (("branches",), 1),
+         "While": (("body",), 0), "StatelessWhile": (("body",), 0),
+         "PartitionedCall": (("f",), 0), "StatefulPartitionedCall": (("f",), 0)}
+
+
+def _read_in_functions(graph: Graph, user: str, slot: int) -> ValueSpec | None:
+    """The variable's dtype and shape from a read inside a function `user` calls with it (a
+    loss-scale optimizer's update reads its slots only inside its `cond`'s branches): the
+    `_output_shapes` a function body's `ReadVariableOp` records."""
+    attrs, skipped = CALLS[graph.op(user)]
+    node = graph.node_def(user)
+    names = [f.name for a in attrs for f in ([node.attr[a].func] if node.attr[a].HasField("func")
+                                             else node.attr[a].list.func)]
+    library = {f.signature.name: f for f in graph.shell.library.function}
+    for function in filter(None, map(library.get, names)):
+        args = function.signature.input_arg
+        if not 0 <= slot - skipped < len(args):
+            continue
+        arg = args[slot - skipped].name
+        body = {n.name: n for n in function.node_def}
+        for body_node in function.node_def:
+            if body_node.input[:1] != [arg]:
+                continue
+            if body_node.op == "ReadVariableOp":
+                shown, dtype = body_node, body_node.attr["dtype"].type
+            elif body_node.op in DENSE_WRITES and len(body_node.input) > 1:
+                shown = body.get(body_node.input[1].split(":")[0])
+                dtype = body_node.attr["dtype"].type
+            else:
+                continue
+            recorded = shown.attr["_output_shapes"].list.shape if shown is not None else []
+            if len(recorded) == 1 and not recorded[0].unknown_rank:
+                dims = tuple(None if d.size < 0 else d.size for d in recorded[0].dim)
+                if _known(dims) is not None:
+                    return ValueSpec(dtype, dims)
+    return None
 
 
 def _value_shape(graph: Graph, shapes, user: str, slot: int) -> tuple | None:

@@ -28,7 +28,64 @@ def inline_calls(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef | None:
     has none or a body cannot be read."""
     functions = {f.signature.name: f for f in graph_def.library.function
                  if any(n.op in LOOP_OPS for n in f.node_def)}
-    if not any(n.op in CALL_OPS and n.attr["f"].func.name in functions for n in graph_def.node):
+    return _inlined(graph_def, functions)
+
+
+def inline_gradient_calls(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef | None:
+    """A copy of `graph_def` with the step's passes spliced in: a `tf.function` called inside
+    a differentiated step is a call of its forward function (returning, besides its outputs,
+    every activation its gradient reads) and a call of its backward function. Calls of
+    functions holding gradient ops, and the calls whose results those read, are inlined, and
+    their results read from the body directly (the `IdentityN` in between would be the one
+    tensor every activation passes through, and hide every bottleneck). Calls that name an
+    implementation (`api_implements`: Keras RNNs, which Grappler swaps for cuDNN kernels on a
+    GPU) or ask for XLA are left whole. None when there is nothing to inline."""
+    from .split import backward_functions
+
+    library = {f.signature.name: f for f in graph_def.library.function}
+    backward = backward_functions(graph_def.library)
+
+    def inlinable(node) -> bool:
+        function = library.get(node.attr["f"].func.name)
+        return (node.op in CALL_OPS and function is not None
+                and "api_implements" not in function.attr
+                and not node.attr["_XlaMustCompile"].b
+                and not function.attr["_XlaMustCompile"].b)
+
+    calls = {n.name: n for n in graph_def.node if inlinable(n)}
+    chosen = {name for name, n in calls.items() if n.attr["f"].func.name in backward}
+    chosen |= {i.lstrip("^").split(":")[0] for name in chosen for i in calls[name].input
+               if i.lstrip("^").split(":")[0] in calls}
+    if not chosen:
+        return None
+    functions = {calls[name].attr["f"].func.name: library[calls[name].attr["f"].func.name]
+                 for name in chosen}
+    inlined = _inlined(graph_def, functions, only=chosen)
+    return None if inlined is None else _read_results_directly(inlined, chosen)
+
+
+def _read_results_directly(graph_def: graph_pb2.GraphDef, calls: set) -> graph_pb2.GraphDef:
+    """Data readers of an inlined call's `IdentityN` read the body's result instead; control
+    dependants still wait on the `IdentityN`, which waits on the body's control outputs."""
+    results = {n.name: [i for i in n.input if not i.startswith("^")] for n in graph_def.node
+               if n.name in calls and n.op == "IdentityN"}
+    for node in graph_def.node:
+        for k, text in enumerate(node.input):
+            name, _, port = text.partition(":")
+            if name in results and node.name not in results:
+                node.input[k] = results[name][int(port or 0)]
+    return graph_def
+
+
+def _inlined(graph_def: graph_pb2.GraphDef, functions: dict,
+             only: set | None = None) -> graph_pb2.GraphDef | None:
+    """`graph_def` with the calls of `functions` (only the nodes named in `only`, when given)
+    replaced by their bodies; None when there is no such call."""
+    def called(node) -> bool:
+        return node.op in CALL_OPS and node.attr["f"].func.name in functions and (
+            only is None or node.name in only)
+
+    if not any(called(n) for n in graph_def.node):
         return None
     import tensorflow as tf
 
@@ -39,8 +96,7 @@ def inline_calls(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef | None:
     result = graph_pb2.GraphDef()
     result.CopyFrom(graph_def)
     for _ in range(DEPTH):
-        calls = [n for n in result.node
-                 if n.op in CALL_OPS and n.attr["f"].func.name in functions]
+        calls = [n for n in result.node if called(n)]
         if not calls:
             break
         kept = [n for n in result.node if n not in calls]

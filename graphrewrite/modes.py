@@ -3,11 +3,11 @@ TensorFlow) so that `graphrewrite --help` can list them without loading TensorFl
 
 MODES: dict[str, str] = {
     "none": "",
-    "memory": "defer recompute(policy=memory)",
-    "speed": "defer recompute(policy=speed)",
-    "collection": "recompute(policy=collection)",
+    "memory": "inline defer recompute(policy=memory)",
+    "speed": "inline defer recompute(policy=speed)",
+    "collection": "inline recompute(policy=collection)",
     "manual": "recompute(policy=manual) swap(policy=manual)",
-    "swap": "swap",
+    "swap": "inline swap",
     "diet": "diet",
 }
 MODE_HELP = {

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from .graph import Graph
 from .names import AHEAD_SUFFIX, COPY_SUFFIX, PAD_PREFIX, SWAP_OUT_SUFFIX, TRIGGER_PREFIX
-from .passes.base import (AccumulateResult, DeferResult, RecomputeResult, RelaxAssignResult,
-                          SwapResult)
+from .passes.base import (AccumulateResult, DeferResult, InlineResult, RecomputeResult,
+                          RelaxAssignResult, SwapResult)
 from .pipeline import OptimizeResult
 from .tensor_ref import TensorRef
 
@@ -41,6 +41,7 @@ def optimize_report(source, output, fmt, result: OptimizeResult) -> dict:
         "accumulated": result.of(AccumulateResult).accumulated,
         "relaxed_assigns": result.of(RelaxAssignResult).relaxed_assigns,
         "deferred": result.of(DeferResult).deferred,
+        "inlined": result.of(InlineResult).inlined,
         "note": _note(result),
         "seconds": round(result.seconds, 3),
     }

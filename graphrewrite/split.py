@@ -62,7 +62,7 @@ def is_gradient_op(op: str) -> bool:
 
 def anchors(graph: Graph) -> list[str]:
     """Gradient ops, and calls (While, If, PartitionedCall) of functions that contain one."""
-    backward = _backward_functions(graph)
+    backward = backward_functions(graph.shell.library)
     found = []
     for name in graph.nodes():
         node = graph.node_def(name)
@@ -73,9 +73,9 @@ def anchors(graph: Graph) -> list[str]:
     return found
 
 
-def _backward_functions(graph: Graph) -> frozenset:
+def backward_functions(function_library) -> frozenset:
     """Library functions whose bodies contain gradient ops, directly or through calls."""
-    library = {f.signature.name: f for f in graph.shell.library.function}
+    library = {f.signature.name: f for f in function_library.function}
     calls = {name: {n.op for n in f.node_def} | {v.func.name for n in f.node_def
                                                   for v in n.attr.values() if v.HasField("func")}
              for name, f in library.items()}

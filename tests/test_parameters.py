@@ -73,3 +73,54 @@ def test_an_embedding_lookup_through_a_variable_starts_the_activations(tmp_path,
     chain = bottlenecks(Context.build(graph, analysis.analyse(model, fetches=["train"])))
     assert len(chain) >= 4 and all(graph.op(n) not in ("ReadVariableOp", "VarHandleOp")
                                    for n in chain)
+
+
+@pytest.fixture(scope="module")
+def loss_scaled_step():
+    """A TF2 step under `mixed_float16` with `LossScaleOptimizer`: the Adam update, and the
+    only reads of its slots, sit inside the branches of a functional `If`."""
+    tf.keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = tf.keras.Sequential([tf.keras.layers.Dense(64, activation="relu"),
+                                     tf.keras.layers.Dense(10, dtype="float32")])
+        model.build((None, 32))
+        opt = tf.keras.mixed_precision.LossScaleOptimizer(tf.keras.optimizers.Adam(1e-3))
+        opt.build(model.trainable_variables)
+
+        @tf.function(input_signature=[tf.TensorSpec([16, 32], tf.float32, name="x")])
+        def step(x):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(model(x, training=True)))
+                scaled = opt.get_scaled_loss(loss)
+            grads = opt.get_unscaled_gradients(tape.gradient(scaled, model.trainable_variables))
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+
+        graph_def = step.get_concrete_function().graph.as_graph_def(add_shapes=True)
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")
+    return Graph.from_graph_def(graph_def)
+
+
+def test_variables_read_only_inside_a_cond_have_their_value_shapes(loss_scaled_step):
+    graph = loss_scaled_step
+    shapes = infer(graph)
+    slots = [n for n in graph.nodes() if graph.op(n) == "Placeholder"
+             and any(graph.op(u) == "If" for u, _ in graph.consumers(n))
+             and not any(graph.op(u) != "If" for u, _ in graph.consumers(n))]
+    assert slots  # Adam's slots: read by nothing but the cond
+    assert parameters.unknown_variables(graph, shapes) == []
+    kernel = next(n for n in slots if parameters.value_info(graph, shapes, n).shape == (32, 64))
+    assert kernel
+
+
+@pytest.mark.tf
+def test_variables_inside_a_cond_grappler_lowered_are_still_counted(loss_scaled_step, tmp_path):
+    """Grappler lowers the `If` to `Switch`es: the handles reach their readers through them."""
+    path = tmp_path / "step.pb"
+    path.write_bytes(loss_scaled_step.to_graph_def().SerializeToString())
+    model = io.load(path)
+    found = analysis.analyse(model)
+    lowered, shapes, _ = analysis.as_run_step(model, model.graph, found)
+    assert any(lowered.op(n) == "Switch" for n in lowered.nodes())
+    assert parameters.unknown_variables(lowered, shapes) == []

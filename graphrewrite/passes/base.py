@@ -133,5 +133,10 @@ class DeferResult(PassResult):
 
 
 @dataclass
+class InlineResult(PassResult):
+    inlined: list[str] = field(default_factory=list)  # function calls spliced in
+
+
+@dataclass
 class RelaxAssignResult(PassResult):
     relaxed_assigns: list[str] = field(default_factory=list)

@@ -1,0 +1,33 @@
+"""Inline pass: splice in the function calls that hold a step's forward and backward passes.
+
+A `tf.function` called inside a differentiated `tf.function` step (a model's forward pass
+wrapped in its own `tf.function`) exports as a call of its forward function and a call of its
+backward function: to every analysis each is one node, so there is nothing to recompute or swap.
+Inlined (`inline.inline_gradient_calls`), the step is what TensorFlow runs anyway: its function
+inlining at session start does the same, and the two steps stay bitwise equal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import inline
+from ..analysis import Analysis
+from ..graph import Graph
+from .base import InlineResult, PassOptions
+
+
+@dataclass(frozen=True)
+class InlineOptions(PassOptions):
+    pass
+
+
+def run(graph: Graph, analysis: Analysis, options: InlineOptions, model=None):
+    """Inline the calls of gradient-carrying functions and of those whose results they read."""
+    before = graph.to_graph_def()
+    inlined = inline.inline_gradient_calls(before)
+    if inlined is None:
+        return InlineResult(graph, False)
+    calls = sorted({n.name for n in before.node if n.op in inline.CALL_OPS}
+                   - {n.name for n in inlined.node if n.op in inline.CALL_OPS})
+    return InlineResult(Graph.from_graph_def(inlined), True, inlined=calls)
