@@ -37,11 +37,13 @@ def sinks(graph: Graph) -> list[str]:
 def default_fetches(model: Model, graph: Graph | None = None,
                     shapes: shapes_mod.Shapes | None = None,
                     split: split_mod.Split | None = None) -> list[str]:
-    """What one training step fetches: a MetaGraphDef's `train_op` collection with the loss
-    (what the gradient seeds differentiate, from `split` or found here; and the `losses`
-    collection), a TF2 step's returned `Identity` nodes (they wait on its updates by control
-    edges), else the sinks of the graph that can be fetched: not inside a while-loop frame,
-    and (given `shapes`) holding a numeric tensor or nothing at all."""
+    """What one training step fetches: a MetaGraphDef's `train_op` collection with its
+    `losses` (else the loss: what the gradient seeds differentiate, from `split` or found
+    here), a TF2 step's returned `Identity` nodes (they wait on its updates by control edges),
+    else the sinks of the graph that can be fetched: not inside a while-loop frame, and
+    (given `shapes`) holding a numeric tensor or nothing at all; of a graph with a backward
+    pass, only those the gradient flow ends in and the loss (not initialisers, savers,
+    metrics or a Keras model's unused outputs)."""
     graph = graph or model.graph
     meta = model.meta_graph
     if meta is not None and "train_op" in meta.collection_def:
@@ -50,8 +52,9 @@ def default_fetches(model: Model, graph: Graph | None = None,
             names += list(meta.collection_def["losses"].node_list.value)
         found = [n.split(":")[0].lstrip("^") for n in names]
         if all(n in graph for n in found):
-            split = split or split_mod.split(graph)
-            return list(dict.fromkeys(found + list(split.differentiated)))
+            if "losses" not in meta.collection_def:
+                found += (split or split_mod.split(graph)).differentiated
+            return list(dict.fromkeys(found))
     in_loop = split_mod.loop_frame_nodes(graph)
     found = [n for n in sinks(graph) if n not in in_loop]
     returned = [n for n in found if graph.op(n) == "Identity" and graph.control_inputs(n)]
@@ -59,6 +62,9 @@ def default_fetches(model: Model, graph: Graph | None = None,
         # A TF2 step: it returns these, and they wait on its updates; the other sinks are
         # values the function computed and dropped (TensorFlow prunes them).
         return returned
+    split = split or split_mod.split(graph)
+    if split.seeds:
+        found = [n for n in found if n in split.gradient_flow or n in split.differentiated]
     if shapes is None:
         return found
     return [n for n in found if not shapes.outputs(n)
