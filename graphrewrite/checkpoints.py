@@ -31,7 +31,7 @@ import itertools
 import networkx as nx
 
 from . import dtypes
-from .context import Context
+from .context import CALL_OPS, Context
 from .errors import GraphRewriteError
 from .memory import ALIAS_OPS, needed_nodes
 from .selectors import select
@@ -238,6 +238,24 @@ def _find_bottlenecks(ctx: Context) -> list[str]:
     position = {n: i for i, n in enumerate(nodes)}
     chain.sort(key=position.get)
     return [n for n, after in zip(chain, chain[1:] + [None]) if not _feeds_only(ctx, n, after)]
+
+
+def why_no_candidates(ctx: Context) -> str:
+    """Why the bottleneck chain is empty, naming what the user can give or change."""
+    graph, split = ctx.graph, ctx.analysis.split
+    if not split.differentiated:
+        return ("no loss found (the gradient seeds differentiate no value outside the "
+                "backward pass): name it with --outputs")
+    fixed = ctx.constant | ctx.parameters
+    computed = [n for n in split.forward if n not in fixed and graph.op(n) not in PLACEHOLDER_OPS]
+    hidden = sorted(n for n in computed if n in ctx.in_loop_frame or graph.op(n) in CALL_OPS
+                    or graph.op(n) in ctx.functions)
+    if computed and len(hidden) == len(computed):
+        return (f"the forward pass runs inside while loops or function calls ({hidden[0]}, ...), "
+                "which are never copied")
+    return (f"no large tensor lies on every path from the inputs to the loss "
+            f"({', '.join(split.differentiated)}); choose checkpoints with --mode collection "
+            "--checkpoints, or try --mode swap")
 
 
 def _main_entries(forward: nx.DiGraph, entries: list[str]) -> list[str]:

@@ -59,6 +59,7 @@ from ..budget import parse_budget
 from ..errors import GraphRewriteError
 from ..graph import Graph
 from ..names import AHEAD_SUFFIX, COPY_SUFFIX
+from ..peak import why_so_little
 from ..selectors import select
 from ..shapes import Shapes
 from ..split import reachable
@@ -70,6 +71,7 @@ from .triggers import add_triggers
 log = logging.getLogger(__name__)
 
 MIN_GAIN = 0.01    # a rewrite that models less than 1% lower peak is not worth its compute
+SMALL_GAIN = 0.05  # under this, the report says what holds the peak
 PEAK_SLACK = 0.02  # peaks this close count as equal; then less recomputation wins
 REFINE_ROUNDS, REFINE_TRIES = 3, 4  # bounded local search after the candidate sweep
 # Recomputing checkpoints ahead costs a forward pass over the early layers: only for 5% less
@@ -184,7 +186,7 @@ def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None)
     automatic = options.policy in ("memory", "speed")  # hints and selectors are obeyed as given
     unchanged = RecomputeResult(graph, False, note=(
         f"no checkpoint choice lowers the modelled peak by {MIN_GAIN:.0%} or more: nothing "
-        "recomputed"))
+        "recomputed; " + why_so_little(ctx, analysis.memory)))
     if automatic and best.peak > analysis.memory.peak() * (1 - MIN_GAIN):
         return unchanged
     final = _finished(ctx, best)
@@ -197,6 +199,9 @@ def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None)
         if best.peak > analysis.memory.peak() * (1 - MIN_GAIN):
             return unchanged
         final = _finished(ctx, best)
+    if automatic and final.report.peak() > analysis.memory.peak() * (1 - SMALL_GAIN):
+        note = " ".join(filter(None, (note, f"it saves under {SMALL_GAIN:.0%}: "
+                                      + why_so_little(ctx, final.report))))
     return _result(final, note)
 
 
