@@ -59,6 +59,7 @@ class OptimizeResult:
     results: dict[str, PassResult] = field(default_factory=dict)  # pass -> what it did
     run_reports: tuple = (None, None)  # (before, after) memory reports of the steps as
     # TensorFlow runs them, after Grappler (None where Grappler failed)
+    reverted: str = ""  # why the passes' rewrite was dropped (it rose as run)
 
     @functools.cached_property  # each replays two steps through the allocator's model
     def run_peaks(self) -> tuple:
@@ -83,6 +84,20 @@ class OptimizeResult:
     def of(self, kind: type[PassResult]):
         """The result of the pass that returns `kind` (its runs combined), else an empty one."""
         return next((r for r in self.results.values() if isinstance(r, kind)), kind())
+
+
+# Modes whose passes choose what to rewrite: their rewrite is kept only if the step as run
+# (after Grappler, what `verify` measures) needs MIN_GAIN less memory too.
+AUTOMATIC_MODES = frozenset({"memory", "speed", "swap"})
+MIN_GAIN = 0.01
+
+
+def _rises_as_run(run_reports: tuple) -> bool:
+    """Whether both steps were modelled as run and the rewrite's peak is not MIN_GAIN lower."""
+    before, after = run_reports
+    if before is None or after is None:
+        return False
+    return after.allocated_peak() > before.allocated_peak() * (1 - MIN_GAIN)
 
 
 def parse_pipeline(text: str) -> list[tuple[str, dict[str, str]]]:
@@ -293,9 +308,21 @@ def optimize(model: Model, mode: str, input_shapes: dict | None = None,
                                          grappled)
         run_reports = (run_before, analysis_mod.as_run(model, graph, found, input_shapes, device,
                                                        grappled_after) if changed else run_before)
+    reverted = ""
+    if composed is None and plan is None and mode in AUTOMATIC_MODES and changed and \
+            _rises_as_run(run_reports):
+        before, after = (r.allocated_peak() for r in run_reports)
+        reverted = (f"the rewrite lowers the step as written ({peak_before / 2**20:.1f} -> "
+                    f"{found.memory.peak() / 2**20:.1f} MiB) but not as TensorFlow runs it "
+                    f"({before / 2**20:.1f} -> {after / 2**20:.1f} MiB after Grappler): "
+                    "graph left unchanged (--passes runs the same passes and keeps their "
+                    "rewrite)")
+        graph, found = model.graph.copy(), original
+        results = {name: type(r)(graph, False, note=r.note) for name, r in results.items()}
+        run_reports = (run_reports[0], run_reports[0])
     result = OptimizeResult(graph, mode, text, len(model.graph), len(graph), peak_before,
                             found.memory.peak(), time.perf_counter() - start, results,
-                            run_reports)
+                            run_reports, reverted)
     if plan is not None:
         plan_mod.check_followed(plan, result)
     return result

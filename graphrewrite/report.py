@@ -93,7 +93,7 @@ def explain(result: OptimizeResult, original: Graph, name: str) -> str:
 def _note(result: OptimizeResult) -> str:
     """What the passes say they did not do, in the order they ran, and whether the rewrite is
     kept although the step as run (what `verify` measures) needs more memory."""
-    notes = [r.note for r in result.results.values()]
+    notes = [r.note for r in result.results.values()] + [result.reverted]
     before, after = result.run_peaks
     if result.changed and before and after is not None and after > before:
         notes.append(f"the rewrite is kept although its modelled peak as run rises "

@@ -241,3 +241,33 @@ def test_a_rewritten_graph_rewritten_again_is_bitwise_equal_to_the_original(tmp_
     assert again.exit_code == 0, again.stderr
     checked = run_cli("verify", fixture_path("mlp"), twice, "--runs", "1")
     assert checked.exit_code == 0 and "MATCH" in checked.output, checked.output
+
+
+class _Peak:
+    """A stand-in for a step modelled as run: only its allocator peak."""
+
+    def __init__(self, peak):
+        self.peak = peak
+
+    def allocated_peak(self):
+        return self.peak
+
+
+@pytest.mark.parametrize("after, kept", [(900, True), (1000, False), (1100, False)])
+def test_a_rewrite_that_does_not_lower_the_step_as_run_is_dropped(after, kept, monkeypatch):
+    """Modes that choose their own rewrite keep it only if the step TensorFlow runs (after
+    Grappler) needs less memory too; the report says why the graph came back unchanged."""
+    from graphrewrite import analysis as analysis_mod
+    from graphrewrite import report
+
+    model = io.load(fixture_path("mlp"))
+    monkeypatch.setattr(analysis_mod, "start_as_run", lambda *args: None)
+    monkeypatch.setattr(analysis_mod, "as_run", lambda m, graph, *args: _Peak(
+        1000 if graph is model.graph else after))
+    result = pipeline.optimize(model, "memory")
+    assert (result.graph.to_graph_def() != model.graph.to_graph_def()) == kept
+    assert result.changed == kept
+    assert ("not as TensorFlow runs it" in report.optimize_report("in", "out", "graphdef",
+                                                                 result)["note"]) != kept
+    replayed = pipeline.optimize(model, "memory", composed=result.pipeline)
+    assert replayed.changed  # --passes keeps what the passes wrote
