@@ -1,7 +1,8 @@
 """`graphrewrite`: rewrite TensorFlow training graphs offline so they need less accelerator memory.
 
-Exit codes: 0 success, 1 a check failed (e.g. outputs differ), 2 bad input or usage, 3 a pass
-failed or left a broken graph (a bug in graphrewrite), 130 interrupted (Ctrl-C).
+Exit codes: 0 success, 1 a check failed (e.g. outputs differ), 2 bad input or usage, 3 a bug in
+graphrewrite (a pass failed or left a broken graph, or any other internal error), 130
+interrupted (Ctrl-C).
 
 Only click and the standard library load at start: TensorFlow (and numpy) are imported inside the
 commands that need them, so `--help` and `--version` are quick.
@@ -49,11 +50,12 @@ class _Group(click.Group):
             first_line = (str(err).strip().splitlines() or [""])[0]
             if isinstance(err, GraphRewriteError):
                 message = first_line
-            else:
-                message = (f"unexpected error: {type(err).__name__}: {first_line} "
-                           "(--debug shows where)")
+            else:  # not an input graphrewrite refused: its own bug
+                message = (f"internal error (a bug in graphrewrite): {type(err).__name__}: "
+                           f"{first_line} (--debug shows where)")
             click.echo(f"graphrewrite: error: {message}", err=True)
-            ctx.exit(EXIT_PASS_FAILED if isinstance(err, PassError) else EXIT_BAD_INPUT)
+            bug = isinstance(err, PassError) or not isinstance(err, GraphRewriteError)
+            ctx.exit(EXIT_PASS_FAILED if bug else EXIT_BAD_INPUT)
 
 
 class _StderrFormatter(logging.Formatter):
@@ -147,9 +149,9 @@ def main(ctx, debug, verbose, quiet):
       graphrewrite optimize model.pb -o model_opt.pb --mode none
       graphrewrite dump model.pb > model.txt   canonical text, for diffs and golden files
 
-    Exit codes: 0 ok, 1 a check failed, 2 bad input or usage, 3 a pass failed or left a broken
-    graph (a bug in graphrewrite: please report it with the --debug traceback), 130
-    interrupted.
+    Exit codes: 0 ok, 1 a check failed, 2 bad input or usage, 3 a bug in graphrewrite (a pass
+    failed or left a broken graph, or an internal error: please report it with the --debug
+    traceback), 130 interrupted.
     """
     from graphrewrite.measure import measurement_environment
 

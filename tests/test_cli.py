@@ -451,3 +451,18 @@ def test_measuring_workers_start_deaf_to_ctrl_c():
     with measure._deaf_to_ctrl_c():
         assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
     assert signal.getsignal(signal.SIGINT) == before
+
+
+def test_a_bug_outside_the_passes_is_exit_3_naming_it(monkeypatch, tmp_path):
+    """Anything but a refused input is graphrewrite's own failure: exit 3, one line."""
+    from graphrewrite import io
+
+    def broken(*args, **kwargs):
+        raise KeyError("lost")
+
+    monkeypatch.setattr(io, "load", broken)
+    result = run_cli("inspect", fixture_path("mlp"))
+    assert result.exit_code == 3
+    assert result.stderr.strip().splitlines() == [
+        "graphrewrite: error: internal error (a bug in graphrewrite): KeyError: 'lost' "
+        "(--debug shows where)"]
