@@ -57,7 +57,7 @@ def test_a_pass_leaving_a_graph_tensorflow_cannot_use_is_a_bug_and_nothing_is_wr
     result = run_cli("optimize", fixture_path("adam_train"), "-o", out, "--mode", "swap",
                      "--no-as-run")
     assert result.exit_code == 3, result.stderr
-    assert "pass 'swap' (the first pass)" in result.stderr and message in result.stderr
+    assert "pass 'swap' (" in result.stderr and message in result.stderr
     assert "bug in graphrewrite" in result.stderr
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
