@@ -200,7 +200,9 @@ def _find_bottlenecks(ctx: Context) -> list[str]:
     losses = list(split.differentiated) + [
         n for n in split.losses if n in needed and n not in split.differentiated] + [
         n for n in ctx.analysis.fetches if n in split.forward]
-    towards_loss = reachable(graph.nx, losses, upstream=True) if losses else None
+    # By data edges: an inlined forward's returned value waits on batch norm's moving-average
+    # writes by control edges; those writes are side branches all the same.
+    towards_loss = _data_ancestors(graph, losses) if losses else None
     fixed = ctx.constant | ctx.parameters  # the same every step: never an activation
     nodes = [n for n in ctx.order() if n in split.forward and n not in fixed
              and (towards_loss is None or n in towards_loss)]
@@ -238,6 +240,17 @@ def _find_bottlenecks(ctx: Context) -> list[str]:
     position = {n: i for i, n in enumerate(nodes)}
     chain.sort(key=position.get)
     return [n for n, after in zip(chain, chain[1:] + [None]) if not _feeds_only(ctx, n, after)]
+
+
+def _data_ancestors(graph, names) -> set[str]:
+    """`names` and every node their values are computed from (data edges only)."""
+    seen, stack = set(names), list(names)
+    while stack:
+        for ref in graph.data_inputs(stack.pop()):
+            if ref.node not in seen:
+                seen.add(ref.node)
+                stack.append(ref.node)
+    return seen
 
 
 def why_no_candidates(ctx: Context) -> str:

@@ -60,20 +60,49 @@ def inline_gradient_calls(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef |
         return None
     functions = {calls[name].attr["f"].func.name: library[calls[name].attr["f"].func.name]
                  for name in chosen}
+    # A call without control inputs: its arguments' `Identity`s add nothing to wait for.
+    arguments = {f"{name}/{arg.name}" for name in chosen
+                 if not any(i.startswith("^") for i in calls[name].input)
+                 for arg in functions[calls[name].attr["f"].func.name].signature.input_arg}
     inlined = _inlined(graph_def, functions, only=chosen)
-    return None if inlined is None else _read_results_directly(inlined, chosen)
+    return None if inlined is None else _read_directly(inlined, chosen, arguments)
 
 
-def _read_results_directly(graph_def: graph_pb2.GraphDef, calls: set) -> graph_pb2.GraphDef:
-    """Data readers of an inlined call's `IdentityN` read the body's result instead; control
-    dependants still wait on the `IdentityN`, which waits on the body's control outputs."""
-    results = {n.name: [i for i in n.input if not i.startswith("^")] for n in graph_def.node
-               if n.name in calls and n.op == "IdentityN"}
-    for node in graph_def.node:
-        for k, text in enumerate(node.input):
+def _read_directly(graph_def: graph_pb2.GraphDef, calls: set,
+                   arguments: set) -> graph_pb2.GraphDef:
+    """Data readers of an inlined call's results (`IdentityN`) read the body's values, and the
+    body's readers of an argument (`Identity`) read the call's input: an alias between an
+    activation and its backward readers would keep it alive whatever is recomputed. Control
+    dependants still wait on the call's name, now a `NoOp` waiting on the body's results and
+    control outputs (an `IdentityN` would hold every activation until it ran); the arguments'
+    `Identity`s go."""
+    aliases = {n.name: [i for i in n.input if not i.startswith("^")] for n in graph_def.node
+               if n.name in calls and n.op == "IdentityN" or n.name in arguments}
+
+    def resolved(text: str) -> str:
+        name, _, port = text.partition(":")
+        while name in aliases:  # a result may be an argument passed straight through
+            text = aliases[name][int(port or 0)]
             name, _, port = text.partition(":")
-            if name in results and node.name not in results:
-                node.input[k] = results[name][int(port or 0)]
+        return text
+
+    for node in graph_def.node:
+        if node.name in arguments:
+            continue
+        for k, text in enumerate(node.input):
+            if not text.startswith("^") and (node.name not in calls or
+                                             text.partition(":")[0] in arguments):
+                node.input[k] = resolved(text)
+    kept = [n for n in graph_def.node if n.name not in arguments]
+    for node in kept:
+        if node.name in calls and node.op == "IdentityN":  # read by control edges alone now
+            waits = dict.fromkeys("^" + i.lstrip("^").split(":")[0] for i in node.input)
+            node.op = "NoOp"
+            node.ClearField("attr")
+            del node.input[:]
+            node.input.extend(waits)
+    del graph_def.node[:]
+    graph_def.node.extend(kept)
     return graph_def
 
 
@@ -141,6 +170,7 @@ def _body(function, call) -> list | None:
         else:
             del copy.input[:]
             copy.input.extend(_renamed(i, prefix) for i in node.input)
+        _recolocate(copy, prefix, {n.name for n in body.node})
         if call.device and not copy.device:
             copy.device = call.device
         nodes.append(copy)
@@ -152,6 +182,21 @@ def _body(function, call) -> list | None:
     results.attr["T"].list.type.extend(call.attr["Tout"].list.type)
     nodes.append(results)
     return nodes
+
+
+def _recolocate(node, prefix: str, names: set) -> None:
+    """A body node's colocation (`_class: loc:@x`) follows `x` under the call's prefix; one
+    naming no node of the body (a function argument's name outside it) is dropped: the
+    importer refuses a colocation with a node that does not exist."""
+    if "_class" not in node.attr:
+        return
+    kept = [v for v in node.attr["_class"].list.s if v.startswith(b"loc:@")
+            and v[5:].decode() in names]
+    if kept:
+        del node.attr["_class"].list.s[:]
+        node.attr["_class"].list.s.extend(b"loc:@" + prefix.encode() + v[5:] for v in kept)
+    else:
+        del node.attr["_class"]
 
 
 def _renamed(text: str, prefix: str) -> str:

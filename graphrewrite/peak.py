@@ -18,12 +18,15 @@ ACTIVATIONS, STATE, BACKWARD, CALLS = ("activations", "parameters and optimizer 
 
 
 def composition(ctx: Context, report) -> dict[str, int]:
-    """Bytes live at `report`'s device peak by kind (the four kinds above)."""
+    """Bytes live at `report`'s device peak by kind (the four kinds above); `report` models
+    `ctx`'s graph or a rewrite of it."""
     graph, split = ctx.graph, ctx.analysis.split
     parts = dict.fromkeys((ACTIVATIONS, STATE, BACKWARD, CALLS), 0)
     for ref, size in report.live_at_peak.get(DEVICE, []):
         name = ref.node
-        if name in ctx.in_loop_frame or graph.op(name) in CALL_OPS or \
+        if name not in graph:  # of a rewrite: a recomputed copy, a swapped-in value
+            parts[ACTIVATIONS] += size
+        elif name in ctx.in_loop_frame or graph.op(name) in CALL_OPS or \
                 graph.op(name) in ctx.functions:
             parts[CALLS] += size
         elif name in ctx.parameters or name in ctx.constant or \

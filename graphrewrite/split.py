@@ -4,7 +4,8 @@ TF1 puts gradients under `gradients/`, GradientTape under `gradient_tape/`, Kera
 elsewhere, and the tape's seed (`ones`) sits outside any gradient scope; names do not decide.
 
 1. Anchors: nodes whose op type only ever appears in a backward pass (`ReluGrad`,
-   `Conv2DBackpropInput`, `FusedBatchNormGradV3`, an optimizer's `ResourceApplyAdam`, ...).
+   `Conv2DBackpropInput`, `FusedBatchNormGradV3`, ...; else an optimizer's `ResourceApplyAdam`,
+   else its writes of computed values to variables).
 2. Forward values: what anchors read besides the incoming gradient (`ReluGrad`'s features,
    `FusedBatchNormGrad`'s x and reserve spaces) and everything those depend on.
 3. Gradient seeds: ones-valued tensors (`OnesLike`, `Fill(.., 1)`, an all-ones `Const`) computed
@@ -37,8 +38,10 @@ FORWARD_INPUTS = {
     "TanhGrad": (0,), "SigmoidGrad": (0,), "RsqrtGrad": (0,), "SqrtGrad": (0,),
     "ReciprocalGrad": (0,), "InvGrad": (0,),
     "BiasAddGrad": (), "BiasAddGradV1": (), "AvgPoolGrad": (), "AvgPool3DGrad": (),
-    "Conv2DBackpropInput": (1,), "Conv2DBackpropFilter": (0,),
-    "Conv3DBackpropInputV2": (1,), "Conv3DBackpropFilterV2": (0,),
+    # A filter gradient reads the forward input first, but a transposed convolution's (its
+    # forward op is Conv2DBackpropInput) reads the incoming gradient there: neither counts.
+    "Conv2DBackpropInput": (1,), "Conv2DBackpropFilter": (),
+    "Conv3DBackpropInputV2": (1,), "Conv3DBackpropFilterV2": (),
     "DepthwiseConv2dNativeBackpropInput": (1,), "DepthwiseConv2dNativeBackpropFilter": (0,),
     "FusedBatchNormGrad": (1, 2, 3, 4), "FusedBatchNormGradV2": (1, 2, 3, 4),
     "FusedBatchNormGradV3": (1, 2, 3, 4, 5),
@@ -46,6 +49,8 @@ FORWARD_INPUTS = {
     "LRNGrad": (1, 2),
 }
 UPDATE_PREFIXES = ("Apply", "ResourceApply", "SparseApply", "ResourceSparseApply")
+VARIABLE_WRITES = frozenset({"AssignVariableOp", "AssignSubVariableOp", "AssignAddVariableOp",
+                             "Assign", "AssignSub", "AssignAdd"})
 # Ops through which a constant-valued tensor stays constant-valued even if fed a variable input.
 SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank", "OnesLike", "ZerosLike"})
 FED_OPS = frozenset({"Placeholder", "PlaceholderV2", "PlaceholderWithDefault", "IteratorGetNext"})
@@ -54,23 +59,35 @@ SOURCE_INPUT_OPS = frozenset({"Placeholder", "PlaceholderV2", "PlaceholderWithDe
 
 
 def is_gradient_op(op: str) -> bool:
-    """An op type that only a backward pass contains: a gradient kernel, or an optimizer's
-    fused update (`ResourceApplyAdam`), which a model of MatMuls and Adds alone still has."""
-    return op in FORWARD_INPUTS or "Backprop" in op or op.endswith(
-        ("Grad", "GradV2", "GradV3")) or op.startswith(UPDATE_PREFIXES)
+    """An op type that only a backward pass contains."""
+    return op in FORWARD_INPUTS or "Backprop" in op or op.endswith(("Grad", "GradV2", "GradV3"))
 
 
-def anchors(graph: Graph) -> list[str]:
-    """Gradient ops, and calls (While, If, PartitionedCall) of functions that contain one."""
+def is_update_op(op: str) -> bool:
+    """An optimizer's fused update (`ResourceApplyAdam`)."""
+    return op.startswith(UPDATE_PREFIXES)
+
+
+def anchors(graph: Graph, constant: set[str] = frozenset()) -> tuple[list[str], bool]:
+    """(anchors, whether they are gradient ops): gradient ops, and calls (While, If,
+    PartitionedCall) of functions that contain one; in a graph without any (a model of MatMuls
+    and composite activations), the optimizer's fused updates, else its writes of computed
+    values to variables (a Keras optimizer's `AssignSubVariableOp`; an initialiser writes a
+    constant). Never both: clipping's constants of ones reach the updates too."""
     backward = backward_functions(graph.shell.library)
-    found = []
+    found, updates, writes = [], [], []
     for name in graph.nodes():
         node = graph.node_def(name)
         if is_gradient_op(node.op) or node.op in backward or any(
                 value.func.name in backward for value in node.attr.values()
                 if value.HasField("func")):
             found.append(name)
-    return found
+        elif is_update_op(node.op):
+            updates.append(name)
+        elif node.op in VARIABLE_WRITES and any(
+                r.node not in constant for r in graph.data_inputs(name)[1:]):
+            writes.append(name)
+    return (found, True) if found else (updates or writes, False)
 
 
 def backward_functions(function_library) -> frozenset:
@@ -140,7 +157,7 @@ def find_seeds(graph: Graph, dag: nx.DiGraph, data: nx.DiGraph, constant: set[st
     Only the last of a chain of such tensors counts (`Fill(shape, Const(1))` is the seed, not its
     `Const(1)`).
     """
-    found = anchors(graph)
+    found, by_gradients = anchors(graph, constant)
     if not found:
         return []
     # By data edges only (`data`: those of `dag`): a rewritten graph's trigger makes a
@@ -157,6 +174,8 @@ def find_seeds(graph: Graph, dag: nx.DiGraph, data: nx.DiGraph, constant: set[st
         if any(s in candidates or s in above_candidate for s in dag._succ[name]):
             above_candidate.add(name)
     candidates -= above_candidate
+    if not by_gradients:
+        candidates = _not_joining_a_flow(graph, data, candidates)
     # A forward constant of ones (a fresh layer-norm scale, GELU's `1 + erf`) reaches the loss
     # as well as every gradient; a seed reaches only gradients. Drop candidates that reach
     # strictly more sinks than another candidate does. By data edges: a TF2 step's output
@@ -164,6 +183,18 @@ def find_seeds(graph: Graph, dag: nx.DiGraph, data: nx.DiGraph, constant: set[st
     sinks = {n for n in graph.nodes() if data.out_degree(n) == 0 and n not in constant}
     reach = {n: frozenset(nx.descendants(data, n) & sinks) for n in candidates}
     return sorted(n for n in candidates if not any(reach[o] < reach[n] for o in candidates))
+
+
+def _not_joining_a_flow(graph: Graph, data: nx.DiGraph, candidates: set[str]) -> set[str]:
+    """Candidates none of whose readers another candidate's flow reaches. Anchored on the
+    optimizer's updates or writes (a model without gradient ops), clipping's constants of ones reach
+    them too, but they join the gradient flow midway (`clip_by_global_norm`'s scale reads the
+    seed's gradients); a forward constant of ones joins the forward pass, which no seed
+    reaches."""
+    flows = {n: reachable(data, [n]) - {n} for n in candidates}
+    return {n for n in candidates
+            if not any(reader in flows[other] for reader in data._succ[n]
+                       for other in candidates if other != n)}
 
 
 def reachable(graph: nx.DiGraph, sources, upstream: bool = False) -> set[str]:

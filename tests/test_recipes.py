@@ -36,17 +36,21 @@ GRU = ("a Keras GRU's forward pass is a PartitionedCall (it names its implementa
 REWRITE_XFAIL = {
     "tf2_gru_adam": GRU,
     "tf2_gru_rmsprop_clipnorm_embed_noreturn": GRU,
-    "tf2n_transformer_momentum_noreturn": (
-        "inline._read_results_directly leaves each inlined call's IdentityN reading every value "
-        "the body returns (109 activations into StatefulPartitionedCall, no data reader: it is "
-        "kept for its control dependants, the optimizer's updates); the memory model holds them "
-        "all until it runs, late, so every checkpoint set models the same peak (4265440 B) and "
-        "nothing is recomputed. With the two IdentityNs made NoOps waiting on their inputs by "
-        "control edges: 0.51x as written, 0.53x as run"),
+    "v1_mlp_adam_kerasopt_embed": (
+        "pipeline.optimize: the rewrite is kept although its step as run rises (2252544 -> "
+        "2347520 B after Grappler; 0.97x as written): the revert for automatic modes runs only "
+        "when `composed is None`, and cli/main.py's optimize always passes composed=text (the "
+        "pipeline it composed), so from the command line the revert never fires; the note even "
+        "says 'the rewrite is kept although its modelled peak as run rises'"),
 }
 
 # Cells whose rewrite works but whose two steps are not bitwise equal.
-BITWISE_XFAIL = {}
+BITWISE_XFAIL = {
+    "tf2n_transformer_momentum_noreturn": (
+        "losses equal, 5 of 72 variables differ by 1.5e-8 after two steps; the inline and defer "
+        "passes alone stay bitwise, so recomputation changes how Grappler rounds an update "
+        "here: not diagnosed yet"),
+}
 
 _rewrites = {}
 
@@ -102,6 +106,9 @@ def test_rewrite_finds_candidates_and_lowers_the_modelled_peak(name):
     assert facts["checkpoints"] and facts["nodes_added"] > 0, facts["note"]
     peak = facts["peak_bytes"]
     assert peak["after"] < peak["before"], (peak, facts["note"])
+    run = facts["peak_bytes_as_run"]  # what verify measures: a kept rewrite must not raise it
+    if run["before"] is not None and run["after"] is not None:
+        assert run["after"] <= run["before"], (run, facts["note"])
 
 
 @pytest.mark.tf
