@@ -36,6 +36,10 @@ GRU = ("a Keras GRU's forward pass is a PartitionedCall (it names its implementa
 REWRITE_XFAIL = {
     "tf2_gru_adam": GRU,
     "tf2_gru_rmsprop_clipnorm_embed_noreturn": GRU,
+}
+
+# Cells whose rewrite lowers the step as written but raises it as run (bitwise all the same).
+AS_RUN_XFAIL = {
     "v1_mlp_adam_kerasopt_embed": (
         "pipeline.optimize: the rewrite is kept although its step as run rises (2252544 -> "
         "2347520 B after Grappler; 0.97x as written): the revert for automatic modes runs only "
@@ -47,9 +51,12 @@ REWRITE_XFAIL = {
 # Cells whose rewrite works but whose two steps are not bitwise equal.
 BITWISE_XFAIL = {
     "tf2n_transformer_momentum_noreturn": (
-        "losses equal, 5 of 72 variables differ by 1.5e-8 after two steps; the inline and defer "
-        "passes alone stay bitwise, so recomputation changes how Grappler rounds an update "
-        "here: not diagnosed yet"),
+        "losses equal, 6 weights (captured 958, 962, 966, 978, 982, 992, updated by momentum "
+        "SGD's AssignAddVariableOp) differ by 1.5e-8 after two steps; the inline and defer "
+        "passes alone stay bitwise, and verify's mismatch.diagnose finds both agree with "
+        "Grappler's arithmetic optimizer off: its MinimizeBroadcasts regroups a Mul/Add chain "
+        "of the inlined backward by operand names and control edges, which recomputation "
+        "changed"),
 }
 
 _rewrites = {}
@@ -97,10 +104,10 @@ def test_the_matrix_covers_every_value_of_every_axis():
     assert {c.loss for c in tf1} == {"collection", "plain"}
     assert {c.train_op for c in tf1} == {"collection", "grouped", "none"}
     assert {c.fetch_loss for c in tf1} == {c.fetch_loss for c in cells_} == {True, False}
-    assert set(REWRITE_XFAIL) | set(BITWISE_XFAIL) | FAST <= set(recipes.CELLS)
+    assert set(REWRITE_XFAIL) | set(AS_RUN_XFAIL) | set(BITWISE_XFAIL) | FAST <= set(recipes.CELLS)
 
 
-@pytest.mark.parametrize("name", cells(REWRITE_XFAIL, FAST))
+@pytest.mark.parametrize("name", cells({**REWRITE_XFAIL, **AS_RUN_XFAIL}, FAST))
 def test_rewrite_finds_candidates_and_lowers_the_modelled_peak(name):
     _, facts, _ = rewritten(name)
     assert facts["checkpoints"] and facts["nodes_added"] > 0, facts["note"]
