@@ -105,18 +105,32 @@ def _spreads(ctx: Context) -> list[tuple]:
     """(spread, its coarse parameters) for the memory policy; each spread maps a count or a
     budget to bottlenecks."""
     chain, needed, sizes, fetched = _chain(ctx)
-    if not chain:
-        return []
+    spreads = []
+    if chain:
+        budgets = [needed[-1] * j / 24 for j in range(1, 13)]
+        spreads = [(functools.partial(_even, chain, needed), _counts(len(chain))),
+                   (functools.partial(_even, chain, list(range(1, len(chain) + 1))),
+                    _counts(len(chain))),
+                   (functools.partial(_even, chain, needed, tapered=True), _counts(len(chain))),
+                   (functools.partial(_budgeted, chain, needed, sizes, fetched), budgets)]
+    gap = _frontiers(ctx, chain, needed)
+    if gap is not None:
+        line, weights, frontier = gap
+        spreads += [(functools.partial(_even_frontiers, line, weights, frontier),
+                     _counts(len(line))),
+                    (functools.partial(_even_frontiers, line, weights, frontier, tapered=True),
+                     _counts(len(line)))]
+    return spreads
+
+
+def _counts(length: int) -> list[int]:
+    """Log-spaced counts from 1 to `length` (about 1.4 apart)."""
     counts, k = [], 1.0
-    while round(k) <= len(chain):
+    while round(k) <= length:
         if round(k) not in counts:
             counts.append(round(k))
         k *= 1.4
-    budgets = [needed[-1] * j / 24 for j in range(1, 13)]
-    return [(functools.partial(_even, chain, needed), counts),
-            (functools.partial(_even, chain, list(range(1, len(chain) + 1))), counts),
-            (functools.partial(_even, chain, needed, tapered=True), counts),
-            (functools.partial(_budgeted, chain, needed, sizes, fetched), budgets)]
+    return counts
 
 
 def _chain(ctx: Context) -> tuple[list[str], list[int], list[int], list[int]]:
@@ -191,25 +205,9 @@ def _find_bottlenecks(ctx: Context) -> list[str]:
     cannot hide the bottlenecks. A virtual sink drains every node without forward consumers. The
     bottlenecks are the sink's dominators, kept when their output is large.
     """
-    graph, shapes, split = ctx.graph, ctx.analysis.shapes, ctx.analysis.split
-    # Only what the loss depends on: side branches (batch-norm moving-average updates,
-    # metrics) end elsewhere and must not count as ways around a bottleneck. The loss is what
-    # the seeds differentiate, needed or not: a train op alone never reads a scalar loss's
-    # value (its gradient seed takes only its static shape).
-    needed = needed_nodes(graph, ctx.analysis.fetches)
-    losses = list(split.differentiated) + [
-        n for n in split.losses if n in needed and n not in split.differentiated] + [
-        n for n in ctx.analysis.fetches if n in split.forward]
-    # By data edges: an inlined forward's returned value waits on batch norm's moving-average
-    # writes by control edges; those writes are side branches all the same.
-    towards_loss = _data_ancestors(graph, losses) if losses else None
-    fixed = ctx.constant | ctx.parameters  # the same every step: never an activation
-    nodes = [n for n in ctx.order() if n in split.forward and n not in fixed
-             and (towards_loss is None or n in towards_loss)]
-    sizes = {n: max((shapes.nbytes(r) or 0 for r in shapes.outputs(n)), default=0)
-             for n in nodes}
-    threshold = max(sizes.values(), default=0) * LARGE_FRACTION
-    large = {n for n in nodes if sizes[n] > 0 and sizes[n] >= threshold}
+    graph, shapes = ctx.graph, ctx.analysis.shapes
+    nodes, sizes, large = _activations(ctx)
+    fixed = ctx.constant | ctx.parameters
     forward = nx.DiGraph()
     forward.add_nodes_from(nodes)
     members = set(nodes)
@@ -269,6 +267,76 @@ def why_no_candidates(ctx: Context) -> str:
     return (f"no large tensor lies on every path from the inputs to the loss "
             f"({', '.join(split.differentiated)}); choose checkpoints with --mode collection "
             "--checkpoints, or try --mode swap")
+
+
+def _activations(ctx: Context) -> tuple[list[str], dict[str, int], set[str]]:
+    """The forward nodes the loss is computed from that are no parameters or constants, in
+    order, with their largest output's bytes, and the large ones among them."""
+    graph, shapes, split = ctx.graph, ctx.analysis.shapes, ctx.analysis.split
+    # Only what the loss depends on: side branches (batch-norm moving-average updates,
+    # metrics) end elsewhere and must not count as ways around a bottleneck. The loss is what
+    # the seeds differentiate, needed or not: a train op alone never reads a scalar loss's
+    # value (its gradient seed takes only its static shape).
+    needed = needed_nodes(graph, ctx.analysis.fetches)
+    losses = list(split.differentiated) + [
+        n for n in split.losses if n in needed and n not in split.differentiated] + [
+        n for n in ctx.analysis.fetches if n in split.forward]
+    # By data edges: an inlined forward's returned value waits on batch norm's moving-average
+    # writes by control edges; those writes are side branches all the same.
+    towards_loss = _data_ancestors(graph, losses) if losses else None
+    fixed = ctx.constant | ctx.parameters  # the same every step: never an activation
+    nodes = [n for n in ctx.order() if n in split.forward and n not in fixed
+             and (towards_loss is None or n in towards_loss)]
+    sizes = {n: max((shapes.nbytes(r) or 0 for r in shapes.outputs(n)), default=0)
+             for n in nodes}
+    threshold = max(sizes.values(), default=0) * LARGE_FRACTION
+    return nodes, sizes, {n for n in nodes if sizes[n] > 0 and sizes[n] >= threshold}
+
+
+# The bottleneck chain leaves a gap when one segment between bottlenecks produces more than this
+# share of what the backward pass reads (a U-Net's skips: almost nothing lies on every path;
+# 0.56 on the recipe matrix's 3-level U-Nets, 0.14-0.52 on the fixtures and a ResNet-50 step).
+# Below it the chain's spreads serve: offered at 0.25, frontiers won on two small fixtures
+# with plans the estimate planner priced 15% off their simulation.
+CHAIN_GAP = 0.55
+
+
+def _frontiers(ctx: Context, chain: list[str], needed: list[int]) -> tuple | None:
+    """Where the bottleneck chain leaves a gap: every large activation in order (the line),
+    the backward-read bytes produced up to each, and a function giving the frontier at one
+    of them: the large activations produced by then that a later forward node still reads.
+    Any frontier cuts every path from the inputs to the loss, as a bottleneck does alone
+    (Checkmate's and PyTorch's min-cut partitioner's general cuts, found along the forward
+    order instead of by a solver). None when the chain has no gap."""
+    nodes, _, large = _activations(ctx)
+    line = [n for n in nodes if n in large]
+    if not line:
+        return None
+    weights = _bytes_needed_before(ctx, line)
+    total = weights[-1] or 1
+    marks = [0] + list(needed) + [total]
+    if chain and max(b - a for a, b in zip(marks, marks[1:])) <= total * CHAIN_GAP:
+        return None
+    position = {n: i for i, n in enumerate(nodes)}
+    readers = ctx.readers()
+    last_read = {n: max((position[r] for r in readers.get(n, ()) if r in position),
+                        default=position[n]) for n in line}
+
+    def frontier(at: str) -> set[str]:
+        here = position[at]
+        return {at} | {n for n in line if position[n] <= here < last_read[n]}
+
+    return line, weights, frontier
+
+
+def _even_frontiers(line: list[str], weights: list[int], frontier, count: int,
+                    tapered: bool = False) -> list[str]:
+    """The frontiers at `count` positions of the line splitting its weights evenly (or
+    tapered), as one checkpoint set."""
+    chosen: dict[str, None] = {}
+    for at in _even(line, weights, count, tapered):
+        chosen.update(dict.fromkeys(sorted(frontier(at))))
+    return list(chosen)
 
 
 def _main_entries(forward: nx.DiGraph, entries: list[str]) -> list[str]:
