@@ -297,7 +297,8 @@ def optimize(ctx, model_path, output, in_place, mode, checkpoints, swap_tensors,
         result = pipeline.optimize(model, mode, input_shapes=input_shapes,
                                    backward_scope=backward_scope, fetches=outputs,
                                    composed=text, plan=chosen, device=device,
-                                   as_run=not no_as_run, progress=stages)
+                                   as_run=not no_as_run, progress=stages,
+                                   automatic=passes is None)
     finally:
         gc.enable()
     for name in explain:

@@ -239,11 +239,14 @@ def optimize(model: Model, mode: str, input_shapes: dict | None = None,
              backward_scope: str | None = None, fetches: list[str] | None = None,
              composed: str | None = None, plan: dict | None = None,
              device: str | None = None, as_run: bool = True,
-             progress: Callable[[str], None] | None = None, **options) -> OptimizeResult:
+             progress: Callable[[str], None] | None = None, automatic: bool | None = None,
+             **options) -> OptimizeResult:
     """Run the pipeline `composed` (by default `compose(mode, **options)`) on a copy of the
     model's graph; with `as_run`, also model both steps as TensorFlow runs them (after
     Grappler: about a third of the time on large graphs, for the report only). `progress` is
-    told each stage as it begins (a minute of work on a 100k-node graph).
+    told each stage as it begins (a minute of work on a 100k-node graph). `automatic`: the
+    passes are the mode's (by default, when no `composed` text is given), so their rewrite is
+    dropped if the step as run models higher than the original's (`AUTOMATIC_MODES`).
 
     A budget that is a share is of the original's modelled peak, for every pass alike. A pass
     that raises (other than a GraphRewriteError about the input; a GraphError, a node looked up
@@ -310,7 +313,8 @@ def optimize(model: Model, mode: str, input_shapes: dict | None = None,
         run_reports = (run_before, analysis_mod.as_run(model, graph, found, input_shapes, device,
                                                        grappled_after) if changed else run_before)
     reverted = ""
-    if composed is None and plan is None and mode in AUTOMATIC_MODES and changed and \
+    automatic = composed is None if automatic is None else automatic
+    if automatic and plan is None and mode in AUTOMATIC_MODES and changed and \
             _rises_as_run(run_reports):
         before, after = (r.allocated_peak() for r in run_reports)
         reverted = (f"the rewrite lowers the step as written ({peak_before / 2**20:.1f} -> "
