@@ -240,17 +240,6 @@ def _find_bottlenecks(ctx: Context) -> list[str]:
     return [n for n, after in zip(chain, chain[1:] + [None]) if not _feeds_only(ctx, n, after)]
 
 
-def _data_ancestors(graph, names) -> set[str]:
-    """`names` and every node their values are computed from (data edges only)."""
-    seen, stack = set(names), list(names)
-    while stack:
-        for ref in graph.data_inputs(stack.pop()):
-            if ref.node not in seen:
-                seen.add(ref.node)
-                stack.append(ref.node)
-    return seen
-
-
 def why_no_candidates(ctx: Context) -> str:
     """Why the bottleneck chain is empty, naming what the user can give or change."""
     graph, split = ctx.graph, ctx.analysis.split
@@ -283,7 +272,7 @@ def _activations(ctx: Context) -> tuple[list[str], dict[str, int], set[str]]:
         n for n in ctx.analysis.fetches if n in split.forward]
     # By data edges: an inlined forward's returned value waits on batch norm's moving-average
     # writes by control edges; those writes are side branches all the same.
-    towards_loss = _data_ancestors(graph, losses) if losses else None
+    towards_loss = graph.data_ancestors(losses) if losses else None
     fixed = ctx.constant | ctx.parameters  # the same every step: never an activation
     nodes = [n for n in ctx.order() if n in split.forward and n not in fixed
              and (towards_loss is None or n in towards_loss)]

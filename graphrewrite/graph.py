@@ -178,6 +178,16 @@ class Graph:
     def data_inputs(self, name: str) -> list[TensorRef]:
         return list(self._refs(name)[1])
 
+    def data_ancestors(self, names) -> set[str]:
+        """`names` and every node their values are computed from (data edges only)."""
+        seen, stack = set(names), list(names)
+        while stack:
+            for ref in self._refs(stack.pop())[1]:
+                if ref.node not in seen:
+                    seen.add(ref.node)
+                    stack.append(ref.node)
+        return seen
+
     def control_inputs(self, name: str) -> list[str]:
         return [r.node for r in self._refs(name)[0] if r.is_control]
 

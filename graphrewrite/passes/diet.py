@@ -924,21 +924,11 @@ def _initializer_groups(graph: Graph, var: str, update: str) -> list[str]:
     for user, slot in graph.consumers(TensorRef(var)):
         if slot != 0 or user == update or graph.op(user) not in ("Assign", "AssignVariableOp"):
             continue
-        if "RestoreV2" in {graph.op(n) for n in _data_ancestors(graph, user)}:
+        if "RestoreV2" in {graph.op(n) for n in graph.data_ancestors([user])}:
             continue
         groups.update(n for n, s in graph.consumers(user)
                       if s == -1 and graph.op(n) == "NoOp")
     return sorted(groups)
-
-
-def _data_ancestors(graph: Graph, name: str) -> set[str]:
-    found, todo = set(), [name]
-    while todo:
-        for ref in graph.data_inputs(todo.pop()):
-            if ref.node not in found:
-                found.add(ref.node)
-                todo.append(ref.node)
-    return found
 
 
 def _through_identity_n(graph: Graph, ref: TensorRef) -> str:
