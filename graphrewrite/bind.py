@@ -159,7 +159,8 @@ def _users(graph: Graph, name: str) -> list[tuple[str, int]]:
 
 DENSE_WRITES = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp"})
 # Functional ops -> (attributes naming the functions they call, inputs before the arguments).
-CALLS = {"If": (("then_branch", "else_branch"), 1), "StatelessIf": (("then_branch", "else_branch"), 1),
+BRANCHES = ("then_branch", "else_branch")
+CALLS = {"If": (BRANCHES, 1), "StatelessIf": (BRANCHES, 1),
          "Case": (("branches",), 1), "StatelessCase": (("branches",), 1),
          "While": (("body",), 0), "StatelessWhile": (("body",), 0),
          "PartitionedCall": (("f",), 0), "StatefulPartitionedCall": (("f",), 0)}

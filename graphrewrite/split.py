@@ -187,9 +187,9 @@ def find_seeds(graph: Graph, dag: nx.DiGraph, data: nx.DiGraph, constant: set[st
 
 def _not_joining_a_flow(graph: Graph, data: nx.DiGraph, candidates: set[str]) -> set[str]:
     """Candidates none of whose readers another candidate's flow reaches. Anchored on the
-    optimizer's updates or writes (a model without gradient ops), clipping's constants of ones reach
-    them too, but they join the gradient flow midway (`clip_by_global_norm`'s scale reads the
-    seed's gradients); a forward constant of ones joins the forward pass, which no seed
+    optimizer's updates or writes (a model without gradient ops), clipping's constants of ones
+    reach them too, but they join the gradient flow midway (`clip_by_global_norm`'s scale reads
+    the seed's gradients); a forward constant of ones joins the forward pass, which no seed
     reaches."""
     flows = {n: reachable(data, [n]) - {n} for n in candidates}
     return {n for n in candidates
