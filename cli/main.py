@@ -645,9 +645,9 @@ def inspect(model_path, as_json, top, plot_path, input_shapes, outputs, backward
     from graphrewrite import analysis, io, summary
 
     model = io.load(model_path, tag=tag)
-    facts = summary.summarize(model)
     found = analysis.analyse(model, input_shapes=input_shapes, backward_scope=backward_scope,
                              fetches=outputs, device=device)
+    facts = summary.summarize(model, found.fetches)
     as_run = analysis.as_run(model, model.graph, found, input_shapes, device)
     facts.update(summary.memory_facts(found, top, as_run))
     from graphrewrite import state

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from . import parameters
-from .analysis import Analysis, default_fetches
+from .analysis import Analysis
 from .graph import Graph, op_histogram
 from .memory import DEVICE, HOST, HOST_BANDWIDTH
 from .io import Model
@@ -17,8 +17,9 @@ FUNCTIONAL_CONTROL_OPS = frozenset({"While", "StatelessWhile", "If", "StatelessI
                                     "StatelessCase"})
 
 
-def summarize(model: Model) -> dict:
-    """Counts, inputs, outputs, control flow and variables of the model's graph."""
+def summarize(model: Model, outputs: list[str]) -> dict:
+    """Counts, inputs, `outputs` (what one step fetches, `Analysis.fetches`), control flow and
+    variables of the model's graph."""
     graph = model.graph
     histogram = op_histogram(graph)
     meta = model.meta_graph
@@ -29,7 +30,7 @@ def summarize(model: Model) -> dict:
         "ops": dict(sorted(histogram.items())),
         "inputs": [_placeholder(graph, n) for n in sorted(graph.nodes())
                    if graph.op(n) in PLACEHOLDER_OPS and not parameters.is_variable(graph, n)],
-        "outputs": sorted(default_fetches(model)),
+        "outputs": sorted(outputs),
         "train_op": _collection_nodes(meta, "train_op"),
         "signatures": _signatures(meta),
         "functions": len(graph.shell.library.function),

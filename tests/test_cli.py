@@ -466,3 +466,14 @@ def test_a_bug_outside_the_passes_is_exit_3_naming_it(monkeypatch, tmp_path):
     assert result.stderr.strip().splitlines() == [
         "graphrewrite: error: internal error (a bug in graphrewrite): KeyError: 'lost' "
         "(--debug shows where)"]
+
+
+def test_inspect_lists_the_outputs_it_modelled():
+    """`--outputs` is what the step fetches: the summary lists those, not the defaults."""
+    import json
+
+    result = run_cli("inspect", fixture_path("mlp"), "--json", "--outputs", "outputs/loss")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["outputs"] == ["outputs/loss"]
+    default = json.loads(run_cli("inspect", fixture_path("mlp"), "--json").stdout)["outputs"]
+    assert "outputs/loss" in default and len(default) > 1
