@@ -174,27 +174,44 @@ def find_seeds(graph: Graph, dag: nx.DiGraph, data: nx.DiGraph, constant: set[st
         if any(s in candidates or s in above_candidate for s in dag._succ[name]):
             above_candidate.add(name)
     candidates -= above_candidate
-    if not by_gradients:
-        candidates = _not_joining_a_flow(graph, data, candidates)
+    # A custom gradient's constants of ones (Keras swish's `1 + x * (1 - sigmoid)`) reach the
+    # gradient ops below them; the seed reaches them all. By data edges, as below.
+    reach = {n: frozenset(nx.descendants(data, n)) for n in candidates}
+    anchored = {n: reach[n] & set(found) for n in candidates}
+    candidates = {n for n in candidates if not any(anchored[n] < anchored[o] for o in candidates)}
+    if not by_gradients:  # clipping's constants reach every update, as the seed does
+        candidates = _not_joining_a_flow(data, candidates, constant)
     # A forward constant of ones (a fresh layer-norm scale, GELU's `1 + erf`) reaches the loss
     # as well as every gradient; a seed reaches only gradients. Drop candidates that reach
     # strictly more sinks than another candidate does. By data edges: a TF2 step's output
     # `Identity` waits on every update by a control edge, so every node reaches it that way.
     sinks = {n for n in graph.nodes() if data.out_degree(n) == 0 and n not in constant}
-    reach = {n: frozenset(nx.descendants(data, n) & sinks) for n in candidates}
-    return sorted(n for n in candidates if not any(reach[o] < reach[n] for o in candidates))
+    ends = {n: reach[n] & sinks for n in candidates}
+    return sorted(n for n in candidates if not any(ends[o] < ends[n] for o in candidates))
 
 
-def _not_joining_a_flow(graph: Graph, data: nx.DiGraph, candidates: set[str]) -> set[str]:
-    """Candidates none of whose readers another candidate's flow reaches. Anchored on the
-    optimizer's updates or writes (a model without gradient ops), clipping's constants of ones
-    reach them too, but they join the gradient flow midway (`clip_by_global_norm`'s scale reads
-    the seed's gradients); a forward constant of ones joins the forward pass, which no seed
-    reaches."""
-    flows = {n: reachable(data, [n]) - {n} for n in candidates}
+def _not_joining_a_flow(data: nx.DiGraph, candidates: set[str], constant: set[str]) -> set[str]:
+    """Candidates that join no other candidate's flow midway: dropped is one whose reader
+    another's flow reaches while it is not in that flow itself. Anchored on the optimizer's
+    updates (a model without gradient ops), clipping's constants of ones reach them all as the
+    seed does, but their readers are in the seed's flow. A flow follows values, not shapes: it
+    does not pass from a computed value into a constant-valued node (`Shape(x)`), so the seed,
+    read beside shapes of forward values, stays, and so does an `OnesLike(loss)` seed beside a
+    forward constant of ones (which the last rule drops)."""
+    def flow(start: str) -> set[str]:
+        seen, stack = {start}, [start]
+        while stack:
+            name = stack.pop()
+            for other in data._succ[name]:
+                if other not in seen and (name in constant or other not in constant):
+                    seen.add(other)
+                    stack.append(other)
+        return seen - {start}
+
+    flows = {n: flow(n) for n in candidates}
     return {n for n in candidates
-            if not any(reader in flows[other] for reader in data._succ[n]
-                       for other in candidates if other != n)}
+            if not any(reader in flows[other] and n not in flows[other]
+                       for reader in data._succ[n] for other in candidates if other != n)}
 
 
 def reachable(graph: nx.DiGraph, sources, upstream: bool = False) -> set[str]:
