@@ -15,7 +15,8 @@ pytestmark = pytest.mark.tf
 @pytest.mark.parametrize("mode", ["memory", "speed"])
 def test_rewritten_training_step_is_bitwise_equal_over_two_steps(name, mode, tmp_path):
     model = io.load(fixture_path(name))
-    result = pipeline.optimize(model, mode)
+    # The passes' rewrite, whatever the step as run on this machine (see pipeline.optimize).
+    result = pipeline.optimize(model, mode, as_run=False)
     assert result.of(RecomputeResult).recomputed, "the fixture should be rewritten"
     out = tmp_path / fixture_path(name).name
     io.save(model, result.graph, out)
