@@ -50,3 +50,17 @@ def test_matching_graphs_are_not_run_again(tmp_path, monkeypatch):
     monkeypatch.setattr(mismatch, "diagnose", lambda *a, **k: pytest.fail("diagnosed a match"))
     outcome = verify.verify(original, original, ["out"], runs=0, isolated=False)
     assert outcome.match and outcome.cause == ""
+
+
+def test_an_original_that_differs_from_itself_is_named(tmp_path):
+    """An unseeded random draw differs from run to run: no rewrite can match it bitwise, and
+    the cause says so instead of blaming Grappler or the rewrite."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [64], name="x")
+        tf.identity(x + tf.random.uniform([64]), name="out")
+    path = tmp_path / "noisy.pb"
+    path.write_bytes(graph.as_graph_def().SerializeToString())
+    noisy = io.load(path)
+    outcome = verify.verify(noisy, noisy, ["out"], runs=0, isolated=False)
+    assert not outcome.match and outcome.cause == mismatch.ORIGINAL_CAUSE
