@@ -260,7 +260,14 @@ def why_no_candidates(ctx: Context) -> str:
 
 def _activations(ctx: Context) -> tuple[list[str], dict[str, int], set[str]]:
     """The forward nodes the loss is computed from that are no parameters or constants, in
-    order, with their largest output's bytes, and the large ones among them."""
+    order, with their largest output's bytes, and the large ones among them; found once per
+    context (the bottlenecks and the frontiers both walk them)."""
+    if ctx._activations is None:
+        ctx._activations = _find_activations(ctx)
+    return ctx._activations
+
+
+def _find_activations(ctx: Context) -> tuple[list[str], dict[str, int], set[str]]:
     graph, shapes, split = ctx.graph, ctx.analysis.shapes, ctx.analysis.split
     # Only what the loss depends on: side branches (batch-norm moving-average updates,
     # metrics) end elsewhere and must not count as ways around a bottleneck. The loss is what

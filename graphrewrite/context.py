@@ -41,6 +41,7 @@ class Context:
     _blockers: dict = field(default_factory=dict)
     _spreads: list | None = None  # the memory policy's, built once (see `_spreads`)
     _chain: tuple | None = None   # the bottlenecks and their byte counts (see `_chain`)
+    _activations: tuple | None = None  # the activations towards the loss (`_activations`)
     _order: list | None = None
     _flow_reads: dict | None = None
     _node_flops: dict = field(default_factory=dict)

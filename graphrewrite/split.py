@@ -177,7 +177,7 @@ def find_seeds(graph: Graph, dag: nx.DiGraph, data: nx.DiGraph, constant: set[st
     # A custom gradient's constants of ones (Keras swish's `1 + x * (1 - sigmoid)`) reach the
     # gradient ops below them; the seed reaches them all. By data edges, as below.
     reach = {n: frozenset(nx.descendants(data, n)) for n in candidates}
-    anchored = {n: reach[n] & set(found) for n in candidates}
+    anchored = {n: reach[n].intersection(found) for n in candidates}
     candidates = {n for n in candidates if not any(anchored[n] < anchored[o] for o in candidates)}
     if not by_gradients:  # clipping's constants reach every update, as the seed does
         candidates = _not_joining_a_flow(data, candidates, constant)
