@@ -82,6 +82,21 @@ def test_backward_scope_override():
     assert "gradients/logits/MatMul_grad/MatMul" not in result.gradient_flow
 
 
+def tf2_step(model, opt, x_shape) -> Graph:
+    """A TF2 training step over `model` with `opt`, exported with its shapes."""
+    @tf.function(input_signature=[tf.TensorSpec(x_shape, tf.float32, name="x"),
+                                  tf.TensorSpec(x_shape[:1], tf.int32, name="y")])
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(
+                y, model(x, training=True), from_logits=True))
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                model.trainable_variables))
+        return loss
+
+    return Graph.from_graph_def(step.get_concrete_function().graph.as_graph_def(add_shapes=True))
+
+
 def test_a_tf2_gelu_step_is_split_at_the_tapes_seed():
     """GELU's `1 + erf` constant is a ones tensor that reaches every gradient too; and every
     node reaches the step's returned Identity by its control edges. By data edges the tape's
@@ -92,17 +107,7 @@ def test_a_tf2_gelu_step_is_split_at_the_tapes_seed():
     opt = tf.keras.optimizers.SGD(0.1, momentum=0.9)
     opt.build(model.trainable_variables)
 
-    @tf.function(input_signature=[tf.TensorSpec([8, 16], tf.float32, name="x"),
-                                  tf.TensorSpec([8], tf.int32, name="y")])
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(
-                y, model(x, training=True), from_logits=True))
-        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
-                                model.trainable_variables))
-        return loss
-
-    graph = Graph.from_graph_def(step.get_concrete_function().graph.as_graph_def(add_shapes=True))
+    graph = tf2_step(model, opt, [8, 16])
     found = split(graph)
     assert [graph.op(s) for s in found.seeds] in (["Const"], ["Fill"], ["OnesLike"])
     assert not any("Gelu" in s for s in found.seeds)
@@ -157,17 +162,7 @@ def test_a_custom_gradients_constants_of_ones_are_not_seeds():
     model.build((None, 16, 16, 3))
     opt = tf.keras.optimizers.SGD(0.1)
 
-    @tf.function(input_signature=[tf.TensorSpec([4, 16, 16, 3], tf.float32, name="x"),
-                                  tf.TensorSpec([4], tf.int32, name="y")])
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(
-                y, model(x, training=True), from_logits=True))
-        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
-                                model.trainable_variables))
-        return loss
-
-    graph = Graph.from_graph_def(step.get_concrete_function().graph.as_graph_def(add_shapes=True))
+    graph = tf2_step(model, opt, [4, 16, 16, 3])
     found = split(graph)
     assert len(found.seeds) == 1 and graph.op(found.seeds[0]) in ("Const", "Fill", "OnesLike")
     convolutions = [n for n in graph.nodes() if graph.op(n) == "Conv2D"]
