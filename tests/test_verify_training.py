@@ -235,7 +235,9 @@ def test_bound_variable_holds_its_bytes_in_the_allocator():
         session.run(bound.init_ops, bound.init_feeds)
         held = measure._allocator_in_use("/device:CPU:0") - before
         assert session.run(bound.reads["w"]).tobytes() == value.tobytes()
-    assert value.nbytes <= held < value.nbytes + 2**20
+    # One copy, not two; the process-wide count also sees what other threads of a long test
+    # session allocate meanwhile (up to 1.3 MiB here), so the bound is the second copy.
+    assert value.nbytes <= held < 2 * value.nbytes
 
 
 
