@@ -203,6 +203,8 @@ def verify(original: Model, rewritten: Model, fetches: list[str] | None = None,
     except ValueError as err:
         raise GraphRewriteError(str(err)) from None
     _require_kernels(rewritten)
+    for caveat in measure.measurement_caveats():
+        log.warning("%s", caveat)
     log.info("verify: %d inputs, %d outputs, %d timed runs each", len(inputs), len(fetches), runs)
     run = measure.run_step_isolated if isolated else measure.run_step
     if steps:
