@@ -710,6 +710,9 @@ def format_optimize(facts: dict) -> str:
     if facts["accumulated"]:
         rows.append(("accumulated", f"{len(facts['accumulated'])} AddN sums now add as their "
                                     f"terms arrive ({_shorten(facts['accumulated'], 3)})"))
+    if facts["rerun"]:
+        rows.append(("rerun", f"{len(facts['rerun'])} recurrent layers' forward calls run again "
+                              f"before their backward calls ({_shorten(facts['rerun'], 3)})"))
     if facts["inlined"]:
         rows.append(("inlined", f"{len(facts['inlined'])} function calls holding the forward or "
                                 f"backward pass ({_shorten(facts['inlined'], 3)})"))

@@ -82,6 +82,9 @@ def value_spec(graph: Graph, shapes, name: str) -> ValueSpec:
             shape = _known(_value_shape(graph, shapes, user, slot))
         if dtype is not None and shape is not None:
             return ValueSpec(dtype, shape)
+    shape = shape or _scattered_like(graph, shapes, name)
+    if dtype is not None and shape is not None:
+        return ValueSpec(dtype, shape)
     what = "value shape" if dtype is not None else "dtype and value shape"
     raise GraphRewriteError(f"the {what} of captured variable '{name}' (a resource placeholder) "
                             f"is not recorded on its readers; {export_hint(graph)}")
@@ -219,6 +222,35 @@ def _value_shape(graph: Graph, shapes, user: str, slot: int) -> tuple | None:
         return None
     info = shapes[data[index]]
     return None if info is None else info.shape
+
+
+def _scattered_like(graph: Graph, shapes, name: str) -> tuple | None:
+    """The shape of a variable read only by gathers and updated only by scatters (an
+    embedding's sparse update) from another variable scattered into at the same indices and
+    read whole elsewhere: an optimizer's slot for it, which has its shape."""
+    scatters = [u for u, slot in _users(graph, name) if graph.op(u).startswith("ResourceScatter")
+                and slot == 0]
+    indices = {graph.data_inputs(u)[1] for u in scatters if len(graph.data_inputs(u)) > 1}
+    for ref in indices:
+        for other, slot in graph.consumers(ref):
+            if other in scatters or not graph.op(other).startswith("ResourceScatter") \
+                    or slot != 1:
+                continue
+            handle = _through_forwarders(graph, graph.data_inputs(other)[0])
+            if handle.node == name or not is_resource_placeholder(graph.node_def(handle.node)):
+                continue
+            for user, user_slot in _users(graph, handle.node):
+                shape = _known(_value_shape(graph, shapes, user, user_slot))
+                if shape is not None:
+                    return shape
+    return None
+
+
+def _through_forwarders(graph: Graph, ref: TensorRef) -> TensorRef:
+    """Where a handle comes from, before the Identities that pass it on."""
+    while graph.op(ref.node) in HANDLE_FORWARDERS and graph.data_inputs(ref.node):
+        ref = graph.data_inputs(ref.node)[0 if graph.op(ref.node) != "IdentityN" else ref.port]
+    return ref
 
 
 def _known(shape: tuple | None) -> tuple | None:

@@ -416,8 +416,13 @@ def _writers(graph: Graph, source: TensorRef) -> list[str]:
 
 def _readers(graph: Graph, name: str) -> list[str]:
     """The ops that take out what accumulator `name` put in its container. A TensorArray
-    lets go of an element when it is read (`clear_after_read`), else at the step's end."""
-    source = _source(graph, graph.data_inputs(name)[0])
+    lets go of an element when it is read (`clear_after_read`), else at the step's end. A
+    tensor list is a value: its readers are those of what `name` wrote, not of every list
+    made by the same empty list (Grappler merges equal `EmptyTensorList`s of two loops)."""
+    if graph.op(name).startswith("TensorList"):
+        source = TensorRef(name)
+    else:  # a stack or TensorArray is a resource: every op on its handle shares it
+        source = _source(graph, graph.data_inputs(name)[0])
     take = ("TensorArrayReadV3",) if graph.op(name) == "TensorArrayWriteV3" else TAKE
     return _walk(graph, source.node, lambda op, port: op in take,
                  lambda op, port: (op in PASS_THROUGH or (op in ACCUMULATE and port == 0)
@@ -473,12 +478,15 @@ def _kept_value(graph: Graph, element: TensorRef) -> TensorRef:
 
 
 def _invariant(graph: Graph, element: TensorRef, frames, frame: str) -> bool:
-    """Whether the pushed element is the same buffer every iteration (a constant, or a value
-    entered from outside the loop)."""
+    """Whether the pushed element is the same buffer every iteration (a constant, a value
+    entered from outside the loop, or a read of a variable whose handle is: the read aliases
+    the variable's buffer)."""
     ref = _unchanged(graph, _through(graph, element, ("Identity", "Snapshot")))
     node = graph.node_def(ref.node)
     if node.op in ("Const", "HostConst") or frames.get(ref.node, "") != frame:
         return True
+    if node.op == "ReadVariableOp" and graph.data_inputs(ref.node):
+        return _invariant(graph, graph.data_inputs(ref.node)[0], frames, frame)
     return node.op in ENTER  # entered once: a constant Enter, or an unchanged loop variable
 
 

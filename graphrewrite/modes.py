@@ -3,7 +3,7 @@ TensorFlow) so that `graphrewrite --help` can list them without loading TensorFl
 
 MODES: dict[str, str] = {
     "none": "",
-    "memory": "inline defer recompute(policy=memory)",
+    "memory": "inline rerun defer recompute(policy=memory)",
     "speed": "inline defer recompute(policy=speed)",
     "collection": "inline recompute(policy=collection)",
     "manual": "recompute(policy=manual) swap(policy=manual)",
@@ -13,7 +13,8 @@ MODES: dict[str, str] = {
 MODE_HELP = {
     "none": "load, check and save; nothing rewritten",
     "memory": "keep ~sqrt(N) bottleneck activations, recompute the rest (most memory saved); "
-              "optimizer arithmetic on the parameters alone waits for its gradient (defer)",
+              "optimizer arithmetic on the parameters alone waits for its gradient (defer); a "
+              "recurrent layer's forward pass run again before its backward pass (rerun)",
     "speed": "keep outputs of MatMul/Conv/Einsum, recompute cheap ops (least slowdown); defer",
     "collection": "keep what --checkpoints selects (or the 'checkpoints' collection)",
     "manual": "recompute what _recompute_hint marks, swap what _swap_to_host marks (or --swap)",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from .graph import Graph
 from .names import AHEAD_SUFFIX, COPY_SUFFIX, PAD_PREFIX, SWAP_OUT_SUFFIX, TRIGGER_PREFIX
 from .passes.base import (AccumulateResult, DeferResult, InlineResult, RecomputeResult,
-                          RelaxAssignResult, SwapResult)
+                          RelaxAssignResult, RerunResult, SwapResult)
 from .pipeline import OptimizeResult
 from .tensor_ref import TensorRef
 
@@ -42,6 +42,7 @@ def optimize_report(source, output, fmt, result: OptimizeResult) -> dict:
         "relaxed_assigns": result.of(RelaxAssignResult).relaxed_assigns,
         "deferred": result.of(DeferResult).deferred,
         "inlined": result.of(InlineResult).inlined,
+        "rerun": result.of(RerunResult).rerun,
         "note": _note(result),
         "seconds": round(result.seconds, 3),
     }

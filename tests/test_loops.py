@@ -158,3 +158,47 @@ def test_modelled_peak_is_within_ten_percent_of_the_measured_one(control_flow, t
     feeds = measure.random_feeds(model.graph, found.shapes)
     measured = measure.run_step_isolated(model.runnable(), feeds, found.fetches, 0).peak_bytes
     assert abs(report.allocated_peak() - measured) <= 0.10 * measured
+
+
+def _two_v2_rnns(read_variable=False) -> Graph:
+    """Two tanh RNNs (v2 loops) one after the other, each differentiated; `read_variable`: the
+    recurrent weight is a resource variable read inside the body (a Keras RNN in a TF1 graph)."""
+    with tf.Graph().as_default() as g:
+        x = tf.compat.v1.placeholder(tf.float32, (STEPS, BATCH, 8), name="x")
+        w_x = tf.constant(np.full((8, UNITS), 0.1, np.float32), name="w_x")
+        if read_variable:
+            w = tf.Variable(np.full((UNITS, UNITS), 0.01, np.float32), name="w")
+        else:
+            w = tf.constant(np.full((UNITS, UNITS), 0.01, np.float32), name="w")
+        h = tf.zeros((BATCH, UNITS))
+        for k in range(2):
+            def step(i, h):
+                weight = w.read_value() if read_variable else w
+                return i + 1, tf.tanh(tf.matmul(h, weight) + tf.matmul(tf.gather(x, i), w_x))
+            _, h = tf.while_loop(lambda i, h: i < STEPS, step, [tf.constant(0), h],
+                                 name=f"rnn{k}")
+        loss = tf.reduce_sum(h, name="loss")
+        tf.identity(tf.compat.v1.gradients(loss, w_x)[0], name="grad")
+    return Graph.from_graph_def(g.as_graph_def())
+
+
+def test_a_tensor_lists_readers_are_those_of_what_it_wrote():
+    """Grappler merges the two loops' equal EmptyTensorLists: the second loop's lists must still
+    die when its gradient loop (the first to run) has popped them, not when the last one ends."""
+    graph = as_run(_two_v2_rnns())
+    report = memory.simulate(graph, shapes.infer(graph), ["loss", "grad"])
+    frames = loops.frame_of(graph)
+    kept = {b.owner.node: b for b in report.buffers if b.pieces == STEPS and b.size}
+    seconds = [b for n, b in kept.items() if "rnn1" in frames.get(n, "")]
+    assert seconds
+    popping = {frames[n] for n in graph.nodes() if graph.op(n) == "TensorListPopBack"}
+    ends = {f: max(i for i, n in enumerate(report.order) if frames.get(n) == f) for f in popping}
+    assert all(b.end is not None and b.end < max(ends.values()) for b in seconds)
+
+
+def test_a_variable_read_in_the_body_is_pushed_without_a_copy():
+    graph = as_run(_two_v2_rnns(read_variable=True))
+    found, sizes = accumulators(graph)
+    pushed_reads = [ref for ref in sizes if graph.op(loops._through(
+        graph, graph.data_inputs(ref.node)[1], ("Identity",)).node) == "ReadVariableOp"]
+    assert pushed_reads and all(sizes[ref] == 0 for ref in pushed_reads)

@@ -29,13 +29,12 @@ FAST = {"v1_cnn_momentum_bn", "kl_transformer_adam_dropout", "km_mlp_momentum_dr
         "tf2_mlp_sgd"}
 
 # Cells whose rewrite fails today (no candidates, or nothing lowers the modelled peak).
-GRU = ("a Keras GRU's forward pass is a PartitionedCall (it names its implementation, which "
-       "Grappler swaps for cuDNN on a GPU, so the inline pass leaves it) whose While loop pushes "
-       "each step's values onto TensorList accumulators; the planner sees each call as one node "
-       "and never copies a loop: nothing recomputed, and the note says so")
 REWRITE_XFAIL = {
-    "tf2_gru_adam": GRU,
-    "tf2_gru_rmsprop_clipnorm_embed_noreturn": GRU,
+    "kl_lstm_adam_fetched": (
+        "a Keras LSTM built in a TF1 graph is a While op of the step itself, not a call, and "
+        "its body reads the layer's variables, so the loop is stateful: the rerun pass runs "
+        "only stateless forward calls again, and the planner never copies a loop. The model "
+        "of its loops also counts 14.5 MiB where 4.7 MiB is measured"),
 }
 
 # Cells whose rewrite lowers the step as written but raises it as run (bitwise all the same).
@@ -108,12 +107,15 @@ def test_the_matrix_covers_every_value_of_every_axis():
 @pytest.mark.parametrize("name", cells({**REWRITE_XFAIL, **AS_RUN_XFAIL}, FAST))
 def test_rewrite_finds_candidates_and_lowers_the_modelled_peak(name):
     _, facts, _ = rewritten(name)
-    assert facts["checkpoints"] and facts["nodes_added"] > 0, facts["note"]
-    peak = facts["peak_bytes"]
-    assert peak["after"] < peak["before"], (peak, facts["note"])
+    assert (facts["checkpoints"] or facts["rerun"]) and facts["nodes_added"] > 0, facts["note"]
     run = facts["peak_bytes_as_run"]  # what verify measures: a kept rewrite must not raise it
     if run["before"] is not None and run["after"] is not None:
         assert run["after"] <= run["before"], (run, facts["note"])
+    if facts["checkpoints"]:  # what the planner prices: the step as written
+        peak = facts["peak_bytes"]
+        assert peak["after"] < peak["before"], (peak, facts["note"])
+    else:  # a recurrent layer run again: priced as run (as written, its loop is one node)
+        assert run["after"] < run["before"], (run, facts["note"])
 
 
 @pytest.mark.tf
@@ -122,7 +124,7 @@ def test_two_steps_are_bitwise_equal(name):
     from graphrewrite import io, verify
 
     entry, facts, out = rewritten(name)
-    assert facts["checkpoints"], "nothing was recomputed: " + facts["note"]
+    assert facts["checkpoints"] or facts["rerun"], "nothing was recomputed: " + facts["note"]
     fetches = entry["outputs"] if entry["kind"] == "tf1_meta" and entry["outputs"] else None
     outcome = verify.verify(io.load(entry["path"]), io.load(out), fetches=fetches, runs=0,
                             isolated=False)

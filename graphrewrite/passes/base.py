@@ -138,5 +138,11 @@ class InlineResult(PassResult):
 
 
 @dataclass
+class RerunResult(PassResult):
+    rerun: list[str] = field(default_factory=list)  # forward calls run again before their
+    # backward calls
+
+
+@dataclass
 class RelaxAssignResult(PassResult):
     relaxed_assigns: list[str] = field(default_factory=list)

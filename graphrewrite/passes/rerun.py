@@ -1,0 +1,58 @@
+"""Rerun pass: a recurrent layer's forward call run again right before its backward call.
+
+A Keras RNN's forward call keeps every step's values for its backward call (`rerun.py`), so
+the first layers' are held through every later layer's forward and backward passes. The pass
+tries each stateless forward call whose results a backward call reads, in forward order, and
+keeps a second run where the step as TensorFlow runs it (after Grappler, with the calls'
+loops: `analysis.as_run`) needs less memory: the last layer's values are read as soon as they
+are made, so running it again saves nothing and costs a forward pass.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from .. import analysis as analysis_mod
+from .. import rerun
+from ..analysis import Analysis
+from ..graph import Graph
+from ..split import backward_functions
+from .base import PassOptions, RerunResult
+
+log = logging.getLogger(__name__)
+
+GAIN = 0.02  # a second run must lower the modelled peak by this fraction to be kept
+
+
+@dataclass(frozen=True)
+class RerunOptions(PassOptions):
+    pass
+
+
+def run(graph: Graph, analysis: Analysis, options: RerunOptions, model=None):
+    """Run again the forward calls whose second run lowers the step's peak as run."""
+    graph_def = graph.to_graph_def()
+    pairs = rerun.candidates(graph_def, backward_functions(graph_def.library))
+    if not pairs or model is None:
+        return RerunResult(graph, False)
+    best = _peak(model, graph, analysis)
+    kept = []
+    for forward, backward in pairs:
+        trial = rerun.rerun(graph_def, forward, backward)
+        peak = _peak(model, Graph.from_graph_def(trial), analysis)
+        log.info("rerun %s before %s: modelled peak as run %s -> %s", forward, backward,
+                 best, peak)
+        if best and peak is not None and peak < best * (1 - GAIN):
+            graph_def, best = trial, peak
+            kept.append(forward)
+    if not kept:
+        return RerunResult(graph, False, note="no recurrent layer's forward call, run again "
+                           "before its backward call, lowers the step's peak as run")
+    return RerunResult(Graph.from_graph_def(graph_def), True, rerun=kept)
+
+
+def _peak(model, graph: Graph, found: Analysis) -> int | None:
+    """The allocator's peak of `graph`'s step as run; None where Grappler cannot run it."""
+    report = analysis_mod.as_run(model, graph, found)
+    return None if report is None else report.allocated_peak()

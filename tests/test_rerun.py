@@ -1,0 +1,77 @@
+"""A recurrent layer's forward call run again before its backward call (`rerun`), and the
+embedding tables such steps read only by gathers and scatters (`bind`)."""
+
+import pytest
+import tensorflow as tf
+from tensorflow.core.framework import graph_pb2, types_pb2
+
+from graphrewrite import bind, rerun
+from graphrewrite.graph import Graph
+from graphrewrite.names import COPY_SUFFIX
+from graphrewrite.shapes import infer
+
+
+def _step() -> graph_pb2.GraphDef:
+    """x -> forward call F (its result 0 read by the next layer, 1 and 2 by its backward call B,
+    which also reads the incoming gradient and another call's result)."""
+    graph_def = graph_pb2.GraphDef()
+
+    def node(name, op, inputs=(), **types):
+        n = graph_def.node.add(name=name, op=op, input=list(inputs))
+        for key, value in types.items():
+            n.attr[key].list.type.extend(value) if isinstance(value, list) else \
+                n.attr[key].func.__setattr__("name", value)
+        return n
+
+    node("x", "Placeholder")
+    node("forward", "PartitionedCall", ["x"], f="F", Tout=[types_pb2.DT_FLOAT] * 3)
+    node("next", "Identity", ["forward:0"])
+    node("upstream", "PartitionedCall", ["next"], f="G", Tout=[types_pb2.DT_FLOAT])
+    node("seed", "Placeholder")
+    node("backward", "PartitionedCall", ["seed", "upstream:0", "forward:1", "forward:2"],
+         f="B", Tout=[types_pb2.DT_FLOAT])
+    return graph_def
+
+
+def test_a_stateless_forward_call_read_by_a_backward_call_is_a_candidate():
+    graph_def = _step()
+    assert rerun.candidates(graph_def, {"B", "G"}) == [("forward", "backward")]
+    next(n for n in graph_def.node if n.name == "forward").op = "StatefulPartitionedCall"
+    assert rerun.candidates(graph_def, {"B", "G"}) == []  # never run a stateful call twice
+    assert rerun.candidates(_step(), {"G"}) == []  # B holds no gradient: not a backward call
+
+
+def test_the_backward_call_reads_a_second_run_that_waits_for_its_gradients():
+    nodes = {n.name: n for n in rerun.rerun(_step(), "forward", "backward").node}
+    copy = "forward" + COPY_SUFFIX
+    assert nodes["backward"].input[2:] == [copy + ":1", copy + ":2"]
+    assert nodes["next"].input == ["forward:0"]  # the forward readers keep the first run
+    assert nodes[copy].input[0] == "x"
+    waits = [i[1:] for i in nodes[copy].input if i.startswith("^")]
+    assert "seed" in waits
+    # A call's control edge would wait only on its stateful ops once inlined: its value's does.
+    through = [w for w in waits if nodes[w].op == "Identity"]
+    assert [list(nodes[w].input) for w in through] == [["upstream:0"]]
+
+
+@pytest.mark.tf
+def test_an_embedding_read_only_by_gathers_takes_its_slots_shape():
+    table = tf.Variable(tf.zeros([50, 6]), name="table")
+    optimizer = tf.keras.optimizers.RMSprop(0.1)
+    optimizer.build([table])
+
+    @tf.function(input_signature=[tf.TensorSpec([4], tf.int32)])
+    def step(ids):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.gather(table, ids) ** 2)
+        optimizer.apply_gradients([(tape.gradient(loss, table), table)])
+        return loss
+
+    graph = Graph.from_graph_def(step.get_concrete_function().graph.as_graph_def(
+        add_shapes=True))
+    shapes = infer(graph)
+    gathered = next(n for n in graph.nodes() if graph.op(n) == "ResourceGather")
+    handle = bind._through_forwarders(graph, graph.data_inputs(gathered)[0]).node
+    readers = {graph.op(u) for u, _ in bind._users(graph, handle)}
+    assert readers <= {"ResourceGather", "ResourceScatterAdd"}  # nothing reads it whole
+    assert bind.value_spec(graph, shapes, handle).shape == (50, 6)
