@@ -202,3 +202,13 @@ def test_a_variable_read_in_the_body_is_pushed_without_a_copy():
     pushed_reads = [ref for ref in sizes if graph.op(loops._through(
         graph, graph.data_inputs(ref.node)[1], ("Identity",)).node) == "ReadVariableOp"]
     assert pushed_reads and all(sizes[ref] == 0 for ref in pushed_reads)
+
+
+def test_a_list_nobody_reads_is_not_counted():
+    """A TF2 loop's gradient leaves some accumulators unread (here: the pushes of values it
+    does not need); TensorFlow never runs them."""
+    graph = as_run(_two_v2_rnns(read_variable=True))
+    found, sizes = accumulators(graph)
+    unread = [ref for ref in sizes if loops._unread_list(graph, ref.node)]
+    assert unread and all(sizes[ref] == 0 for ref in unread)
+    assert any(sizes[ref] for ref in sizes if ref not in unread)
