@@ -711,8 +711,8 @@ def format_optimize(facts: dict) -> str:
         rows.append(("accumulated", f"{len(facts['accumulated'])} AddN sums now add as their "
                                     f"terms arrive ({_shorten(facts['accumulated'], 3)})"))
     if facts["rerun"]:
-        rows.append(("rerun", f"{len(facts['rerun'])} recurrent layers' forward calls run again "
-                              f"before their backward calls ({_shorten(facts['rerun'], 3)})"))
+        rows.append(("rerun", f"{len(facts['rerun'])} recurrent layers' forward passes run again "
+                              f"before their backward passes ({_shorten(facts['rerun'], 3)})"))
     if facts["inlined"]:
         rows.append(("inlined", f"{len(facts['inlined'])} function calls holding the forward or "
                                 f"backward pass ({_shorten(facts['inlined'], 3)})"))

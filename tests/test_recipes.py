@@ -29,12 +29,7 @@ FAST = {"v1_cnn_momentum_bn", "kl_transformer_adam_dropout", "km_mlp_momentum_dr
         "tf2_mlp_sgd"}
 
 # Cells whose rewrite fails today (no candidates, or nothing lowers the modelled peak).
-REWRITE_XFAIL = {
-    "kl_lstm_adam_fetched": (
-        "a Keras LSTM built in a TF1 graph is a While op of the step itself, not a call, and "
-        "its body reads the layer's variables, so the loop is stateful: the rerun pass runs "
-        "only stateless forward calls again, and the planner never copies a loop"),
-}
+REWRITE_XFAIL: dict[str, str] = {}
 
 # Cells whose rewrite lowers the step as written but raises it as run (bitwise all the same).
 AS_RUN_XFAIL = {

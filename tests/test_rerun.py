@@ -23,6 +23,8 @@ def _step() -> graph_pb2.GraphDef:
                 n.attr[key].func.__setattr__("name", value)
         return n
 
+    for name in "FGB":
+        graph_def.library.function.add().signature.name = name
     node("x", "Placeholder")
     node("forward", "PartitionedCall", ["x"], f="F", Tout=[types_pb2.DT_FLOAT] * 3)
     node("next", "Identity", ["forward:0"])
@@ -33,12 +35,21 @@ def _step() -> graph_pb2.GraphDef:
     return graph_def
 
 
-def test_a_stateless_forward_call_read_by_a_backward_call_is_a_candidate():
-    graph_def = _step()
-    assert rerun.candidates(graph_def, {"B", "G"}) == [("forward", "backward")]
-    next(n for n in graph_def.node if n.name == "forward").op = "StatefulPartitionedCall"
-    assert rerun.candidates(graph_def, {"B", "G"}) == []  # never run a stateful call twice
-    assert rerun.candidates(_step(), {"G"}) == []  # B holds no gradient: not a backward call
+def _candidates(graph_def, backward):
+    return rerun.candidates(Graph.from_graph_def(graph_def), backward, ["backward"])
+
+
+def test_a_forward_call_read_by_a_backward_call_is_a_candidate():
+    assert _candidates(_step(), {"B", "G"}) == [("forward", "backward")]
+    assert _candidates(_step(), {"G"}) == []  # B holds no gradient: not a backward call
+    stateful = _step()
+    next(f for f in stateful.library.function if f.signature.name == "F").node_def.add(
+        name="draw", op="RandomUniform")
+    assert _candidates(stateful, {"B", "G"}) == []  # never run a random op twice
+    reading = _step()
+    next(f for f in reading.library.function if f.signature.name == "F").node_def.add(
+        name="read", op="ReadVariableOp")
+    assert _candidates(reading, {"B", "G"}) == [("forward", "backward")]
 
 
 def test_the_backward_call_reads_a_second_run_that_waits_for_its_gradients():
@@ -75,3 +86,20 @@ def test_an_embedding_read_only_by_gathers_takes_its_slots_shape():
     readers = {graph.op(u) for u, _ in bind._users(graph, handle)}
     assert readers <= {"ResourceGather", "ResourceScatterAdd"}  # nothing reads it whole
     assert bind.value_spec(graph, shapes, handle).shape == (50, 6)
+
+
+def test_a_forward_pass_reading_a_variable_the_step_writes_before_its_gradient_is_not():
+    graph_def = _step()
+    next(f for f in graph_def.library.function if f.signature.name == "F").node_def.add(
+        name="read", op="ReadVariableOp")
+    graph_def.node.add(name="v", op="VarHandleOp")
+    forward = next(n for n in graph_def.node if n.name == "forward")
+    forward.input.append("v")
+    forward.attr["Tin"].list.type.extend([types_pb2.DT_FLOAT, types_pb2.DT_RESOURCE])
+    write = graph_def.node.add(name="write", op="AssignVariableOp", input=["v", "x"])
+    graph = Graph.from_graph_def(graph_def)
+    assert rerun.candidates(graph, {"B", "G"}, ["backward"]) == [("forward", "backward")]
+    assert rerun.candidates(graph, {"B", "G"}, ["backward", "write"]) == []
+    write.input.append("^backward")  # the optimizer's update: after the gradient
+    graph = Graph.from_graph_def(graph_def)
+    assert rerun.candidates(graph, {"B", "G"}, ["backward", "write"]) == [("forward", "backward")]

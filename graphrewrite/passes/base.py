@@ -139,8 +139,8 @@ class InlineResult(PassResult):
 
 @dataclass
 class RerunResult(PassResult):
-    rerun: list[str] = field(default_factory=list)  # forward calls run again before their
-    # backward calls
+    rerun: list[str] = field(default_factory=list)  # forward calls and loops run again
+    # before their backward passes
 
 
 @dataclass

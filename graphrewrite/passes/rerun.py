@@ -1,9 +1,9 @@
-"""Rerun pass: a recurrent layer's forward call run again right before its backward call.
+"""Rerun pass: a recurrent layer's forward pass run again right before its backward pass.
 
-A Keras RNN's forward call keeps every step's values for its backward call (`rerun.py`), so
-the first layers' are held through every later layer's forward and backward passes. The pass
-tries each stateless forward call whose results a backward call reads, in forward order, and
-keeps a second run where the step as TensorFlow runs it (after Grappler, with the calls'
+A Keras RNN's forward call or loop keeps every step's values for its backward pass (`rerun.py`),
+so the first layers' are held through every later layer's forward and backward passes. The pass
+tries each forward pass whose results a backward pass reads, in forward order, and keeps a
+second run where the step as TensorFlow runs it (after Grappler, with the calls'
 loops: `analysis.as_run`) needs less memory: the last layer's values are read as soon as they
 are made, so running it again saves nothing and costs a forward pass.
 """
@@ -31,9 +31,9 @@ class RerunOptions(PassOptions):
 
 
 def run(graph: Graph, analysis: Analysis, options: RerunOptions, model=None):
-    """Run again the forward calls whose second run lowers the step's peak as run."""
+    """Run again the forward passes whose second run lowers the step's peak as run."""
     graph_def = graph.to_graph_def()
-    pairs = rerun.candidates(graph_def, backward_functions(graph_def.library))
+    pairs = rerun.candidates(graph, backward_functions(graph_def.library), analysis.fetches)
     if not pairs or model is None:
         return RerunResult(graph, False)
     best = _peak(model, graph, analysis)
@@ -47,8 +47,8 @@ def run(graph: Graph, analysis: Analysis, options: RerunOptions, model=None):
             graph_def, best = trial, peak
             kept.append(forward)
     if not kept:
-        return RerunResult(graph, False, note="no recurrent layer's forward call, run again "
-                           "before its backward call, lowers the step's peak as run")
+        return RerunResult(graph, False, note="no recurrent layer's forward pass, run again "
+                           "before its backward pass, lowers the step's peak as run")
     return RerunResult(Graph.from_graph_def(graph_def), True, rerun=kept)
 
 
