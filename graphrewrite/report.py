@@ -101,7 +101,7 @@ def _note(result: OptimizeResult) -> str:
                      f"({_mib(before)} -> {_mib(after)}, after Grappler): the passes plan on "
                      f"the step as written ({_mib(result.peak_before)} -> "
                      f"{_mib(result.peak_after)})")
-    return " ".join(filter(None, notes))
+    return "; ".join(filter(None, notes))
 
 
 def _mib(count: int) -> str:
