@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from tensorflow.core.framework import attr_value_pb2, graph_pb2, node_def_pb2
 
-from . import ops
+from . import dtypes, ops
 from .graph import Graph
 from .names import COPY_SUFFIX
 from .split import reachable
@@ -29,7 +29,6 @@ CALL_OPS = ("PartitionedCall", "StatefulPartitionedCall")
 LOOP_OPS = ("While", "StatelessWhile")
 FUNCTION_ATTRS = ("f", "body", "cond", "then_branch", "else_branch", "branches")
 READ = "ReadVariableOp"
-RESOURCE = 20  # DT_RESOURCE
 
 
 def candidates(graph: Graph, backward: set[str], fetches: list[str]) -> list[tuple[str, str]]:
@@ -92,7 +91,8 @@ def _repeatable(graph: Graph, library: dict, forward: str, backward: str, step: 
     after = reachable(graph.nx, [backward])
     node = graph.node_def(forward)
     types = node.attr["Tin" if node.op in CALL_OPS else "T"].list.type
-    handles = [ref for ref, kind in zip(graph.data_inputs(forward), types) if kind == RESOURCE]
+    handles = [ref for ref, kind in zip(graph.data_inputs(forward), types)
+               if kind == dtypes.RESOURCE]
     while handles:  # every op on a handle it reads, through Identities, waits on `backward`
         for user, _ in graph.consumers(handles.pop()):
             if graph.op(user) == "Identity":
