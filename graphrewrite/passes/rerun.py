@@ -32,10 +32,12 @@ class RerunOptions(PassOptions):
 
 def run(graph: Graph, analysis: Analysis, options: RerunOptions, model=None):
     """Run again the forward passes whose second run lowers the step's peak as run."""
-    graph_def = graph.to_graph_def()
-    pairs = rerun.candidates(graph, backward_functions(graph_def.library), analysis.fetches)
+    library = graph.shell.library
+    pairs = rerun.candidates(graph, backward_functions(library), analysis.fetches) \
+        if library.function else []
     if not pairs or model is None:
         return RerunResult(graph, False)
+    graph_def = graph.to_graph_def()
     best = _peak(model, graph, analysis)
     kept = []
     for forward, backward in pairs:
