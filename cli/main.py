@@ -707,18 +707,9 @@ def format_optimize(facts: dict) -> str:
                                 f"({_shorten(facts['swapped'], 3)}); "
                                 f"{format_bytes(facts['bytes_moved'])} moved per step, "
                                 f"{facts['transfer_seconds'] * 1000:.1f} ms at the bandwidth"))
-    if facts["accumulated"]:
-        rows.append(("accumulated", f"{len(facts['accumulated'])} AddN sums now add as their "
-                                    f"terms arrive ({_shorten(facts['accumulated'], 3)})"))
-    if facts["rerun"]:
-        rows.append(("rerun", f"{len(facts['rerun'])} recurrent layers' forward passes run again "
-                              f"before their backward passes ({_shorten(facts['rerun'], 3)})"))
-    if facts["inlined"]:
-        rows.append(("inlined", f"{len(facts['inlined'])} function calls holding the forward or "
-                                f"backward pass ({_shorten(facts['inlined'], 3)})"))
-    if facts["deferred"]:
-        rows.append(("deferred", f"{len(facts['deferred'])} parameter-only values computed when "
-                                 f"their gradient is ready ({_shorten(facts['deferred'], 3)})"))
+    for key, what in NAMED_ROWS:
+        if facts[key]:
+            rows.append((key, f"{len(facts[key])} {what} ({_shorten(facts[key], 3)})"))
     if facts["relaxed_assigns"]:
         rows.append(("relaxed", f"{len(facts['relaxed_assigns'])} Assigns may ignore allocator "
                                 "constraints"))
@@ -814,6 +805,15 @@ def format_summary(facts: dict) -> str:
     width = max((len(op) for op in facts["ops"]), default=0)
     lines.extend(f"  {op:<{width}} {count:>6}" for op, count in ranked)
     return "\n".join(lines)
+
+
+# Report keys listing nodes, as table rows: the key, then what each listed node is.
+NAMED_ROWS = (
+    ("accumulated", "AddN sums now add as their terms arrive"),
+    ("rerun", "recurrent layers' forward passes run again before their backward passes"),
+    ("inlined", "function calls holding the forward or backward pass"),
+    ("deferred", "parameter-only values computed when their gradient is ready"),
+)
 
 
 def _shorten(names: list[str], limit: int = 8) -> str:
