@@ -133,7 +133,12 @@ def start_as_run(model: Model, graph: Graph, found: Analysis) -> Future:
 
     graph_def = graph.to_graph_def()
     inlined = inline.inline_calls(graph_def)  # a TF2 Keras RNN's calls, as run
-    return grappler.as_run_soon(inlined or graph_def, found.fetches, model.meta_graph)
+    if inlined is None:
+        return grappler.as_run_soon(graph_def, found.fetches, model.meta_graph)
+    # The runtime runs a kept call's body whole, every result made: Grappler keeps them all.
+    returned = {n.name for n in graph_def.node if n.op in inline.CALL_OPS} & \
+        {n.name for n in inlined.node if n.op == "IdentityN"}
+    return grappler.as_run_soon(inlined, [*found.fetches, *sorted(returned)], model.meta_graph)
 
 
 def as_run(model: Model, graph: Graph, found: Analysis, input_shapes: dict | None = None,

@@ -51,6 +51,7 @@ PASS_THROUGH = frozenset({"Identity", "Enter", "RefEnter", "Exit", "RefExit", "M
 # Accumulating op -> index of the element it adds.
 ACCUMULATE = {"StackPushV2": 1, "TensorListPushBack": 1, "TensorListSetItem": 2,
               "TensorArrayWriteV3": 2}
+READ, RETURNED, UNREAD = "read", "returned", "unread"  # `_list_fate`
 # Ops that take elements out of a container the accumulators filled (their last one frees it).
 TAKE = frozenset({"StackPopV2", "TensorListPopBack", "TensorListGetItem", "TensorListStack",
                   "TensorListGather", "TensorListConcatV2", "TensorArrayReadV3",
@@ -117,7 +118,8 @@ def analyse(graph: Graph, shapes, order: list[str]) -> LoopMemory:
         element = graph.data_inputs(name)[ACCUMULATE[graph.op(name)]]
         size = shapes.nbytes(element)
         kept = _kept_value(graph, element)
-        if _unread_list(graph, name):
+        fate = _list_fate(graph, name)
+        if fate == UNREAD:
             result.sizes[TensorRef(name)] = 0  # the executor never runs it (measured)
             continue
         if _invariant(graph, element, frames, frame) or (frame, kept) in counted:
@@ -131,6 +133,8 @@ def analyse(graph: Graph, shapes, order: list[str]) -> LoopMemory:
         # A loop that takes them out (the gradient loop popping them) empties the container
         # over all its iterations, and the body that runs once stands for its first one.
         readers = [last[frames[r]] if frames.get(r) not in ("", frame) else r for r in readers]
+        if not readers and fate == RETURNED:
+            readers = [last[frame]]  # freed when its call returns, after its loop
         for reader in readers or order[-1:]:  # nothing takes them: held to the step's end
             result.held_by.setdefault(reader, []).append(TensorRef(name))
     result.parallel = parallel_iterations(graph, frames)
@@ -432,25 +436,31 @@ def _readers(graph: Graph, name: str) -> list[str]:
                                    or op == "TensorListPopBack"))
 
 
-def _unread_list(graph: Graph, name: str) -> bool:
-    """Whether accumulator `name` writes a tensor list that nothing reads past the loop
-    plumbing: an accumulator a TF2 loop's gradient turned out not to need. TensorFlow does not
-    run such pushes (a Keras LSTM in a TF1 graph: 13 of its 22 pushes per step ran, the 9 whose
-    lists nobody reads did not). A stack or TensorArray is a resource of the step, and a list
-    an op we do not know takes (a call) may be read: those count."""
+def _list_fate(graph: Graph, name: str) -> str:
+    """What becomes of the tensor list accumulator `name` writes, past the loop plumbing: READ
+    by an op (or it is a stack or TensorArray, a resource of the step, or taken by an op we do
+    not know); RETURNED by an inlined call (`inline.py`: its results' IdentityN) and read by
+    nothing else: the call runs its body whole, so the list lives until the call returns;
+    UNREAD: an accumulator a TF2 loop's gradient turned out not to need, which TensorFlow does
+    not run (a Keras LSTM in a TF1 graph: 13 of its 22 pushes per step ran, the 9 whose lists
+    nothing reads did not)."""
     if not graph.op(name).startswith("TensorList"):
-        return False
-    seen, stack = {name}, [name]
+        return READ
+    fate, seen, stack = UNREAD, set(), [TensorRef(name)]
     while stack:
         for consumer, port in graph.consumers(stack.pop()):
-            if port is None or port == CONTROL or consumer in seen:
+            if port is None or port == CONTROL or (consumer, port) in seen:
                 continue
+            seen.add((consumer, port))
             op = graph.op(consumer)
-            if op not in PASS_THROUGH and not (op in ACCUMULATE and port == 0):
-                return False
-            seen.add(consumer)
-            stack.append(consumer)
-    return True
+            if op == "IdentityN":  # output k is input k
+                fate = RETURNED
+                stack.append(TensorRef(consumer, port))
+            elif op in PASS_THROUGH or (op in ACCUMULATE and port == 0):
+                stack.extend(TensorRef(consumer, k) for k in (0, 1))  # a Switch's two
+            else:
+                return READ
+    return fate
 
 
 def _walk(graph: Graph, start: str, take, follow) -> list[str]:

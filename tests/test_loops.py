@@ -209,6 +209,6 @@ def test_a_list_nobody_reads_is_not_counted():
     does not need); TensorFlow never runs them."""
     graph = as_run(_two_v2_rnns(read_variable=True))
     found, sizes = accumulators(graph)
-    unread = [ref for ref in sizes if loops._unread_list(graph, ref.node)]
+    unread = [ref for ref in sizes if loops._list_fate(graph, ref.node) == loops.UNREAD]
     assert unread and all(sizes[ref] == 0 for ref in unread)
     assert any(sizes[ref] for ref in sizes if ref not in unread)
