@@ -41,6 +41,8 @@ def run(graph: Graph, analysis: Analysis, options: RerunOptions, model=None):
     best = _peak(model, graph, analysis)
     kept = []
     for forward, backward in pairs:
+        if forward in kept:  # read by two backward passes: the first one's run stays alone
+            continue
         trial = rerun.rerun(graph_def, forward, backward)
         peak = _peak(model, Graph.from_graph_def(trial), analysis)
         log.info("rerun %s before %s: modelled peak as run %s -> %s", forward, backward,
