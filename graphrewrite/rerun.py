@@ -21,12 +21,12 @@ from tensorflow.core.framework import attr_value_pb2, graph_pb2, node_def_pb2
 
 from . import dtypes, ops
 from .graph import Graph
+from .inline import CALL_OPS, LOOP_OPS
 from .names import COPY_SUFFIX
 from .split import reachable
 from .tensor_ref import TensorRef
 
-CALL_OPS = ("PartitionedCall", "StatefulPartitionedCall")
-LOOP_OPS = ("While", "StatelessWhile")
+FUNCTIONAL = CALL_OPS | LOOP_OPS
 FUNCTION_ATTRS = ("f", "body", "cond", "then_branch", "else_branch", "branches")
 READ = "ReadVariableOp"
 
@@ -40,12 +40,12 @@ def candidates(graph: Graph, backward: set[str], fetches: list[str]) -> list[tup
     library = {f.signature.name: f for f in graph.shell.library.function}
     pairs = []
     for name in graph.nodes():
-        if graph.op(name) not in CALL_OPS + LOOP_OPS or \
+        if graph.op(name) not in FUNCTIONAL or \
                 not _functions(graph.node_def(name)) & backward:
             continue
         for source in dict.fromkeys(ref.node for ref in graph.data_inputs(name)):
             node = graph.node_def(source)
-            if node.op in CALL_OPS + LOOP_OPS and not _functions(node) & backward \
+            if node.op in FUNCTIONAL and not _functions(node) & backward \
                     and _repeatable(graph, library, source, name, step):
                 pairs.append((source, name))
     order = {n: k for k, n in enumerate(graph.nodes())}
@@ -64,7 +64,7 @@ def rerun(graph_def: graph_pb2.GraphDef, forward: str, backward: str) -> graph_p
     reader = nodes[backward]
     for k, text in enumerate(dict.fromkeys(i for i in reader.input if _source(i) != forward)):
         source = _source(text)
-        if text.startswith("^") or nodes[source].op not in CALL_OPS + LOOP_OPS:
+        if text.startswith("^") or nodes[source].op not in FUNCTIONAL:
             copy.input.append("^" + source)
             continue
         # Inlined or lowered, a call's or loop's control edge waits on its stateful ops alone,
@@ -117,7 +117,7 @@ def _stateful_ops(library: dict, names: set[str]) -> set[str] | None:
             return None
         for node in function.node_def:
             if node.op not in library and ops.is_stateful(node.op) \
-                    and node.op not in CALL_OPS + LOOP_OPS:
+                    and node.op not in FUNCTIONAL:
                 found.add(node.op)
             todo.extend(_functions(node) | ({node.op} if node.op in library else set()))
     return found
