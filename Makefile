@@ -46,10 +46,17 @@ train-zoo: install
 $(ZOO)/manifest.json:
 	$(MAKE) zoo
 
+# BENCHMARKS.md, remade whole: the swap table, rewrite time by graph size (with the speed
+# targets), the planners against the exact one, then every fixture and zoo graph original vs
+# rewritten (each step leaves its table in out/bench; the last writes the report).
 bench: install $(ZOO)/manifest.json
+	@mkdir -p out/bench
 	$(BIN)/python fixtures/bench.py --zoo $(ZOO) --mode swap --runs 3 \
 		--only resnet50,deep_mlp,transformer_encoder,mobilenetv2,densenet121,mlp,resnet_cnn,transformer_dropout \
 		--swap-table out/bench/swap.md
+	$(BIN)/python fixtures/scaling.py --depths 128,1111,4096,11000 --planners none,estimate \
+		--out out/scaling --markdown out/bench/scaling.md
+	cd tests && (echo 'Produced by `python tests/test_exact.py`.'; echo; ../$(BIN)/python test_exact.py) > ../out/bench/planners.md
 	$(BIN)/python fixtures/bench.py --zoo $(ZOO) --markdown BENCHMARKS.md
 
 # How optimize scales with graph size (nodes vs seconds vs RSS), on generated residual MLPs:

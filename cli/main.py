@@ -15,13 +15,23 @@ import json
 import logging
 import os
 import sys
-import time
 import traceback
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before TensorFlow is imported: quiet C++ logs
 
 import click  # noqa: E402
+
+from graphrewrite.planning.devices import PROFILES  # noqa: E402  (no TensorFlow import)
+
+from graphrewrite.cli.options import (FLAGS, analysis_options, device_option,  # noqa: E402
+                                      mode_option, parse_feeds, plot_option, setup_logging,
+                                      tag_option)
+from graphrewrite.cli.tables import (Progress, Stages, format_optimize,  # noqa: E402
+                                     format_summary, format_verify)
+
+__all__ = ["EXIT_OK", "EXIT_CHECK_FAILED", "EXIT_BAD_INPUT", "EXIT_PASS_FAILED", "EXIT_INTERRUPTED",
+           "main", "optimize", "verify", "batch", "diff_command", "dump", "inspect", "entry"]
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT, EXIT_PASS_FAILED = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report a SIGINT
@@ -43,95 +53,19 @@ class _Group(click.Group):
             click.echo("graphrewrite: interrupted", err=True)
             ctx.exit(EXIT_INTERRUPTED)
         except Exception as err:  # noqa: BLE001  (every failure becomes one line)
-            from graphrewrite.errors import GraphRewriteError, PassError
+            from graphrewrite.core.errors import GraphRewriteError, PassError
 
             if ctx.obj and ctx.obj.get("debug"):
                 traceback.print_exc()
-            first_line = (str(err).strip().splitlines() or [""])[0]
-            if isinstance(err, GraphRewriteError):
-                message = first_line
-            else:  # not an input graphrewrite refused: its own bug
-                message = (f"internal error (a bug in graphrewrite): {type(err).__name__}: "
-                           f"{first_line} (--debug shows where)")
-            click.echo(f"graphrewrite: error: {message}", err=True)
+            text = err.render(FLAGS) if isinstance(err, GraphRewriteError) else str(err)
+            first_line = (text.strip().splitlines() or [""])[0]
             bug = isinstance(err, PassError) or not isinstance(err, GraphRewriteError)
+            if not isinstance(err, GraphRewriteError):  # not an input it refused: its own bug
+                first_line = (f"internal error (a bug in graphrewrite): {type(err).__name__}: "
+                              f"{first_line}")
+            message = first_line + (" (--debug shows where)" if bug else "")
+            click.echo(f"graphrewrite: error: {message}", err=True)
             ctx.exit(EXIT_PASS_FAILED if bug else EXIT_BAD_INPUT)
-
-
-class _StderrFormatter(logging.Formatter):
-    def format(self, record):
-        return f"graphrewrite: {record.levelname.lower()}: {record.getMessage()}"
-
-
-def _setup_logging(verbose: bool, quiet: bool) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_StderrFormatter())
-    logger = logging.getLogger("graphrewrite")
-    logger.handlers[:] = [handler]
-    logger.propagate = False
-    logger.setLevel(logging.ERROR if quiet else logging.INFO if verbose else logging.WARNING)
-
-
-tag_option = click.option("--tag", metavar="TAGS",
-                          help="SavedModel only: the MetaGraph's tag set, comma-separated "
-                               "(default: the only one, else 'serve').")
-
-
-def _check_plot(ctx, param, value):
-    """Refuse a --plot that cannot be drawn before the command runs (and writes anything)."""
-    if value is not None:
-        from graphrewrite import plot
-
-        plot.check(value)
-    return value
-
-
-def plot_option(what: str):
-    """`--plot FILE`, drawing `what`; the format and the extra it needs are the same for all."""
-    return click.option("--plot", "plot_path", type=click.Path(), metavar="FILE",
-                        callback=_check_plot,
-                        help=f"Draw {what} (.png, .svg or .pdf; needs pip install "
-                             "'graphrewrite[plot]').")
-
-
-def _parse_input_shapes(ctx, param, values):
-    from graphrewrite.shapes import parse_input_shape
-
-    try:
-        return dict(parse_input_shape(v) for v in values)
-    except ValueError as err:
-        raise click.BadParameter(str(err)) from None
-
-
-def _parse_names(ctx, param, value):
-    return [v.strip() for v in value.split(",") if v.strip()] if value else None
-
-
-def analysis_options(command):
-    """Options every command that models memory shares."""
-    for option in reversed([
-        click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME:D0,D1,..",
-                     callback=_parse_input_shapes,
-                     help="Fix a placeholder's unknown dimensions (repeatable), e.g. "
-                          "--input-shape images:8,224,224,3."),
-        click.option("--outputs", callback=_parse_names, metavar="NAMES",
-                     help="Comma-separated nodes one step fetches (default: a MetaGraphDef's "
-                          "train_op and losses collections, else every sink)."),
-        click.option("--backward-scope", metavar="PREFIX",
-                     help="Treat nodes under this name prefix as the start of the backward pass "
-                          "(default: found from gradient ops and the gradient seed)."),
-    ]):
-        command = option(command)
-    return command
-
-
-def device_option(command):
-    """--device: the kind of device whose kernel scratch and allocator the model assumes."""
-    return click.option(
-        "--device", type=click.Choice(["cpu", "gpu"]), default=None,
-        help="Model the step on this kind of device: its kernels' scratch (gpu: cuDNN "
-             "workspace, an unmeasured estimate) and its allocator (default: gpu when a node "
-             "is placed on a GPU, else cpu).")(command)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -153,29 +87,11 @@ def main(ctx, debug, verbose, quiet):
     failed or left a broken graph, or an internal error: please report it with the --debug
     traceback), 130 interrupted.
     """
-    from graphrewrite.measure import measurement_environment
+    from graphrewrite.execution.measure import measurement_environment
 
     measurement_environment()  # `verify` measures memory; TensorFlow reads these flags at import
     ctx.ensure_object(dict)["debug"] = debug
-    _setup_logging(verbose, quiet)
-
-
-def _mode_help() -> str:
-    from graphrewrite.modes import MODE_HELP
-
-    return "Rewrite to run. " + "; ".join(f"{k}: {v}" for k, v in MODE_HELP.items()) + "."
-
-
-def _check_mode(ctx, param, value):
-    from graphrewrite.modes import MODES
-
-    if value not in MODES:
-        raise click.BadParameter(f"unknown mode '{value}'; modes: {', '.join(MODES)}")
-    return value
-
-
-mode_option = click.option("--mode", default="memory", show_default=True, metavar="MODE",
-                           callback=_check_mode, help=_mode_help())
+    setup_logging(verbose, quiet)
 
 
 @main.command()
@@ -210,7 +126,14 @@ mode_option = click.option("--mode", default="memory", show_default=True, metava
                    "more compute). Swap: the fewest tensors moved (default: as low as it "
                    "goes).")
 @click.option("--bandwidth", type=click.FloatRange(min=0, min_open=True), metavar="BYTES_PER_S",
-              help="Swapping: host transfer bandwidth for timing swap-ins [default: 16e9].")
+              help="Swapping: host transfer bandwidth for timing swap-ins [default: the device "
+                   "profile's pinned host link].")
+@click.option("--device-profile", "device_profile", metavar="NAME",
+              type=click.Choice(list(PROFILES)),
+              default=None,
+              help="Swapping: time the step and its transfers on this device (h200 measured; "
+                   "h100, a100, v100 from their makers' specifications; cpu: nothing to swap "
+                   "to; default: the V100-class figures used before profiles).")
 @click.option("--planner", type=click.Choice(["estimate", "search", "exact"]), default=None,
               help="Mode memory: how checkpoint choices are priced. estimate (the default): "
                    "each on the original's schedule, then the best few rewritten and simulated "
@@ -251,9 +174,9 @@ mode_option = click.option("--mode", default="memory", show_default=True, metava
 @tag_option
 @click.pass_context
 def optimize(ctx, model_path, output, in_place, mode, checkpoints, swap_tensors,
-             swap_checkpoints, swap_form, budget, bandwidth, planner, passes, report_path,
-             explain, plot_path, plan_out, plan_path, as_json, no_as_run, input_shapes, outputs,
-             backward_scope, device, tag):
+             swap_checkpoints, swap_form, budget, bandwidth, device_profile, planner, passes,
+             report_path, explain, plot_path, plan_out, plan_path, as_json, no_as_run,
+             input_shapes, outputs, backward_scope, device, tag):
     """Rewrite model IN with MODE and write it to OUT in the same format.
 
     IN is a GraphDef (.pb, .pbtxt), a MetaGraphDef (.meta, .meta.txt) or a SavedModel directory;
@@ -261,7 +184,10 @@ def optimize(ctx, model_path, output, in_place, mode, checkpoints, swap_tensors,
     graph passed its structural checks: on any failure nothing is written. Check the result
     with `graphrewrite verify IN OUT`.
     """
-    from graphrewrite import io, pipeline, plan, report
+    from graphrewrite.core import io
+    from graphrewrite.pipeline import grammar, plan
+    from graphrewrite.pipeline import run as pipeline
+    from graphrewrite.reporting import report
 
     if plan_path:
         given = [flag for flag, value in (("--passes", passes), ("--checkpoints", checkpoints),
@@ -278,11 +204,11 @@ def optimize(ctx, model_path, output, in_place, mode, checkpoints, swap_tensors,
                                "--no-as-run")
     if not in_place:
         io.refuse_overwriting(model_path, output)
-    text = pipeline.compose(mode, passes, checkpoints=checkpoints, budget=budget,
+    text = grammar.compose(mode, passes, checkpoints=checkpoints, budget=budget,
                             planner=planner, swap_checkpoints=swap_checkpoints,
                             swap_options={"form": swap_form, "bandwidth": bandwidth,
-                                          "tensors": swap_tensors})
-    stages = _Stages(enabled=not ctx.find_root().params.get("quiet"))
+                                          "profile": device_profile, "tensors": swap_tensors})
+    stages = Stages(enabled=not ctx.find_root().params.get("quiet"))
     stages("loading")
     model = io.load(model_path, tag=tag)
     # TensorFlow's objects live as long as the process; the rewrite allocates and drops many
@@ -291,7 +217,7 @@ def optimize(ctx, model_path, output, in_place, mode, checkpoints, swap_tensors,
     chosen = plan.load(plan_path, model.graph) if plan_path else None
     # The rewrite's analyses and graphs live until it ends: automatic collections would walk
     # them over and over (a fifth of the time on a 37k-node graph). Paused for it; the planner
-    # frees the graphs it drops itself (`recompute._evaluate`).
+    # frees the graphs it drops itself (`recompute.evaluate`).
     gc.disable()
     try:
         result = pipeline.optimize(model, mode, input_shapes=input_shapes,
@@ -320,22 +246,13 @@ def optimize(ctx, model_path, output, in_place, mode, checkpoints, swap_tensors,
     for name in explain:
         click.echo(report.explain(result, model.graph, name.split(":")[0]))
     if plot_path:
-        from graphrewrite import plot, split
+        from graphrewrite.analysis import split
+        from graphrewrite.reporting import plot
 
         flow = plot.gradient_flow(model.graph, split.split(model.graph, backward_scope))
         curves = [curve for label, found in zip(("original", "rewritten"), result.run_reports)
                   if found is not None for curve in plot.modelled(found, label, flow)]
         plot.draw(plot_path, curves, f"{model_path}: one step, modelled ({mode})")
-
-
-def _parse_feeds(ctx, param, values):
-    feeds = {}
-    for value in values:
-        name, sep, path = value.partition("=")
-        if not sep or not name or not path:
-            raise click.BadParameter(f"expected NAME=FILE.npy, not '{value}'")
-        feeds[name] = path
-    return feeds
 
 
 @main.command()
@@ -345,7 +262,7 @@ def _parse_feeds(ctx, param, values):
               help="Relative tolerance (0: bitwise).")
 @click.option("--atol", default=0.0, show_default=True, type=click.FloatRange(min=0),
               help="Absolute tolerance (0: bitwise).")
-@click.option("--feed", "feeds", multiple=True, metavar="NAME=FILE.npy", callback=_parse_feeds,
+@click.option("--feed", "feeds", multiple=True, metavar="NAME=FILE.npy", callback=parse_feeds,
               help="Feed this array instead of a random one (repeatable).")
 @click.option("--runs", default=5, show_default=True, type=click.IntRange(min=1),
               help="Timed steps per model.")
@@ -395,9 +312,10 @@ def verify(ctx, original_path, rewritten_path, rtol, atol, feeds, runs, steps, b
     side. A GPU is used when TensorFlow sees one. Exit 0 when everything matches, 1 when
     anything differs.
     """
-    from graphrewrite import io, verify as verify_mod
+    from graphrewrite.core import io
+    from graphrewrite.execution import verify as verify_mod
 
-    stages = _Stages(enabled=not ctx.find_root().params.get("quiet"))
+    stages = Stages(enabled=not ctx.find_root().params.get("quiet"))
     stages("loading")
     original = io.load(original_path, tag=tag)
     rewritten = io.load(rewritten_path, tag=tag)
@@ -412,48 +330,20 @@ def verify(ctx, original_path, rewritten_path, rtol, atol, feeds, runs, steps, b
     else:
         click.echo(format_verify(facts))
     if plot_path:
-        from graphrewrite import plot
+        from graphrewrite.reporting import plot
 
         plot.draw(plot_path, [plot.measured(result.original.timeline, "original (measured)"),
                               plot.measured(result.rewritten.timeline, "rewritten (measured)")],
                   f"{original_path} vs {rewritten_path}: one traced step on "
                   f"{result.original.device}")
     if trace_dir:
-        from graphrewrite import trace
+        from graphrewrite.execution import trace
 
         for label, model, measured in (("original", original, result.original),
                                        ("rewritten", rewritten, result.rewritten)):
             trace.write(trace_dir, label, measured.run_metadata, model.graph.to_graph_def())
     if not result.match:
         click.get_current_context().exit(EXIT_CHECK_FAILED)
-
-
-def format_verify(facts: dict) -> str:
-    """`verify`'s side-by-side table for people."""
-    peak, step = facts["peak_bytes"], facts["step_seconds"]
-    if "loss_curves" in facts:
-        return _format_curves(facts)
-
-    def ratio(a, b):
-        return f"{b / a:.2f}x" if a and b else "-"
-
-    verdict = "MATCH" if facts["match"] else "MISMATCH"
-    tolerance = "bitwise" if facts["max_abs_diff"] == 0 else f"max |diff| {facts['max_abs_diff']:.3g}"
-    compared = f"{facts['outputs_compared']} outputs x {facts['steps']} steps"
-    if facts["variables_compared"]:
-        compared += f", {facts['variables_compared']} variables"
-    lines = [f"outputs       {verdict}: {compared} compared ({tolerance})"]
-    if facts["mismatched"]:
-        lines.append(f"mismatched    {_shorten(facts['mismatched'])}")
-    lines += [
-        f"{'':13} {'original':>12} {'rewritten':>12} {'ratio':>7}",
-        f"{'peak memory':13} {format_bytes(peak['original'] or 0):>12} "
-        f"{format_bytes(peak['rewritten'] or 0):>12} {ratio(peak['original'], peak['rewritten']):>7}",
-        f"{'step time':13} {step['original'] * 1000:>10.1f}ms {step['rewritten'] * 1000:>10.1f}ms "
-        f"{ratio(step['original'], step['rewritten']):>7}",
-        f"device        {facts['device']}",
-    ]
-    return "\n".join(lines)
 
 
 @main.command()
@@ -491,20 +381,20 @@ def batch(paths, out_dir, mode, jobs, report_path, with_verify, force, budget, e
         raise click.BadParameter("--executor dask needs --scheduler ADDRESS",
                                  param_hint="--scheduler")
     if budget is not None:  # a usage error now, not one failed line per model
-        from graphrewrite import pipeline
+        from graphrewrite.pipeline import grammar
 
-        pipeline.compose(mode, budget=budget)
+        grammar.compose(mode, budget=budget)
     planned = batch_mod.plan(paths, out_dir, mode, with_verify, force, budget)
     if not planned:
         raise click.BadParameter("no models (.pb, .pbtxt, .meta, SavedModel) under the paths",
                                  param_hint="PATH")
-    progress = _Progress(len(planned))
+    progress = Progress(len(planned))
     results = batch_mod.run(planned, jobs, scheduler if executor == "dask" else None,
                             progress.update)
     progress.close()
     lines = [json.dumps(line, sort_keys=True) for line in results]
     if report_path:
-        from graphrewrite import io
+        from graphrewrite.core import io
 
         io.write_atomic(Path(report_path), ("\n".join(lines) + "\n").encode())
     counts = {s: sum(1 for r in results if r["status"] == s) for s in ("ok", "skipped", "failed")}
@@ -515,43 +405,6 @@ def batch(paths, out_dir, mode, jobs, report_path, with_verify, force, budget, e
                f"{counts['failed']} failed")
     if counts["failed"]:
         click.get_current_context().exit(EXIT_CHECK_FAILED)
-
-
-class _Stages:
-    """On a terminal, a line on stderr as each stage of a long `optimize` or `verify` begins,
-    with the seconds so far (a 100k-node graph takes a minute to rewrite; verifying even a tiny
-    one takes seconds); nothing in logs and pipes."""
-
-    def __init__(self, enabled: bool = True):
-        self.shown = enabled and sys.stderr.isatty()
-        self.start = time.perf_counter()
-
-    def __call__(self, stage: str) -> None:
-        if self.shown:
-            click.echo(f"{time.perf_counter() - self.start:6.1f} s  {stage}", err=True)
-
-
-class _Progress:
-    """A bar on a terminal, one plain line per model elsewhere (CI logs)."""
-
-    def __init__(self, total: int):
-        self.total, self.done = total, 0
-        self.bar = None
-        if sys.stderr.isatty():
-            self.bar = click.progressbar(length=total, label="rewriting", file=sys.stderr)
-            self.bar.__enter__()
-
-    def update(self, line: dict) -> None:
-        self.done += 1
-        if self.bar is not None:
-            self.bar.update(1)
-        else:
-            click.echo(f"[{self.done}/{self.total}] {line['status']:7} {line['path']} "
-                       f"({line['seconds']}s)", err=True)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.__exit__(None, None, None)
 
 
 @main.command(name="diff")
@@ -567,7 +420,8 @@ def diff_command(a_path, b_path, as_json, tag):
     > (inputs rewired); tensor payloads compare by content hash. Exit 0 when identical, 1 when
     different, 2 on bad input: usable as a CI check on rewritten fixtures.
     """
-    from graphrewrite import diff, io
+    from graphrewrite.core import io
+    from graphrewrite.reporting import diff
 
     result = diff.diff(io.load(a_path, tag=tag).graph, io.load(b_path, tag=tag).graph)
     click.echo(json.dumps(result.to_json(), indent=2) if as_json else diff.format_diff(result))
@@ -584,47 +438,10 @@ def dump(model_path, tag):
     The same graph dumps identically whatever the order of its nodes in the file, so two dumps
     can be compared with diff. Tensor payloads print as dtype, shape and a short hash.
     """
-    from graphrewrite import io, text
+    from graphrewrite.core import io, text
 
     model = io.load(model_path, tag=tag)
     click.echo(text.dump(model.graph, model.meta_graph), nl=False)
-
-
-def _yes(flag: bool) -> str:
-    return "yes" if flag else "no"
-
-
-def _format_curves(facts: dict) -> str:
-    """`verify --steps`: both loss curves and the verdict on the final losses."""
-    curves, compared = facts["loss_curves"], facts["compared"]
-    peak = facts["peak_bytes"]
-    verdict = "MATCH" if facts["match"] else "MISMATCH"
-    change = (compared["rewritten"] - compared["original"]) / compared["original"] \
-        if compared["original"] else float("inf")
-    tolerance = f"rtol {facts['rtol']:g}" + (f", atol {compared['atol']:g}"
-                                             if compared["atol"] else "")
-    lines = [f"loss          {verdict}: {compared['what']} {compared['original']:.4g} -> "
-             f"{compared['rewritten']:.4g} ({change:+.1%}; {tolerance}) after {facts['steps']} "
-             f"steps of {facts['loss']}",
-             f"{'step':>13} {'original':>12} {'rewritten':>12}"]
-    shown = sorted({0, len(curves["original"]) - 1,
-                    *range(0, len(curves["original"]), max(1, len(curves["original"]) // 8))})
-    lines += [f"{k + 1:>13} {curves['original'][k]:>12.5g} {curves['rewritten'][k]:>12.5g}"
-              for k in shown]
-    trend = facts.get("trend") or {}
-    if trend:
-        window = trend["original"]["window"]
-        data = (f"{facts['batches']} fixed batches, mean of {window} steps"
-                if facts.get("batches") else "fresh batches, one step")
-        for key in ("start", "end"):
-            lines.append(f"{key:>13} {trend['original'][key]:>12.5g} "
-                         f"{trend['rewritten'][key]:>12.5g}   ({data})")
-        lines.append(f"{'fell':>13} {_yes(trend['original']['fell']):>12} "
-                     f"{_yes(trend['rewritten']['fell']):>12}")
-    lines.append(f"{'peak memory':13} {format_bytes(peak['original'] or 0):>12} "
-                 f"{format_bytes(peak['rewritten'] or 0):>12}")
-    lines.append(f"device        {facts['device']}")
-    return "\n".join(lines)
 
 
 @main.command()
@@ -642,7 +459,9 @@ def inspect(model_path, as_json, top, plot_path, input_shapes, outputs, backward
     """Summarize model IN: nodes, ops, inputs, outputs, control flow, variables, and the modelled
     memory of one training step (peak, what is live at the peak), FLOPs, forward/backward split.
     """
-    from graphrewrite import analysis, io, summary
+    from graphrewrite.analysis import step as analysis
+    from graphrewrite.core import io
+    from graphrewrite.reporting import summary
 
     model = io.load(model_path, tag=tag)
     found = analysis.analyse(model, input_shapes=input_shapes, backward_scope=backward_scope,
@@ -650,11 +469,11 @@ def inspect(model_path, as_json, top, plot_path, input_shapes, outputs, backward
     facts = summary.summarize(model, found.fetches)
     as_run = analysis.as_run(model, model.graph, found, input_shapes, device)
     facts.update(summary.memory_facts(found, top, as_run))
-    from graphrewrite import state
+    from graphrewrite.analysis import state
 
     facts.update(state.parameter_facts(model.graph, found.shapes))
     if plot_path:
-        from graphrewrite import plot
+        from graphrewrite.reporting import plot
 
         plot.draw(plot_path, plot.modelled(as_run or found.memory, "modelled",
                                            plot.gradient_flow(model.graph, found.split)),
@@ -663,164 +482,6 @@ def inspect(model_path, as_json, top, plot_path, input_shapes, outputs, backward
         click.echo(json.dumps(facts, indent=2))
     else:
         click.echo(format_summary(facts))
-
-
-def format_bytes(count: int) -> str:
-    """1536 -> '1.5 KiB'."""
-    value = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} GiB"
-
-
-# In the JSON report; too obvious for the table.
-EXPECTED_SKIPS = ("constant", "graph input", "smaller than 1 KiB")
-
-
-def format_optimize(facts: dict) -> str:
-    """The `optimize` report for people."""
-    rows = [
-        ("wrote", f"{facts['output']} ({facts['format']}) in {facts['seconds']:.1f} s"),
-        ("mode", f"{facts['mode']}: {facts['pipeline'] or '(no passes)'}"),
-        *_peak_rows(facts),
-        ("nodes", f"{facts['nodes_before']} -> {facts['nodes_after']} "
-                  f"(+{facts['nodes_added']})"),
-    ]
-    if facts["recomputed"]:
-        rows.append(("recomputed", f"{len(facts['recomputed'])} copies behind "
-                                   f"{facts['triggers']} triggers"))
-    if facts["fanout_pads"]:
-        rows.append(("fanout pads", f"{facts['fanout_pads']} (never run: they keep Grappler's "
-                                    "rewrites as on the original)"))
-    if facts["recomputed"]:
-        rows.append(("checkpoints", f"{len(facts['checkpoints'])} kept"
-                     + (f" ({_shorten(facts['checkpoints'], 4)})" if facts["checkpoints"] else "")))
-        if facts["recomputed_ahead"]:
-            rows.append(("ahead", f"{len(facts['recomputed_ahead'])} of them computed again when "
-                                  "back-propagation nears them, not held "
-                                  f"({_shorten(facts['recomputed_ahead'], 3)})"))
-        rows.append(("extra compute", f"{facts['extra_flops'] / 1e9:.3f} GFLOP per step"))
-    if facts["swapped"]:
-        rows.append(("swapped", f"{len(facts['swapped'])} tensors to host "
-                                f"({_shorten(facts['swapped'], 3)}); "
-                                f"{format_bytes(facts['bytes_moved'])} moved per step, "
-                                f"{facts['transfer_seconds'] * 1000:.1f} ms at the bandwidth"))
-    for key, what in NAMED_ROWS:
-        if facts[key]:
-            rows.append((key, f"{len(facts[key])} {what} ({_shorten(facts[key], 3)})"))
-    if facts["relaxed_assigns"]:
-        rows.append(("relaxed", f"{len(facts['relaxed_assigns'])} Assigns may ignore allocator "
-                                "constraints"))
-    if facts["ungated_segments"]:
-        rows.append(("ungated", f"{facts['ungated_segments']} segments had no safe trigger "
-                                "(their copies may run early)"))
-    for reason, info in facts["skipped"].items():
-        if reason in EXPECTED_SKIPS:
-            continue
-        rows.append(("not rewritten", f"{info['count']} {reason} "
-                                       f"(e.g. {', '.join(info['examples'])})"))
-    if facts["note"]:
-        rows.append(("note", facts["note"]))
-    return "\n".join(f"{key:<15} {value}" for key, value in rows)
-
-
-def _peak_rows(facts: dict) -> list[tuple[str, str]]:
-    """The headline peaks, those `verify` should measure (as run, after Grappler, when both
-    steps were modelled so), then the peaks as written that the passes plan on."""
-    def peaks(before: int, after: int, how: str) -> str:
-        ratio = f"{after / before:.2f}x, " if before else ""
-        return f"{format_bytes(before)} -> {format_bytes(after)} ({ratio}{how})"
-
-    predicted, written = facts["peak_bytes_predicted"], facts["peak_bytes"]
-    if predicted["model"] != "as_run":
-        return [("modelled peak", peaks(written["before"], written["after"], "as written"))]
-    return [("modelled peak", peaks(predicted["before"], predicted["after"],
-                                    "as run, after Grappler")),
-            ("as written", peaks(written["before"], written["after"],
-                                 "the step the passes plan on" if not facts.get("rerun") else
-                                 "a call or loop as one node: rerun is priced as run"))]
-
-
-def format_summary(facts: dict) -> str:
-    """The `inspect` table for people."""
-    flow = facts["control_flow"]
-    flow_text = ", ".join(filter(None, [
-        f"v1 loop frames ({flow['v1_loop_nodes']} nodes)" if flow["v1_loop_nodes"] else "",
-        "functional " + "/".join(flow["functional"]) if flow["functional"] else ""])) or "none"
-    rows = [
-        ("file", f"{facts['file']} ({facts['format']})"),
-        ("nodes", str(facts["nodes"])),
-        ("functions", str(facts["functions"])),
-        ("inputs", ", ".join(f"{i['name']} {i['dtype']}{i['shape']}" for i in facts["inputs"])
-         or "none"),
-        ("outputs", _shorten(facts["outputs"])),
-        ("control flow", flow_text),
-        ("variables", f"{len(facts['variables'])}" + (
-            f" ({_shorten(facts['variables'], 4)})" if facts["variables"] else "")),
-    ]
-    if "peak_bytes" in facts:
-        rows += [
-            ("peak memory", f"{format_bytes(facts['peak_bytes'])} (modelled "
-                            f"{'after Grappler' if facts['modelled_as'] == 'run' else 'as written'}"
-                            f", {format_bytes(facts['peak_bytes_as_written'])} as written; "
-                            f"{format_bytes(facts['live_peak_bytes'])} of live tensors; persistent "
-                            f"{format_bytes(facts['persistent_bytes'])}, peak at "
-                            f"{facts['peak_node']})"),
-            *([("loop pile-up", f"up to {format_bytes(facts['peak_bytes_bound'])} when a "
-                                "loop's iterations run ahead of the gradients it sums "
-                                "(parallel_iterations; a race between the executor's threads)")]
-              if facts.get("peak_bytes_bound", 0) > facts["peak_bytes"] else []),
-            ("host peak", format_bytes(facts["host_peak_bytes"])
-             + (f"; {format_bytes(facts['bytes_moved'])} moved between host and device per "
-                f"step ({facts['transfer_seconds'] * 1000:.1f} ms at 16 GB/s)"
-                if facts["bytes_moved"] else "")),
-            ("forward", f"{facts['forward_nodes']} nodes; backward {facts['backward_nodes']} "
-                        f"nodes; gradient seed {', '.join(facts['gradient_seeds']) or 'none'}"),
-            ("FLOPs", f"{facts['flops'] / 1e9:.3f} GFLOP per step"),
-        ]
-        if facts.get("bytes_per_parameter"):
-            rows.append(("parameters", f"{facts['trainable_parameters']} trainable, "
-                                       f"{facts['bytes_per_parameter']:.2f} bytes each with "
-                                       "optimizer state" + (
-                                           f" ({facts['bytes_per_parameter_2d']:.2f} for "
-                                           "matrices)" if facts["bytes_per_parameter_2d"]
-                                           else "")))
-        unknown = facts["unknown_shapes"]
-        if unknown["count"]:
-            rows.append(("unknown sizes", f"{unknown['count']} tensors count 0 bytes (e.g. "
-                                          f"{', '.join(unknown['examples'][:3])}); use "
-                                          "--input-shape"))
-    if facts["train_op"]:
-        rows.append(("train_op", ", ".join(facts["train_op"])))
-    if facts["signatures"]:
-        rows.append(("signatures", ", ".join(facts["signatures"])))
-    lines = [f"{key:<13} {value}" for key, value in rows]
-    if facts.get("live_at_peak"):
-        lines.append("live at peak:")
-        lines.extend(f"  {format_bytes(t['bytes']):>11}  {t['tensor']}" for t in facts["live_at_peak"])
-    lines.append("ops:")
-    ranked = sorted(facts["ops"].items(), key=lambda kv: (-kv[1], kv[0]))
-    width = max((len(op) for op in facts["ops"]), default=0)
-    lines.extend(f"  {op:<{width}} {count:>6}" for op, count in ranked)
-    return "\n".join(lines)
-
-
-# Report keys listing nodes, as table rows: the key, then what each listed node is.
-NAMED_ROWS = (
-    ("accumulated", "AddN sums now add as their terms arrive"),
-    ("rerun", "recurrent layers' forward passes run again before their backward passes"),
-    ("inlined", "function calls holding the forward or backward pass"),
-    ("deferred", "parameter-only values computed when their gradient is ready"),
-)
-
-
-def _shorten(names: list[str], limit: int = 8) -> str:
-    if not names:
-        return "none"
-    shown = ", ".join(names[:limit])
-    return shown + (f", ... ({len(names)} in all)" if len(names) > limit else "")
 
 
 def entry() -> None:

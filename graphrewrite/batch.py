@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
+__all__ = ["MODEL_SUFFIXES", "SAVEDMODEL_FILES", "Job", "discover", "plan", "run_job", "run"]
+
 log = logging.getLogger(__name__)
 
 MODEL_SUFFIXES = (".pb", ".pbtxt", ".meta", ".meta.txt", ".meta.pbtxt")
@@ -73,8 +75,10 @@ def plan(paths, out_dir, mode: str = "memory", verify: bool = False,
 
 def run_job(job: Job) -> dict:
     """Rewrite (and optionally verify) one model; never raises: errors become the line."""
-    from . import io, measure, pipeline
-    from .errors import InputError
+    from .core import io
+    from .core.errors import InputError
+    from .execution import measure
+    from .pipeline import run as pipeline
 
     measure.measurement_environment()
     start = time.perf_counter()
@@ -110,7 +114,8 @@ def run_job(job: Job) -> dict:
 def _verified(model, output: str, line: dict) -> None:
     """Verify a written output; one that differs or cannot be verified is removed, so it fails
     again on the next run instead of being skipped as up to date."""
-    from . import io, verify
+    from .core import io
+    from .execution import verify
 
     try:
         checked = verify.verify(model, io.load(output), runs=1, isolated=False)
@@ -175,11 +180,12 @@ def _locally(jobs: list[Job], workers: int):
 
 def _on_dask(jobs: list[Job], scheduler):
     try:
-        from dask.distributed import Client, as_completed as dask_completed
+        from dask.distributed import Client
+        from dask.distributed import as_completed as dask_completed
     except ImportError:
-        from .errors import GraphRewriteError
+        from .core.errors import GraphRewriteError
 
-        raise GraphRewriteError("--executor dask needs the dask extra: "
+        raise GraphRewriteError("${executor} dask needs the dask extra: "
                                 "pip install 'graphrewrite[dask]'") from None
     client = scheduler if hasattr(scheduler, "submit") else Client(scheduler)
     try:

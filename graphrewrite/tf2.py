@@ -21,9 +21,17 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from . import bind, io, pipeline, report as report_mod, shapes as shapes_mod, split as split_mod
-from .errors import GraphRewriteError
-from .graph import Graph
+from .analysis import bind
+from .analysis import shapes as shapes_mod
+from .analysis import split as split_mod
+from .core import io
+from .core.errors import GraphRewriteError
+from .core.graph import Graph
+from .pipeline import grammar
+from .pipeline import run as pipeline
+from .reporting import report as report_mod
+
+__all__ = ["StepError", "RewrittenStep", "rewrite"]
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +78,7 @@ class RewrittenStep:
 def rewrite(fn, *input_signature, mode: str = "memory", budget: str | None = None,
             **options) -> RewrittenStep:
     """Rewrite the training step `fn` with `mode` (and `budget`, and the pipeline options of
-    `pipeline.compose`) and return the function that runs the result on fn's own variables.
+    `grammar.compose`) and return the function that runs the result on fn's own variables.
 
     `fn` is a `tf.function` (its own `input_signature`, or the `tf.TensorSpec`s given here) or a
     concrete function (`step.get_concrete_function(...)`, for keyword or nested specs). Every
@@ -107,7 +115,7 @@ def rewrite(fn, *input_signature, mode: str = "memory", budget: str | None = Non
         raise StepError(f"'{name}' computes no gradient: there is no training step to "
                         "rewrite (an inference function keeps no activations for a backward "
                         "pass)")
-    text = pipeline.compose(mode, budget=budget, **options)
+    text = grammar.compose(mode, budget=budget, **options)
     result = pipeline.optimize(model, mode, composed=text)
     rewritten = result.graph.to_graph_def()
     outputs = [t.name for t in graph.outputs]

@@ -10,7 +10,7 @@ import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from graphrewrite.measure import measurement_environment  # noqa: E402  (no TensorFlow import)
+from graphrewrite.execution.measure import measurement_environment  # noqa: E402  (no TensorFlow import)
 
 measurement_environment()  # as the CLI does, before TensorFlow loads: oneDNN off for `verify`
 
@@ -55,6 +55,6 @@ def graph_def(*nodes, versions: bool = True) -> graph_pb2.GraphDef:
 
 def run_cli(*args: str):
     """Run the `graphrewrite` command in-process; returns click's Result (stdout/stderr apart)."""
-    from cli.main import main
+    from graphrewrite.cli.main import main
 
     return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)

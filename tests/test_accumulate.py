@@ -3,10 +3,11 @@
 import pytest
 import tensorflow as tf
 
-from graphrewrite import io, pipeline
-from graphrewrite.names import ACCUMULATE_GUARD_SUFFIX, ACCUMULATE_SUFFIX
+from graphrewrite.core import io
+from graphrewrite.core.names import ACCUMULATE_GUARD_SUFFIX, ACCUMULATE_SUFFIX
 from graphrewrite.passes import accumulate
-from graphrewrite.passes.base import AccumulateResult
+from graphrewrite.passes.accumulate import AccumulateResult
+from graphrewrite.pipeline import run as pipeline
 
 from conftest import fixture_path
 from tfgraphs import build, placeholder
@@ -42,7 +43,7 @@ def test_small_sums_are_left_alone():
 
 @pytest.mark.tf
 def test_accumulated_sums_are_bitwise_equal(tmp_path):
-    from graphrewrite import verify
+    from graphrewrite.execution import verify
 
     model = io.load(fixture_path("transformer_dropout"))
     result = pipeline.optimize(model, "none", passes="accumulate(min_inputs=2)")

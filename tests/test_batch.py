@@ -97,7 +97,7 @@ def test_batch_verify_a_model_that_differs_fails_every_time_and_leaves_no_output
         zoo, tmp_path, monkeypatch):
     """A model whose rewrite does not verify is failed, its output removed: the next run tries
     it again (and fails again) rather than skipping it as up to date."""
-    from graphrewrite import verify
+    from graphrewrite.execution import verify
 
     class Differs:
         match, max_abs_diff = False, 0.5
@@ -115,7 +115,7 @@ def test_batch_verify_a_model_that_differs_fails_every_time_and_leaves_no_output
 
 
 def test_batch_verify_that_cannot_run_removes_a_saved_model_output(zoo, tmp_path, monkeypatch):
-    from graphrewrite import verify
+    from graphrewrite.execution import verify
 
     def fails(*args, **kwargs):
         raise RuntimeError("the step failed")

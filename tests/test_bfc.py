@@ -2,7 +2,7 @@
 
 import pytest
 
-from graphrewrite import bfc
+from graphrewrite.analysis import bfc
 
 MIB = 2**20
 

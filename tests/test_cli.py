@@ -5,9 +5,11 @@ import sys
 
 import pytest
 
-from graphrewrite import io
+from graphrewrite.core import io
 
 from conftest import FIXTURE_NAMES, fixture_path, run_cli
+
+CLI = "graphrewrite.cli.main"  # python -m CLI runs the command line
 
 INSPECT_KEYS = ["file", "format", "nodes", "ops", "inputs", "outputs", "train_op", "signatures",
                 "functions", "control_flow", "variables", "warnings", "peak_bytes",
@@ -210,11 +212,11 @@ def test_start_is_quick_without_tensorflow():
     import sys
     import time
 
-    check = "import sys, cli.main; print('tensorflow' in sys.modules)"
+    check = "import sys, graphrewrite.cli.main; print('tensorflow' in sys.modules)"
     loaded = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True)
     assert loaded.stdout.strip() == "False", loaded.stderr
     start = time.perf_counter()
-    shown = subprocess.run([sys.executable, "-m", "cli.main", "--version"], capture_output=True,
+    shown = subprocess.run([sys.executable, "-m", CLI, "--version"], capture_output=True,
                            text=True)
     assert shown.returncode == 0 and "0.1.0" in shown.stdout
     assert time.perf_counter() - start < 1.5  # 0.25 s here; TensorFlow alone takes 3 s
@@ -226,7 +228,7 @@ def test_the_command_ends_without_freeing_and_keeps_its_exit_code_and_output(tmp
     import subprocess
 
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "cli.main", *args], capture_output=True,
+        return subprocess.run([sys.executable, "-m", CLI, *args], capture_output=True,
                               text=True)
 
     out = tmp_path / "mlp_opt.pbtxt"
@@ -244,11 +246,11 @@ def test_exit_codes_and_output_rules_are_documented():
     import re
     from pathlib import Path
 
-    import cli.main
+    import graphrewrite.cli.main
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     codes = readme.split("**Exit codes.**")[1].split("\n\n")[0]
-    for text in (cli.main.__doc__, run_cli("--help").stdout, codes):
+    for text in (graphrewrite.cli.main.__doc__, run_cli("--help").stdout, codes):
         assert all(re.search(rf"(?<![\w.]){code}(?![\w.])", text) for code in "0123"), text
     optimize_help = " ".join(run_cli("optimize", "--help").stdout.split())
     assert "symlink is written through" in optimize_help and "--in-place" in optimize_help
@@ -266,15 +268,15 @@ def test_license_is_an_spdx_string():
 
 
 def test_optimize_shows_its_stages_on_a_terminal_only(monkeypatch, capsys):
-    import cli.main
+    import graphrewrite.cli.tables
 
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
-    shown = cli.main._Stages()
+    shown = graphrewrite.cli.tables.Stages()
     shown("loading")
     assert capsys.readouterr().err.endswith("s  loading\n")
-    assert not cli.main._Stages(enabled=False).shown  # -q
+    assert not graphrewrite.cli.tables.Stages(enabled=False).shown  # -q
     monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
-    quiet = cli.main._Stages()
+    quiet = graphrewrite.cli.tables.Stages()
     quiet("loading")
     assert capsys.readouterr().err == ""
 
@@ -309,7 +311,7 @@ def _no_matplotlib(monkeypatch, scratch):
 
 
 def _interrupted(monkeypatch, scratch):
-    from graphrewrite import pipeline
+    from graphrewrite.pipeline import run as pipeline
 
     def ctrl_c(*args, **kwargs):
         raise KeyboardInterrupt
@@ -387,7 +389,8 @@ def test_a_saved_model_is_written_as_a_directory_with_a_warning_on_a_file_name(t
 
 def test_optimize_stops_when_there_is_no_backward_pass(monkeypatch):
     """Nothing to rewrite: the steps are not modelled as run either (45 s at 100k nodes)."""
-    from graphrewrite import analysis, pipeline
+    from graphrewrite.analysis import step as analysis
+    from graphrewrite.pipeline import run as pipeline
 
     def refused(*args, **kwargs):
         raise AssertionError("modelled as run")
@@ -406,7 +409,7 @@ def test_exact_planner_json_is_alone_on_stdout(tmp_path):
     import subprocess
 
     pytest.importorskip("highspy")
-    done = subprocess.run([sys.executable, "-m", "cli.main", "optimize", str(fixture_path("mlp")),
+    done = subprocess.run([sys.executable, "-m", CLI, "optimize", str(fixture_path("mlp")),
                            "-o", str(tmp_path / "o.pbtxt"), "--planner", "exact", "--json",
                            "--no-as-run"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
@@ -417,8 +420,8 @@ def test_exact_planner_json_is_alone_on_stdout(tmp_path):
 def test_verify_shows_its_stages_on_a_terminal_only(monkeypatch, tmp_path):
     import functools
 
-    import cli.main
-    from graphrewrite import verify
+    import graphrewrite.cli.tables
+    from graphrewrite.execution import verify
 
     # in this process: each run takes a second, not a fresh process's thirty on a busy machine
     monkeypatch.setattr(verify, "verify", functools.partial(verify.verify, isolated=False))
@@ -426,13 +429,13 @@ def test_verify_shows_its_stages_on_a_terminal_only(monkeypatch, tmp_path):
     assert run_cli("optimize", MLP, "-o", out, "--no-as-run").exit_code == 0
     piped = run_cli("verify", MLP, out, "--runs", "1")
     assert piped.exit_code == 0 and piped.stderr == ""
-    shown = cli.main._Stages.__init__
+    shown = graphrewrite.cli.tables.Stages.__init__
 
     def on_a_terminal(self, enabled=True):
         shown(self, enabled)
         self.shown = enabled  # what a terminal's stderr gets
 
-    monkeypatch.setattr(cli.main._Stages, "__init__", on_a_terminal)
+    monkeypatch.setattr(graphrewrite.cli.tables.Stages, "__init__", on_a_terminal)
     result = run_cli("verify", MLP, out, "--runs", "1")
     stages = [line.split(" s  ", 1)[1] for line in result.stderr.splitlines()]
     assert stages == ["loading", "running the original", "running the rewritten",
@@ -445,17 +448,17 @@ def test_measuring_workers_start_deaf_to_ctrl_c():
     ignored (a worker keeps that), so only the command reports it, in one line (exit 130)."""
     import signal
 
-    from graphrewrite import measure
+    from graphrewrite.execution import measure
 
     before = signal.getsignal(signal.SIGINT)
-    with measure._deaf_to_ctrl_c():
+    with measure.deaf_to_ctrl_c():
         assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
     assert signal.getsignal(signal.SIGINT) == before
 
 
 def test_a_bug_outside_the_passes_is_exit_3_naming_it(monkeypatch, tmp_path):
     """Anything but a refused input is graphrewrite's own failure: exit 3, one line."""
-    from graphrewrite import io
+    from graphrewrite.core import io
 
     def broken(*args, **kwargs):
         raise KeyError("lost")

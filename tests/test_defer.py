@@ -6,8 +6,12 @@ import sys
 
 import pytest
 
-from graphrewrite import analysis, io, memory, pipeline, verify
-from graphrewrite.passes.base import DeferResult
+from graphrewrite.analysis import memory
+from graphrewrite.analysis import step as analysis
+from graphrewrite.core import io
+from graphrewrite.execution import verify
+from graphrewrite.passes.defer import DeferResult
+from graphrewrite.pipeline import run as pipeline
 
 from conftest import FIXTURES
 

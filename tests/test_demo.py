@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from graphrewrite import io, verify
+from graphrewrite.core import io
+from graphrewrite.execution import verify
 
 from conftest import FIXTURES, MANIFEST, run_cli
 

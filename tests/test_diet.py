@@ -10,11 +10,17 @@ import re
 import numpy as np
 import pytest
 
-from graphrewrite import io, names, optimizers, pipeline
-from graphrewrite.errors import GraphRewriteError
+from graphrewrite.analysis import optimizers
+from graphrewrite.core import io, names
+from graphrewrite.core.errors import GraphRewriteError
+from graphrewrite.core.names import SLOT_OF_ATTR
+from graphrewrite.core.tensor_ref import TensorRef
 from graphrewrite.passes import diet
-from graphrewrite.passes.base import RecomputeResult
-from graphrewrite.tensor_ref import TensorRef
+from graphrewrite.passes.recompute import RecomputeResult
+from graphrewrite.passes.diet import build
+from graphrewrite.passes.diet.options import FORMATS
+from graphrewrite.pipeline import grammar
+from graphrewrite.pipeline import run as pipeline
 
 from conftest import run_cli
 
@@ -28,7 +34,7 @@ def test_options_have_the_documented_defaults_and_refuse_bad_values():
     assert (options.format, options.momentum, options.factored, options.rounding,
             options.min_size) == ("int16", "drop", True, "stochastic", 1024)
     assert abs(options.scale - 10 / 32767) < 1e-12
-    parsed = pipeline.pass_options("diet", {"format": "bfloat16", "factored": "false",
+    parsed = grammar.pass_options("diet", {"format": "bfloat16", "factored": "false",
                                             "momentum": "keep", "rounding": "nearest",
                                             "min_size": "0", "scale": "0.001"})
     assert (parsed.format, parsed.factored, parsed.momentum, parsed.rounding,
@@ -36,17 +42,17 @@ def test_options_have_the_documented_defaults_and_refuse_bad_values():
     for bad in ({"format": "int8"}, {"momentum": "half"}, {"rounding": "up"},
                 {"scale": "0"}, {"scale": "-1"}, {"min_size": "-3"}):
         with pytest.raises(GraphRewriteError, match="diet"):
-            pipeline.pass_options("diet", bad)
+            grammar.pass_options("diet", bad)
 
 
 def test_mode_and_help_name_the_options():
-    from graphrewrite.modes import MODE_HELP, MODES
+    from graphrewrite.pipeline.modes import MODE_HELP, MODES
 
     assert MODES["diet"] == "diet"
     for option in ("format=int16|bfloat16", "momentum=drop|keep", "factored=true",
                    "rounding=stochastic|nearest", "min_size=1024", "scale="):
         assert option in MODE_HELP["diet"]
-    assert pipeline.compose("diet", "diet recompute(policy=memory)") == \
+    assert grammar.compose("diet", "diet recompute(policy=memory)") == \
         "diet recompute(policy=memory)"
 
 
@@ -179,7 +185,7 @@ def test_adam_weights_become_int16_with_factored_slots_and_no_adam_slots(graphs,
     assert "mlp/dense/kernel/diet_rows" in listed and "mlp/dense/kernel/Adam" not in listed
     # stochastic rounding: one random op per dieted update, inside the update
     randoms = [n for n in graph.nodes() if graph.op(n) == "RandomUniform"
-               and diet.PREFIX in n]
+               and build.PREFIX in n]
     assert len(randoms) == 2
 
 
@@ -270,7 +276,7 @@ def test_stochastic_rounding_is_unbiased_and_nearest_is_not(fmt):
     import tensorflow as tf
     from tensorflow.core.framework import graph_pb2
 
-    from graphrewrite.graph import Graph
+    from graphrewrite.core.graph import Graph
 
     options = diet.DietOptions(format=fmt)
     if fmt == "int16":  # grid points k * scale, as the graph computes them
@@ -281,13 +287,13 @@ def test_stochastic_rounding_is_unbiased_and_nearest_is_not(fmt):
     value = float(np.float32(low + 0.3 * q))
     shape = (100000,)
     graph = Graph.from_graph_def(graph_pb2.GraphDef())
-    b = diet._Builder(graph, "t")
+    b = build.Builder(graph, "t")
     x = b.const("x", np.full(shape, value, np.float32))
     outputs = []
     for stochastic in (True, False):
-        raw = diet.quantize(b, x, shape, diet.FORMATS[fmt], options.scale, stochastic, 1)
-        op, args = diet.dequantize(b, raw, diet.FORMATS[fmt], options.scale)
-        outputs.append(b.op("out", op, args, **diet._dequantize_attrs(diet.FORMATS[fmt])))
+        raw = build.quantize(b, x, shape, FORMATS[fmt], options.scale, stochastic, 1)
+        op, args = build.dequantize(b, raw, FORMATS[fmt], options.scale)
+        outputs.append(b.op("out", op, args, **build.dequantize_attrs(FORMATS[fmt])))
     with tf.Graph().as_default() as tf_graph:
         tf.graph_util.import_graph_def(graph.to_graph_def(), name="")
         with tf.compat.v1.Session(graph=tf_graph) as session:
@@ -329,10 +335,11 @@ def test_recompute_after_diet_never_copies_its_random_ops(tmp_path):
 
 @pytest.mark.tf
 def test_frozen_graph_constants_are_stored_in_16_bits(tmp_path):
-    from conftest import fixture_path
     from tensorflow.core.framework import types_pb2
 
-    from graphrewrite import verify
+    from graphrewrite.execution import verify
+
+    from conftest import fixture_path
 
     model = io.load(fixture_path("mlp"))
     result = pipeline.optimize(model, "diet", composed="diet")
@@ -355,7 +362,8 @@ def test_frozen_graph_constants_are_stored_in_16_bits(tmp_path):
     assert gated == len(facts.constants) - 1  # all but the first layer's
     # as run: Grappler's constant folding leaves the 16-bit constants 16-bit (it folded
     # Cast(Const) * scale back into float32 before they were read through a placeholder)
-    from graphrewrite import analysis, grappler
+    from graphrewrite.analysis import grappler
+    from graphrewrite.analysis import step as analysis
 
     run = grappler.as_run(result.graph, analysis.default_fetches(model))
     kinds = {run.node_def(n).attr["value"].tensor.dtype for n in run.nodes()
@@ -374,7 +382,7 @@ def test_forward_reads_of_a_dieted_weight_wait_for_their_activation(graphs):
     """A dequantizing read has no input from the step: ungated, the executor runs it when the
     step starts and every weight is a float32 copy until its forward use. (Without a model
     of the step to price the two orders with, the pass keeps them gated.)"""
-    from graphrewrite import analysis
+    from graphrewrite.analysis import step as analysis
 
     model = io.load(graphs["adam_resource"])
     result = diet.run(model.graph, analysis.analyse(model), diet.DietOptions(), model=None)
@@ -452,7 +460,7 @@ def test_frozen_diet_measures_its_weights_halved(tmp_path):
     dequantization left ungated runs when the step starts; then the peak does not fall."""
     import tensorflow as tf
 
-    from graphrewrite import measure
+    from graphrewrite.execution import measure
 
     graph = tf.Graph()
     rng = np.random.RandomState(0)
@@ -482,9 +490,8 @@ def test_verify_steps_compares_loss_curves_and_inspect_counts_bytes(graphs, tmp_
 
     out = tmp_path / "diet.meta"
     _diet(graphs["adam_resource"], out)
-    from cli.main import format_verify
-
-    from graphrewrite import verify
+    from graphrewrite.cli.tables import format_verify
+    from graphrewrite.execution import verify
 
     original, rewritten = io.load(graphs["adam_resource"]), io.load(out)
     outcome = verify.verify(original, rewritten, rtol=0.5, runs=1, int_high=CLASSES,
@@ -548,7 +555,9 @@ def _keras_step(optimizer: str, lr: float, hidden: int = HIDDEN, schedule: bool 
 def _tf2_losses(model, steps):
     """Losses of `steps` steps of a TF2 step's GraphDef on the fixed batch, its captured
     variables bound to seeded values (the diet graph's: the same ones, quantized)."""
-    from graphrewrite import analysis, measure, shapes as shapes_mod, verify
+    from graphrewrite.analysis import shapes as shapes_mod
+    from graphrewrite.analysis import step as analysis
+    from graphrewrite.execution import measure, verify
 
     shapes = shapes_mod.infer(model.graph)
     x, y = _data()
@@ -556,7 +565,7 @@ def _tf2_losses(model, steps):
     first = verify.own_variables(model, first, 0)
     # Optimizer slots start at zero, as a program's do (seeded values are for weights).
     slots = {s for u in optimizers.updates(model.graph) for s in u.slots.values()}
-    slots |= {n for n in model.graph.nodes() if diet.SLOT_OF_ATTR in model.graph.node_def(n).attr}
+    slots |= {n for n in model.graph.nodes() if SLOT_OF_ATTR in model.graph.node_def(n).attr}
     first.update({n: np.zeros_like(first[n]) for n in slots})
     fetches = analysis.default_fetches(model, shapes=shapes)
     batches = [first] + [{"x": x, "labels": y}] * (steps - 1)
@@ -567,8 +576,8 @@ def _tf2_losses(model, steps):
 @pytest.mark.parametrize("optimizer,lr,slots", [
     ("adam", 2e-3, ("diet_rows", "diet_cols")), ("momentum", 0.05, ()), ("sgd", 0.5, ())])
 def test_tf2_keras_steps_are_dieted_and_train_like_the_original(tmp_path, optimizer, lr, slots):
-    from graphrewrite import bind
-    from graphrewrite.state import parameter_facts
+    from graphrewrite.analysis import bind
+    from graphrewrite.analysis.state import parameter_facts
 
     *_, graph_def = _keras_step(optimizer, lr)
     (tmp_path / "step.pb").write_bytes(graph_def.SerializeToString())
@@ -589,7 +598,7 @@ def test_tf2_keras_steps_are_dieted_and_train_like_the_original(tmp_path, optimi
     assert before["trainable_parameters"] == after["trainable_parameters"]
     assert before["bytes_per_parameter_2d"] > after["bytes_per_parameter_2d"], (before, after)
     if optimizer == "adam":  # verify binds each graph's own captured variables
-        from graphrewrite import verify
+        from graphrewrite.execution import verify
 
         checked = verify.verify(original, model, rtol=0.5, runs=0, int_high=CLASSES,
                                 isolated=False, steps=3)
@@ -604,9 +613,8 @@ def test_tf2_keras_steps_are_dieted_and_train_like_the_original(tmp_path, optimi
 @pytest.mark.tf
 def test_verify_steps_on_a_fixed_set_sees_learning_and_a_graph_that_does_not_learn(graphs,
                                                                                    tmp_path):
-    from cli.main import format_verify
-
-    from graphrewrite import verify
+    from graphrewrite.cli.tables import format_verify
+    from graphrewrite.execution import verify
 
     original = io.load(graphs["adam_resource"])
     _diet(graphs["adam_resource"], tmp_path / "diet.meta")
@@ -644,7 +652,8 @@ def test_verify_steps_on_a_fixed_set_sees_learning_and_a_graph_that_does_not_lea
 def test_verify_data_trains_on_the_users_set(graphs, tmp_path):
     """--data's batches are what both graphs train on: a set made of the very batches
     --batches K seeds gives the same curves bit for bit, and other labels give other curves."""
-    from graphrewrite import measure, shapes as shapes_mod, verify
+    from graphrewrite.analysis import shapes as shapes_mod
+    from graphrewrite.execution import measure, verify
 
     original = io.load(graphs["adam_resource"])
     _diet(graphs["adam_resource"], tmp_path / "diet.meta")
@@ -674,7 +683,8 @@ def test_verify_data_trains_on_the_users_set(graphs, tmp_path):
     ({}, "holds no arrays"),
 ])
 def test_verify_data_that_does_not_fit_the_graph_is_refused(graphs, data, message):
-    from graphrewrite import shapes as shapes_mod, verify
+    from graphrewrite.analysis import shapes as shapes_mod
+    from graphrewrite.execution import verify
 
     graph = io.load(graphs["adam_resource"]).graph
     with pytest.raises(GraphRewriteError, match=re.escape(message)):
@@ -682,7 +692,8 @@ def test_verify_data_that_does_not_fit_the_graph_is_refused(graphs, data, messag
 
 
 def test_verify_data_cuts_batches_in_the_graphs_dtypes(graphs):
-    from graphrewrite import shapes as shapes_mod, verify
+    from graphrewrite.analysis import shapes as shapes_mod
+    from graphrewrite.execution import verify
 
     graph = io.load(graphs["adam_resource"]).graph
     x = np.arange((2 * BATCH + 1) * FEATURES, dtype=np.float64).reshape(-1, FEATURES)
@@ -706,11 +717,11 @@ def test_verify_data_needs_steps_and_a_readable_archive(graphs, tmp_path):
 
 
 def test_verify_batches_needs_steps():
-    from graphrewrite import verify
+    from graphrewrite.execution import verify
 
-    with pytest.raises(GraphRewriteError, match="--batches"):
+    with pytest.raises(GraphRewriteError, match="batches K"):
         verify.verify(None, None, batches=4)
-    with pytest.raises(GraphRewriteError, match="--batches"):
+    with pytest.raises(GraphRewriteError, match="batches K"):
         verify.verify(None, None, steps=5, batches=-1)
 
 
@@ -719,13 +730,14 @@ def test_verify_steps_starts_a_tf2_step_with_zero_slots_and_a_sane_learning_rate
     """A Keras float rate is a captured variable with no value in the step: verify --steps
     starts it at 1e-3 (a seeded value would be up to 0.1) and every slot at zero, the diet
     graph's new ones too, as a training run starts."""
-    from graphrewrite import bind, verify
+    from graphrewrite.analysis import bind
+    from graphrewrite.execution import verify
 
     *_, graph_def = _keras_step("adam", 1e-3, schedule=False)
     (tmp_path / "step.pb").write_bytes(graph_def.SerializeToString())
     original = io.load(tmp_path / "step.pb")
     _, model = _diet(tmp_path / "step.pb", tmp_path / "diet.pb")
-    from graphrewrite import measure
+    from graphrewrite.execution import measure
 
     seeded = measure.random_feeds(original.graph, _shapes(original), 0, CLASSES)
     start = verify.training_start(original, seeded)
@@ -737,7 +749,7 @@ def test_verify_steps_starts_a_tf2_step_with_zero_slots_and_a_sane_learning_rate
     assert all(seeded[s].any() for s in slots)  # what a bitwise verify still binds
     ours = verify.training_start(model, verify.own_variables(model, start, 0))
     new = [n for n in bind.resource_placeholders(model.graph)
-           if diet.SLOT_OF_ATTR in model.graph.node_def(n).attr]
+           if SLOT_OF_ATTR in model.graph.node_def(n).attr]
     assert new and all(not ours[n].any() for n in new)
     checked = verify.verify(original, model, rtol=0.1, runs=0, int_high=CLASSES,
                             isolated=False, steps=20, batches=1)
@@ -746,7 +758,7 @@ def test_verify_steps_starts_a_tf2_step_with_zero_slots_and_a_sane_learning_rate
 
 
 def _shapes(model):
-    from graphrewrite import shapes as shapes_mod
+    from graphrewrite.analysis import shapes as shapes_mod
 
     return shapes_mod.infer(model.graph)
 
@@ -758,7 +770,7 @@ def test_tf2_keras_adam_keeps_its_own_moments_when_asked(tmp_path):
     original = io.load(tmp_path / "step.pb")
     _, model = _diet(tmp_path / "step.pb", tmp_path / "diet.pb",
                      "diet(momentum=keep, factored=false, format=bfloat16)")
-    from graphrewrite import bind
+    from graphrewrite.analysis import bind
 
     assert set(bind.resource_placeholders(model.graph)) == set(
         bind.resource_placeholders(original.graph))
@@ -807,7 +819,7 @@ def test_backward_readers_get_a_late_read_and_the_update_waits_for_it(graphs, tm
     """The backward MatMul reads its own dequantized read, gated on the gradient it multiplies,
     so no float32 copy of the weight lives from the forward pass to the backward one; the
     update writes after that read."""
-    from graphrewrite.split import split
+    from graphrewrite.analysis.split import split
 
     for key in ("adam_resource", "adam_ref"):
         result, model = _diet(graphs[key], tmp_path / f"{key}.meta")

@@ -8,7 +8,8 @@ that op alone, and train.
 import numpy as np
 import pytest
 
-from graphrewrite import io, pipeline
+from graphrewrite.core import io
+from graphrewrite.pipeline import run as pipeline
 
 BATCH, TOKENS, VOCAB, WIDTH = 8, 6, 64, 32
 

@@ -11,9 +11,11 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from graphrewrite import io, names, pipeline, verify
-from graphrewrite.passes.base import RecomputeResult
-from graphrewrite.tensor_ref import TensorRef
+from graphrewrite.core import io, names
+from graphrewrite.core.tensor_ref import TensorRef
+from graphrewrite.execution import verify
+from graphrewrite.passes.recompute import RecomputeResult
+from graphrewrite.pipeline import run as pipeline
 
 DEPTH, WIDTH, BATCH, FEATURES = 8, 128, 256, 64
 
@@ -107,7 +109,7 @@ def test_gated_dequantizations_are_copied_with_their_gates(tmp_path):
     """Gated forward reads (what the diet pass keeps unpriced): the copy of a dequantization
     waits for the copy of the activation its reader multiplies, not only for the segment's
     trigger, which would dequantize every weight of the segment at once."""
-    from graphrewrite import analysis
+    from graphrewrite.analysis import step as analysis
     from graphrewrite.passes import diet, recompute
 
     model = _mlp(tmp_path / "mlp.meta")
@@ -127,7 +129,7 @@ def test_a_copied_read_of_a_ref_variable_runs_before_its_writes(tmp_path):
     """A ref variable's dequantizing `Cast` reads the variable when it runs: its copy must run
     before the optimizer writes the variable, so each write waits for it by a control edge
     (the data path from the copy to the update, which usually exists too, is not relied on)."""
-    from graphrewrite import analysis
+    from graphrewrite.analysis import step as analysis
     from graphrewrite.passes import diet, recompute
 
     model = _mlp(tmp_path / "mlp.meta", resource=False)
@@ -180,16 +182,16 @@ def test_recompute_after_diet_with_batch_norm_is_bitwise_equal_to_diet_alone(tmp
 def test_a_dieted_scale_makes_its_batch_norm_product_a_regrouped_chain(tmp_path, resource):
     """`Rsqrt * gamma`, gamma dequantized (`Cast * scale`, read through the ref variable's
     `read` Identity with ref variables), is a Mul chain Grappler regroups: its copy gets no
-    late gate (`triggers._chain_root`); the MatMuls are not chains."""
-    from graphrewrite import analysis
+    late gate (`triggers.chain_root`); the MatMuls are not chains."""
+    from graphrewrite.analysis import step as analysis
     from graphrewrite.passes import diet
-    from graphrewrite.passes.triggers import _chain_root
+    from graphrewrite.passes.triggers import chain_root
 
     model = _mlp(tmp_path / "mlp.meta", resource, batch_norm=True)
     options = diet.DietOptions(min_size=WIDTH)
     graph = diet.run(model.graph, analysis.analyse(model), options, model=None).graph
-    assert all(_chain_root(graph, f"m/bn{i}/batchnorm/mul") for i in range(DEPTH))
-    assert not any(_chain_root(graph, f"m/d{i}/MatMul") for i in range(DEPTH))
+    assert all(chain_root(graph, f"m/bn{i}/batchnorm/mul") for i in range(DEPTH))
+    assert not any(chain_root(graph, f"m/d{i}/MatMul") for i in range(DEPTH))
 
 
 @pytest.mark.tf

@@ -1,7 +1,8 @@
 import json
 
-from graphrewrite import io, pipeline
-from graphrewrite.diff import diff
+from graphrewrite.core import io
+from graphrewrite.pipeline import run as pipeline
+from graphrewrite.reporting.diff import diff
 
 from conftest import fixture_path, run_cli
 

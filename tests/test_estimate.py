@@ -4,10 +4,14 @@ and the estimate planner against the search planner."""
 import numpy as np
 import pytest
 
-from graphrewrite import analysis, checkpoints, io, pipeline
-from graphrewrite.context import Context
-from graphrewrite.estimate import PlanEstimator
+from graphrewrite.analysis import step as analysis
+from graphrewrite.core import io
 from graphrewrite.passes import recompute
+from graphrewrite.pipeline import run as pipeline
+from graphrewrite.planning import checkpoints, plan_nodes
+from graphrewrite.planning import search as search_planner
+from graphrewrite.planning.context import Context
+from graphrewrite.planning.estimate import PlanEstimator
 
 from conftest import fixture_path
 
@@ -34,7 +38,7 @@ def test_estimates_follow_the_simulated_rewrites(name):
     """Over every candidate of the memory policy: within 15% of the applied and simulated
     peak, and the plan the estimate ranks first simulates within 10% of the best."""
     _, found, ctx, estimator = setup(name)
-    pairs = [(recompute._estimate(estimator, ctx, c).peak, recompute._evaluate(ctx, c).peak)
+    pairs = [(search_planner.estimate(estimator, ctx, c).peak, recompute.evaluate(ctx, c).peak)
              for c in checkpoints.memory_policy(ctx)]
     assert pairs
     for estimated, simulated in pairs:
@@ -122,9 +126,9 @@ def test_the_estimate_follows_its_rules_written_plainly(name):
     for _ in range(25):
         kept = {str(n) for n in rng.choice(chain, rng.integers(1, len(chain)), replace=False)}
         ahead = frozenset([n for n in ctx.order() if n in kept][:rng.integers(0, 3)])
-        planned = recompute._estimate(estimator, ctx, kept, ahead)
-        segments = recompute._segments(ctx, set(planned.recomputed))
-        early = recompute._segments(ctx, set(planned.ahead))
+        planned = search_planner.estimate(estimator, ctx, kept, ahead)
+        segments = plan_nodes.segments(ctx, set(planned.recomputed))
+        early = plan_nodes.segments(ctx, set(planned.ahead))
         groups = [(c & ahead, {v for a in c & ahead for v in ctx.graph.successors(a)
                                if v in planned.recomputed}) for c in early]
         direct = estimator.estimate(segments, groups)
@@ -148,7 +152,7 @@ def test_the_quick_recomputed_set_is_the_walked_one(name):
     plans += [set(rng.sample(forward, rng.randint(1, len(forward) // 3))) for _ in range(10)]
     cut_some = False
     for plan in plans:
-        walked, _ = recompute._recomputed_nodes(ctx, plan, {})
-        assert recompute._unchecked(ctx).everything - recompute._removed(ctx, plan) == walked
-        cut_some |= bool(recompute._unchecked(ctx)[0] - plan - walked)
+        walked, _ = plan_nodes.recomputed_nodes(ctx, plan, {})
+        assert plan_nodes.unchecked(ctx).everything - plan_nodes.removed(ctx, plan) == walked
+        cut_some |= bool(plan_nodes.unchecked(ctx)[0] - plan - walked)
     assert cut_some  # some plan cut off nodes that are not checkpoints themselves

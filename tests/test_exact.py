@@ -17,11 +17,13 @@ from unittest import mock
 
 import pytest
 
-from graphrewrite import analysis, exact, io
-from graphrewrite.budget import parse_budget
-from graphrewrite.context import Context
-from graphrewrite.estimate import PlanEstimator
+from graphrewrite.analysis import step as analysis
+from graphrewrite.core import io
 from graphrewrite.passes import recompute
+from graphrewrite.planning import exact, search
+from graphrewrite.planning.budget import parse_budget
+from graphrewrite.planning.context import Context
+from graphrewrite.planning.estimate import PlanEstimator
 
 from conftest import fixture_path, run_cli
 
@@ -79,8 +81,8 @@ def compare(name: str, model, lowest: bool = False) -> Row:
     result = recompute.run(model.graph, found, options)
     two_level = bool(result.recomputed_ahead)
     if two_level:
-        with mock.patch.object(recompute, "_ahead_trials", lambda *a: []), \
-                mock.patch.object(recompute, "_two_level_trials", lambda *a: []):
+        with mock.patch.object(search, "ahead_trials", lambda *a: []), \
+                mock.patch.object(search, "two_level_trials", lambda *a: []):
             result = recompute.run(model.graph, found, options)
     ctx = Context.build(model.graph, found)
     estimator = PlanEstimator(model.graph, found)
@@ -103,14 +105,14 @@ def compare(name: str, model, lowest: bool = False) -> Row:
     row.split_errors = tuple(exact.check_additive(ctx, estimator, chain, kept)
                              + exact.check_additive(ctx, estimator, chain, solution.checkpoints))
     if lowest:
-        row.simulated = tuple(recompute._evaluate(ctx, plan).peak
+        row.simulated = tuple(recompute.evaluate(ctx, plan).peak
                               for plan in (kept, solution.checkpoints))
     return row
 
 
 def check(row: Row):
     if not row.modified:  # the default found nothing worth 1%: neither may the exact planner
-        assert row.lowest > row.original * (1 - recompute.MIN_GAIN), row
+        assert row.lowest > row.original * (1 - search.MIN_GAIN), row
         return
     assert row.default_in_chain, "the default kept checkpoints off the bottleneck chain"
     assert row.split_errors == (), row.split_errors

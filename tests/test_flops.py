@@ -1,6 +1,6 @@
 import tensorflow as tf
 
-from graphrewrite import flops, shapes
+from graphrewrite.analysis import flops, shapes
 
 from tfgraphs import build, const
 

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import networkx as nx
 
-from graphrewrite import analysis, io
-from graphrewrite.checkpoints import bottlenecks, memory_policy
-from graphrewrite.context import Context
+from graphrewrite.analysis import step as analysis
+from graphrewrite.core import io
+from graphrewrite.planning.checkpoints import bottlenecks, memory_policy
+from graphrewrite.planning.context import Context
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fixtures"))
 import recipes  # noqa: E402

@@ -7,8 +7,8 @@ import difflib
 
 import pytest
 
-from graphrewrite import io
-from graphrewrite.text import dump
+from graphrewrite.core import io
+from graphrewrite.core.text import dump
 
 from conftest import FIXTURE_NAMES, GOLDENS, fixture_path
 
@@ -47,7 +47,7 @@ REWRITES = {
 @pytest.mark.parametrize("label", REWRITES)
 @pytest.mark.parametrize("name", FIXTURE_NAMES)
 def test_rewrite_matches_golden(name, label, update_goldens):
-    from graphrewrite import pipeline
+    from graphrewrite.pipeline import run as pipeline
 
     mode, swap_options = REWRITES[label]
     model = io.load(fixture_path(name))

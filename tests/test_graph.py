@@ -2,9 +2,9 @@ import copy
 
 import pytest
 
-from graphrewrite.errors import GraphError
-from graphrewrite.graph import Graph
-from graphrewrite.tensor_ref import CONTROL, TensorRef
+from graphrewrite.core.errors import GraphError
+from graphrewrite.core.graph import Graph
+from graphrewrite.core.tensor_ref import CONTROL, TensorRef
 
 from conftest import graph_def
 

@@ -5,10 +5,11 @@ written."""
 import pytest
 from tensorflow.core.framework import attr_value_pb2
 
-from graphrewrite import importable, io
+from graphrewrite.core import io
+from graphrewrite.core.tensor_ref import TensorRef
 from graphrewrite.passes import PASSES
-from graphrewrite.passes.base import SwapResult
-from graphrewrite.tensor_ref import TensorRef
+from graphrewrite.passes.swap import SwapResult
+from graphrewrite.pipeline import importable
 
 from conftest import fixture_path, run_cli
 
@@ -19,7 +20,7 @@ def _broken_swap(break_graph):
         graph = graph.copy()
         break_graph(graph)
         return SwapResult(graph, True)
-    return (PASSES["swap"][0], run)
+    return PASSES["swap"]._replace(run=run)
 
 
 def _wrong_recorded_shape(graph):

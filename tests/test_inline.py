@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from graphrewrite import inline
+from graphrewrite.analysis import inline
 
 
 def traced():
@@ -104,7 +104,7 @@ def test_a_nested_tf_function_step_is_inlined_and_its_activations_recomputed(nes
     assert facts["recomputed"] and facts["peak_bytes"]["after"] < facts["peak_bytes"]["before"]
     # The forward body's results are read directly: no IdentityN between activations and
     # their backward readers.
-    from graphrewrite import io
+    from graphrewrite.core import io
 
     graph = io.load(out).graph
     assert graph.op("StatefulPartitionedCall") == "NoOp"

@@ -10,9 +10,9 @@ from google.protobuf import text_format
 from tensorflow.core.framework import graph_pb2
 from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 
-from graphrewrite import io
-from graphrewrite.errors import GraphRewriteError
-from graphrewrite.text import dump
+from graphrewrite.core import io
+from graphrewrite.core.errors import GraphRewriteError
+from graphrewrite.core.text import dump
 
 from conftest import FIXTURE_NAMES, fixture_path, graph_def, run_cli
 

@@ -7,9 +7,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from graphrewrite import analysis, grappler, io, loops, measure, memory, shapes
-from graphrewrite.graph import Graph
-from graphrewrite.tensor_ref import TensorRef
+from graphrewrite.analysis import grappler, loops, memory, schedule, shapes
+from graphrewrite.analysis import step as analysis
+from graphrewrite.core import io
+from graphrewrite.core.graph import Graph
+from graphrewrite.core.tensor_ref import TensorRef
+from graphrewrite.execution import measure
 
 KIB = 1024
 STEPS, BATCH, UNITS = 30, 32, 128  # h: [32, 128] float32 = 16 KiB per iteration
@@ -50,7 +53,7 @@ def as_run(graph: Graph) -> Graph:
 
 def accumulators(graph: Graph):
     inferred = shapes.infer(graph)
-    order = memory.schedule(graph, ["loss", "grad"])
+    order = schedule.schedule(graph, ["loss", "grad"])
     found = loops.analyse(graph, inferred, order)
     return found, {ref: size for ref, size in found.sizes.items()
                    if graph.op(ref.node) in loops.ACCUMULATE}
@@ -84,7 +87,7 @@ def test_loop_bodies_have_shapes():
 
 def test_a_loop_without_a_static_trip_count_warns_and_counts_once(caplog):
     graph = as_run(rnn("v1", fed_length=True))
-    with caplog.at_level(logging.WARNING, logger="graphrewrite.loops"):
+    with caplog.at_level(logging.WARNING, logger="graphrewrite.analysis.loops"):
         found, sizes = accumulators(graph)
     assert "trip count" in caplog.text
     assert set(found.trips.values()) == {None}
@@ -93,7 +96,7 @@ def test_a_loop_without_a_static_trip_count_warns_and_counts_once(caplog):
 
 def test_what_follows_a_loop_waits_for_its_body():
     graph = as_run(rnn("v1"))
-    order = memory.schedule(graph, ["loss", "grad"])
+    order = schedule.schedule(graph, ["loss", "grad"])
     frames = loops.frame_of(graph)
     for exit_ in (n for n in order if graph.op(n) == "Exit"):
         frame = frames[graph.data_inputs(exit_)[0].node]
@@ -199,7 +202,7 @@ def test_a_tensor_lists_readers_are_those_of_what_it_wrote():
 def test_a_variable_read_in_the_body_is_pushed_without_a_copy():
     graph = as_run(_two_v2_rnns(read_variable=True))
     found, sizes = accumulators(graph)
-    pushed_reads = [ref for ref in sizes if graph.op(loops._through(
+    pushed_reads = [ref for ref in sizes if graph.op(loops.through(
         graph, graph.data_inputs(ref.node)[1], ("Identity",)).node) == "ReadVariableOp"]
     assert pushed_reads and all(sizes[ref] == 0 for ref in pushed_reads)
 
@@ -209,6 +212,6 @@ def test_a_list_nobody_reads_is_not_counted():
     does not need); TensorFlow never runs them."""
     graph = as_run(_two_v2_rnns(read_variable=True))
     found, sizes = accumulators(graph)
-    unread = [ref for ref in sizes if loops._list_fate(graph, ref.node) == loops.UNREAD]
+    unread = [ref for ref in sizes if loops.list_fate(graph, ref.node) == loops.UNREAD]
     assert unread and all(sizes[ref] == 0 for ref in unread)
     assert any(sizes[ref] for ref in sizes if ref not in unread)

@@ -3,7 +3,7 @@ memory model's, said before it measures (no TensorFlow run)."""
 
 import pytest
 
-from graphrewrite import measure
+from graphrewrite.execution import measure
 
 
 @pytest.fixture

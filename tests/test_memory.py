@@ -2,8 +2,8 @@
 
 import tensorflow as tf
 
-from graphrewrite import memory, shapes
-from graphrewrite.tensor_ref import TensorRef
+from graphrewrite.analysis import memory, schedule, shapes
+from graphrewrite.core.tensor_ref import TensorRef
 
 from tfgraphs import KIB_FLOATS, build, const, placeholder
 
@@ -76,7 +76,7 @@ def test_schedule_is_breadth_first_from_sources_in_file_order():
         b1 = tf.exp(x, name="b1")
         tf.negative(a1, name="a2")
         tf.exp(b1, name="b2")
-    order = memory.schedule(build(graph), ["a2", "b2"])
+    order = schedule.schedule(build(graph), ["a2", "b2"])
     assert order == ["x", "a1", "b1", "a2", "b2"]
 
 
@@ -124,7 +124,7 @@ def test_readers_of_an_identity_n_grappler_removes_wait_only_for_their_own_input
         tf.negative(both[0], name="ra")
         tf.negative(both[1], name="rc")
     built = build(graph)
-    order = memory.schedule(built, ["ra", "rc"])
+    order = schedule.schedule(built, ["ra", "rc"])
     assert len(order) == len(set(order))
     assert order.index("ra") < order.index("c3")
     report = simulate(built, ["ra", "rc"])

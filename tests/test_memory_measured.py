@@ -5,7 +5,9 @@ the allocator's rounding (about 33 MiB measured against 1-3 MiB of live tensors)
 
 import pytest
 
-from graphrewrite import analysis, io, measure
+from graphrewrite.analysis import step as analysis
+from graphrewrite.core import io
+from graphrewrite.execution import measure
 
 from conftest import fixture_path
 

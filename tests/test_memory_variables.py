@@ -6,8 +6,8 @@ orders that decide whether TensorFlow copies the variable first.
 
 import tensorflow as tf
 
-from graphrewrite import memory, shapes
-from graphrewrite.tensor_ref import TensorRef
+from graphrewrite.analysis import memory, shapes
+from graphrewrite.core.tensor_ref import TensorRef
 
 from tfgraphs import KIB_FLOATS, build, placeholder
 

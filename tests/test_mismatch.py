@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from graphrewrite import io, mismatch, verify
+from graphrewrite.core import io
+from graphrewrite.execution import mismatch, verify
 
 pytestmark = pytest.mark.tf
 

@@ -6,11 +6,13 @@ import logging
 import pytest
 import tensorflow as tf
 
-from graphrewrite import analysis, io, parameters, split
-from graphrewrite.checkpoints import bottlenecks
-from graphrewrite.context import Context
-from graphrewrite.graph import Graph
-from graphrewrite.shapes import infer
+from graphrewrite.analysis import parameters, split
+from graphrewrite.analysis import step as analysis
+from graphrewrite.analysis.shapes import infer
+from graphrewrite.core import io
+from graphrewrite.core.graph import Graph
+from graphrewrite.planning.checkpoints import bottlenecks
+from graphrewrite.planning.context import Context
 
 from conftest import fixture_path
 from tfgraphs import build

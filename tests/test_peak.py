@@ -1,9 +1,11 @@
 """What holds the modelled peak, and the note that says why a rewrite saved little."""
 
-from graphrewrite import analysis, io, peak
-from graphrewrite.context import Context
-from graphrewrite.memory import DEVICE
+from graphrewrite.analysis import step as analysis
+from graphrewrite.analysis.memory import DEVICE
+from graphrewrite.core import io
 from graphrewrite.passes import recompute
+from graphrewrite.planning import peak
+from graphrewrite.planning.context import Context
 
 from conftest import fixture_path
 

@@ -5,10 +5,14 @@ import json
 
 import pytest
 
-from graphrewrite import io, pipeline
-from graphrewrite.errors import GraphRewriteError, PassError
+from graphrewrite.core import io
+from graphrewrite.core.errors import GraphRewriteError, PassError
 from graphrewrite.passes import PASSES
-from graphrewrite.passes.base import AccumulateResult, RecomputeResult, SwapResult
+from graphrewrite.passes.accumulate import AccumulateResult
+from graphrewrite.passes.recompute import RecomputeResult
+from graphrewrite.passes.swap import SwapResult
+from graphrewrite.pipeline import grammar
+from graphrewrite.pipeline import run as pipeline
 
 from conftest import FIXTURE_NAMES, fixture_path, run_cli
 
@@ -23,8 +27,8 @@ from conftest import FIXTURE_NAMES, fixture_path, run_cli
      [("swap", {"tensors": 'say "a(b)" \\', "budget": "60%"})]),
 ])
 def test_pipeline_text_parses_and_formats_back(text, steps):
-    assert pipeline.parse_pipeline(text) == steps
-    assert pipeline.parse_pipeline(pipeline.format_pipeline(steps)) == steps
+    assert grammar.parse_pipeline(text) == steps
+    assert grammar.parse_pipeline(grammar.format_pipeline(steps)) == steps
 
 
 @pytest.mark.parametrize("text, unreadable", [
@@ -36,7 +40,7 @@ def test_pipeline_text_parses_and_formats_back(text, steps):
 ])
 def test_unreadable_pipeline_text_is_named(text, unreadable):
     with pytest.raises(GraphRewriteError, match="^[^\n]*$") as err:
-        pipeline.parse_pipeline(text)
+        grammar.parse_pipeline(text)
     assert unreadable in str(err.value)
 
 
@@ -50,32 +54,32 @@ def test_unreadable_pipeline_text_is_named(text, unreadable):
 ])
 def test_options_are_typed_with_errors_naming_pass_and_option(name, raw, expected):
     with pytest.raises(GraphRewriteError) as err:
-        pipeline.pass_options(name, raw)
+        grammar.pass_options(name, raw)
     assert expected in str(err.value)
 
 
 def test_options_take_their_fields_types():
-    assert pipeline.pass_options("accumulate", {"min_inputs": "7"}).min_inputs == 7
-    swap = pipeline.pass_options("swap", {"bandwidth": "8e9", "budget": "60%"})
+    assert grammar.pass_options("accumulate", {"min_inputs": "7"}).min_inputs == 7
+    swap = grammar.pass_options("swap", {"bandwidth": "8e9", "budget": "60%"})
     assert swap.bandwidth == 8e9 and swap.budget == "60%"
-    assert [name for name, (options, _) in PASSES.items() if options().takes_budget()] == [
+    assert [name for name, entry in PASSES.items() if entry.options().takes_budget()] == [
         "recompute", "swap"]  # their default policies search
-    assert not pipeline.pass_options("swap", {"policy": "manual"}).takes_budget()
+    assert not grammar.pass_options("swap", {"policy": "manual"}).takes_budget()
 
 
 def test_command_line_options_become_pipeline_text():
-    assert pipeline.compose("collection", checkpoints="op:Conv2D,scope:stem") == (
+    assert grammar.compose("collection", checkpoints="op:Conv2D,scope:stem") == (
         'inline recompute(policy=collection, checkpoints="op:Conv2D,scope:stem")')
-    assert pipeline.compose("memory", budget="60%", swap_checkpoints=True,
+    assert grammar.compose("memory", budget="60%", swap_checkpoints=True,
                             swap_options={"form": "grappler", "bandwidth": 8e9}) == (
         "inline rerun defer recompute(policy=memory, budget=60%) swap(form=grappler, "
         "bandwidth=8000000000.0, "
         "budget=60%)")
-    assert pipeline.compose("none") == ""
-    with pytest.raises(GraphRewriteError, match="--swap-form needs a swap pass"):
-        pipeline.compose("memory", swap_options={"form": "grappler"})
-    with pytest.raises(GraphRewriteError, match="use --mode none"):
-        pipeline.compose("memory", passes="")
+    assert grammar.compose("none") == ""
+    with pytest.raises(GraphRewriteError, match="form needs a swap pass"):
+        grammar.compose("memory", swap_options={"form": "grappler"})
+    with pytest.raises(GraphRewriteError, match="use mode none"):
+        grammar.compose("memory", passes="")
 
 
 # mode, and the command line options that go into its pipeline
@@ -153,7 +157,7 @@ def looks_up_nothing(graph, analysis, options, model=None):
                                           (crashing, "failed: KeyError"),
                                           (looks_up_nothing, "failed: no node named 'None'")])
 def test_a_failing_pass_is_named_with_the_passes_before_it(run, problem, monkeypatch, tmp_path):
-    monkeypatch.setitem(PASSES, "accumulate", (PASSES["accumulate"][0], run))
+    monkeypatch.setitem(PASSES, "accumulate", PASSES["accumulate"]._replace(run=run))
     with pytest.raises(PassError, match=f"pass 'accumulate' \\(after relax_assign\\) {problem}"):
         pipeline.optimize(io.load(fixture_path("mlp")), "none", passes="relax_assign accumulate")
     out = tmp_path / "o.pb"
@@ -171,7 +175,7 @@ def test_grappler_in_the_background_models_the_same_step_and_falls_back_on_failu
     caller as a warning and a step modelled as written (no report), not an exception."""
     from tensorflow.python.grappler import tf_optimizer
 
-    from graphrewrite import analysis
+    from graphrewrite.analysis import step as analysis
 
     model = io.load(fixture_path("mlp"))
     result = pipeline.optimize(model, "memory")
@@ -198,7 +202,8 @@ def test_grappler_in_the_background_also_runs_in_a_forked_child():
     import os
     import signal
 
-    from graphrewrite import analysis, grappler
+    from graphrewrite.analysis import grappler
+    from graphrewrite.analysis import step as analysis
 
     model = io.load(fixture_path("mlp"))
     fetches = analysis.analyse(model, model.graph).fetches
@@ -259,8 +264,8 @@ class _Peak:
 def test_a_rewrite_that_raises_the_step_as_run_is_dropped(after, kept, monkeypatch):
     """Modes that choose their own rewrite drop it if the step TensorFlow runs (after Grappler)
     needs more memory; the report says why the graph came back unchanged."""
-    from graphrewrite import analysis as analysis_mod
-    from graphrewrite import report
+    from graphrewrite.analysis import step as analysis_mod
+    from graphrewrite.reporting import report
 
     model = io.load(fixture_path("mlp"))
     monkeypatch.setattr(analysis_mod, "start_as_run", lambda *args: None)
@@ -273,3 +278,28 @@ def test_a_rewrite_that_raises_the_step_as_run_is_dropped(after, kept, monkeypat
                                                                  result)["note"]) != kept
     replayed = pipeline.optimize(model, "memory", composed=result.pipeline)
     assert replayed.changed  # --passes keeps what the passes wrote
+
+
+def test_errors_name_the_library_parameter_and_the_cli_its_flag():
+    """A `tf2.rewrite` caller never typed `--swap-form`: the library's message names the
+    parameter, the command line's the flag, from one text."""
+    from graphrewrite.cli.options import FLAGS
+
+    with pytest.raises(GraphRewriteError) as refused:
+        grammar.compose("memory", swap_options={"form": "grappler"})
+    assert str(refused.value).startswith("form needs a swap pass")
+    assert refused.value.render(FLAGS).startswith("--swap-form needs a swap pass")
+    assert "(or --swap-checkpoints)" in refused.value.render(FLAGS)
+
+
+def test_every_parameter_an_error_names_has_a_flag():
+    import pathlib
+    import re
+
+    from graphrewrite.cli.options import FLAGS
+
+    root = pathlib.Path(grammar.__file__).resolve().parent.parent
+    # `${{name}}` in an f-string, `${name}` in a plain one (`f"${x}"` puts a dollar before x)
+    named = {a or b for path in root.rglob("*.py") if path.name != "errors.py" for a, b in
+             re.findall(r"\$\{\{(\w+)\}\}|(?<!f\")\$\{(\w+)\}", path.read_text())} - {"key"}
+    assert named and not named - set(FLAGS)

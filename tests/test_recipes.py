@@ -116,7 +116,8 @@ def test_rewrite_finds_candidates_and_lowers_the_modelled_peak(name):
 @pytest.mark.tf
 @pytest.mark.parametrize("name", cells({**REWRITE_XFAIL, **AS_RUN_XFAIL, **BITWISE_XFAIL}))
 def test_two_steps_are_bitwise_equal(name):
-    from graphrewrite import io, verify
+    from graphrewrite.core import io
+    from graphrewrite.execution import verify
 
     entry, facts, out = rewritten(name)
     assert facts["checkpoints"] or facts["rerun"], "nothing was recomputed: " + facts["note"]
@@ -132,7 +133,9 @@ def test_two_steps_are_bitwise_equal(name):
 def test_the_model_of_a_keras_lstm_in_a_tf1_graph_is_within_ten_percent_of_the_measured_peak():
     """Its while_v2 loops push values the gradient loops never read: TensorFlow does not run
     those pushes (once counted: 14.5 MiB modelled, 4.7 MiB measured)."""
-    from graphrewrite import analysis, io, measure
+    from graphrewrite.analysis import step as analysis
+    from graphrewrite.core import io
+    from graphrewrite.execution import measure
 
     entry = recipes.ensure("kl_lstm_adam_fetched")
     model = io.load(entry["path"])

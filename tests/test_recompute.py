@@ -1,15 +1,21 @@
 """Recompute rewriting: invariants over every fixture and mode, policies, and selectors."""
 
+import types
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from graphrewrite import io, memory, ops, pipeline, selectors
-from graphrewrite.errors import GraphRewriteError
-from graphrewrite.names import AHEAD_SUFFIX, COPY_SUFFIX, PAD_PREFIX, TRIGGER_PREFIX, copied_from
-from graphrewrite.passes.base import RecomputeResult
-from graphrewrite.passes.recompute import SHAPE_READERS
-from graphrewrite.split import split
+from graphrewrite.analysis import memory
+from graphrewrite.analysis.split import split
+from graphrewrite.core import io, ops, selectors
+from graphrewrite.core.errors import GraphRewriteError
+from graphrewrite.core.names import (AHEAD_SUFFIX, COPY_SUFFIX, PAD_PREFIX, TRIGGER_PREFIX,
+                                     copied_from)
+from graphrewrite.passes.recompute import RecomputeResult
+from graphrewrite.passes.recompute.rewrite import SHAPE_READERS
+from graphrewrite.pipeline import run as pipeline
+from graphrewrite.planning import search
 
 from conftest import FIXTURE_NAMES, fixture_path
 from tfgraphs import build
@@ -149,7 +155,7 @@ def test_collection_mode_uses_selectors():
     model, result = rewrite("resnet_cnn", "collection", checkpoints="op:Relu")
     relus = {n for n in model.graph.nodes() if model.graph.op(n) == "Relu"}
     assert set(result.of(RecomputeResult).checkpoints) == relus
-    with pytest.raises(GraphRewriteError, match="needs --checkpoints"):
+    with pytest.raises(GraphRewriteError, match="needs checkpoints"):
         rewrite("resnet_cnn", "collection")
 
 
@@ -174,7 +180,8 @@ def test_manual_mode_honours_recompute_hint():
 
 def test_memory_policy_finds_bottlenecks_past_a_label_shortcut():
     """Labels reach the loss directly; the chain of layer outputs must still be found."""
-    from graphrewrite import analysis, checkpoints
+    from graphrewrite.analysis import step as analysis
+    from graphrewrite.planning import checkpoints
 
     model = io.load(fixture_path("mlp"))
     found = analysis.analyse(model)
@@ -183,7 +190,8 @@ def test_memory_policy_finds_bottlenecks_past_a_label_shortcut():
 
 
 def test_bottlenecks_of_a_residual_block_are_its_outputs():
-    from graphrewrite import analysis, checkpoints
+    from graphrewrite.analysis import step as analysis
+    from graphrewrite.planning import checkpoints
 
     def graph():
         x = tf.compat.v1.placeholder(tf.float32, (64, 64), name="x")
@@ -204,7 +212,8 @@ def test_bottlenecks_of_a_residual_block_are_its_outputs():
 def test_a_regression_target_as_large_as_the_activations_hides_no_bottleneck():
     """A float target of the activations' size reaches the loss alone: as an entry of the
     forward pass it would make the loss the only bottleneck (nothing to checkpoint)."""
-    from graphrewrite import analysis, checkpoints
+    from graphrewrite.analysis import step as analysis
+    from graphrewrite.planning import checkpoints
 
     def graph():
         x = tf.compat.v1.placeholder(tf.float32, (64, 64), name="x")
@@ -223,7 +232,8 @@ def test_a_regression_target_as_large_as_the_activations_hides_no_bottleneck():
 
 def test_a_residual_sum_read_only_by_its_relu_is_no_bottleneck():
     """Keeping the sum as well as its ReLU would hold two buffers for one block output."""
-    from graphrewrite import analysis, checkpoints
+    from graphrewrite.analysis import step as analysis
+    from graphrewrite.planning import checkpoints
 
     model = io.load(fixture_path("resnet_cnn"))
     chain = checkpoints.bottlenecks(checkpoints.Context.build(model.graph,
@@ -233,20 +243,21 @@ def test_a_residual_sum_read_only_by_its_relu_is_no_bottleneck():
 
 
 def test_budgeted_segments_shrink_towards_the_loss_and_grow_with_held_gradients():
-    from graphrewrite.checkpoints import _budgeted
+    from graphrewrite.planning.checkpoints import budgeted
 
     chain = [f"layer{i}" for i in range(30)]
     needed = [8 * (i + 1) for i in range(30)]   # 8 bytes read per layer
     sizes = [8] * 30
-    positions = [chain.index(n) for n in _budgeted(chain, needed, sizes, [0] * 30, 64)]
+    positions = [chain.index(n) for n in budgeted(chain, needed, sizes, [0] * 30, 64)]
     gaps = [b - a for a, b in zip(positions, positions[1:])]
     assert gaps == sorted(gaps, reverse=True) and gaps[0] > gaps[-1]
-    heavy = [chain.index(n) for n in _budgeted(chain, needed, sizes, [24] * 30, 64)]
+    heavy = [chain.index(n) for n in budgeted(chain, needed, sizes, [24] * 30, 64)]
     assert heavy[0] < positions[0]  # gradients held above the first segment shorten it
 
 
 def test_two_level_recomputes_ahead_below_the_cut_and_holds_the_rest():
-    from graphrewrite import analysis, checkpoints
+    from graphrewrite.analysis import step as analysis
+    from graphrewrite.planning import checkpoints
 
     model = io.load(fixture_path("resnet_cnn"))
     ctx = checkpoints.Context.build(model.graph, analysis.analyse(model))
@@ -291,8 +302,9 @@ def test_selectors_refuse(text, message):
 
 def ahead_rewrite(name="resnet_cnn", first=2):
     """The memory policy's checkpoints with the first `first` of them recomputed ahead."""
-    from graphrewrite import analysis, checkpoints
+    from graphrewrite.analysis import step as analysis
     from graphrewrite.passes import recompute
+    from graphrewrite.planning import checkpoints
 
     model = io.load(fixture_path(name))
     found = analysis.analyse(model)
@@ -305,7 +317,7 @@ def ahead_rewrite(name="resnet_cnn", first=2):
 
 
 def test_checkpoints_recomputed_ahead_are_read_by_the_forward_pass_only():
-    from graphrewrite.names import AHEAD_SUFFIX
+    from graphrewrite.core.names import AHEAD_SUFFIX
 
     model, found, ahead, rewrite = ahead_rewrite()
     graph, flow = rewrite.graph, found.split.gradient_flow
@@ -324,7 +336,7 @@ def test_checkpoints_recomputed_ahead_are_read_by_the_forward_pass_only():
 
 @pytest.mark.tf
 def test_checkpoints_recomputed_ahead_run_bitwise_equal(tmp_path):
-    from graphrewrite import verify
+    from graphrewrite.execution import verify
 
     model, _, _, rewrite = ahead_rewrite()
     path = tmp_path / "ahead.pb"
@@ -337,8 +349,9 @@ def test_checkpoints_recomputed_ahead_run_bitwise_equal(tmp_path):
 def reuse_rewrites():
     """Every other bottleneck of the dropout transformer kept, the first two recomputed ahead,
     applied without and with `reuse`."""
-    from graphrewrite import analysis, checkpoints
+    from graphrewrite.analysis import step as analysis
     from graphrewrite.passes import recompute
+    from graphrewrite.planning import checkpoints
 
     model = io.load(fixture_path("transformer_dropout"))
     found = analysis.analyse(model)
@@ -370,7 +383,7 @@ def test_reuse_serves_the_first_segment_from_the_ahead_pass():
 
 @pytest.mark.tf
 def test_reuse_runs_bitwise_equal(tmp_path):
-    from graphrewrite import verify
+    from graphrewrite.execution import verify
 
     model, _, _, _, reused = reuse_rewrites()
     path = tmp_path / "reuse.pb"
@@ -381,23 +394,22 @@ def test_reuse_runs_bitwise_equal(tmp_path):
 
 
 def test_a_too_dear_two_level_plan_is_taken_when_reuse_makes_it_affordable(monkeypatch):
-    from graphrewrite.passes import recompute
 
     def plan(peak, flops, reuse=False):
-        return recompute.Rewrite(None, {"a"}, {}, {}, 0, {}, None,
-                                 ahead_checkpoints=frozenset({"a"}), peak=peak,
-                                 extra_flops=flops, reuse=reuse)
+        return search.Rewrite(None, {"a"}, {}, {}, 0, {}, None,
+                              ahead_checkpoints=frozenset({"a"}), peak=peak,
+                              extra_flops=flops, reuse=reuse)
 
     single, dear = plan(100, 10), plan(90, 40)  # 10% lower, 30% of the step's FLOPs more
     for reused_peak, taken in ((91, True), (99, False)):
-        monkeypatch.setattr(recompute, "_evaluate",
-                            lambda ctx, c, a, reuse=False: plan(reused_peak, 20, reuse))
-        chosen, _ = recompute._decide([single], [dear], 0, 100, ctx=object())
+        pricer = types.SimpleNamespace(
+            ctx=None, simulate=lambda ctx, c, a, reuse=False: plan(reused_peak, 20, reuse))
+        chosen, _ = search.decide([single], [dear], 0, 100, pricer)
         assert (chosen.reuse and chosen.peak == reused_peak) if taken else chosen is single
 
 
 def test_a_plan_replays_reuse():
-    from graphrewrite import plan
+    from graphrewrite.pipeline import plan
 
     decision = {"checkpoints": ["a", "b"], "recomputed_ahead": ["a"], "reuse_ahead": True}
     text = plan.pipeline_of({"pipeline": "recompute(policy=memory)", "recompute": decision})
@@ -436,7 +448,7 @@ def test_an_unreachable_budget_gives_the_lowest_peak_and_says_so():
 
 
 def test_a_budget_needs_a_mode_that_searches():
-    with pytest.raises(GraphRewriteError, match="--budget needs mode memory or swap"):
+    with pytest.raises(GraphRewriteError, match="budget needs mode memory or swap"):
         rewrite("resnet_cnn", "speed", budget="50%")
     with pytest.raises(GraphRewriteError, match="budget 'half'"):
         rewrite("resnet_cnn", "memory", budget="half")
@@ -487,8 +499,8 @@ def test_a_graph_deeper_than_pythons_recursion_limit_is_planned(tmp_path):
 
     path = tmp_path / "deep.pb"
     path.write_bytes(build(chain).to_graph_def().SerializeToString())
-    from graphrewrite import analysis
-    from graphrewrite.context import Context
+    from graphrewrite.analysis import step as analysis
+    from graphrewrite.planning.context import Context
 
     model = io.load(str(path))
     blockers = Context.build(model.graph, analysis.analyse(model)).forward_blockers()
@@ -501,18 +513,18 @@ def test_a_trusted_estimate_skips_simulations_and_keeps_the_plan(monkeypatch):
     it simulated them all."""
     from graphrewrite.passes import recompute
 
-    evaluate, calls = recompute._evaluate, []
-    monkeypatch.setattr(recompute, "_evaluate",
+    evaluate, calls = recompute.evaluate, []
+    monkeypatch.setattr(recompute, "evaluate",
                         lambda *a, **k: calls.append(1) or evaluate(*a, **k))
     found = {}
-    for error in (recompute.TRUST_ERROR, -1.0):  # -1: never trusted
-        monkeypatch.setattr(recompute, "TRUST_ERROR", error)
+    for error in (search.TRUST_ERROR, -1.0):  # -1: never trusted
+        monkeypatch.setattr(search, "TRUST_ERROR", error)
         calls.clear()
         result = pipeline.optimize(io.load(fixture_path("mlp")), "memory", as_run=False)
         found[error] = (len(calls), result.results["recompute"].checkpoints, result.peak_after)
     (trusted, *plan), (untrusted, *same) = found.values()
     assert plan == same
-    assert recompute.TRUST_AFTER <= trusted < untrusted
+    assert search.TRUST_AFTER <= trusted < untrusted
 
 
 def test_a_plan_chosen_on_estimates_its_simulation_refutes_is_planned_again(monkeypatch):
@@ -524,10 +536,10 @@ def test_a_plan_chosen_on_estimates_its_simulation_refutes_is_planned_again(monk
     def optimized():
         return pipeline.optimize(io.load(fixture_path("mlp")), "memory", as_run=False)
 
-    monkeypatch.setattr(recompute, "TRUST_ERROR", -1.0)  # never trusted: the careful search
+    monkeypatch.setattr(search, "TRUST_ERROR", -1.0)  # never trusted: the careful search
     careful = optimized()
     monkeypatch.undo()
-    finished, finals = recompute._finished, []
+    finished, finals = recompute.finish, []
 
     def refuted_once(ctx, best):
         final = finished(ctx, best)
@@ -536,7 +548,7 @@ def test_a_plan_chosen_on_estimates_its_simulation_refutes_is_planned_again(monk
         finals.append(final)
         return final
 
-    monkeypatch.setattr(recompute, "_finished", refuted_once)
+    monkeypatch.setattr(recompute, "finish", refuted_once)
     again = optimized()
     assert len(finals) == 2
     assert again.results["recompute"].checkpoints == careful.results["recompute"].checkpoints
@@ -560,19 +572,20 @@ def test_a_priced_rewrite_leaves_nothing_for_the_cyclic_collector():
     waits for a collection, which took 1.4 s per plan on a 99k-node graph."""
     import gc
 
-    from graphrewrite import analysis, checkpoints
-    from graphrewrite.context import Context
+    from graphrewrite.analysis import step as analysis
     from graphrewrite.passes import recompute
+    from graphrewrite.planning import checkpoints
+    from graphrewrite.planning.context import Context
 
     model = io.load(fixture_path("mlp"))
     ctx = Context.build(model.graph, analysis.analyse(model))
     plan = checkpoints.POLICIES["memory"](ctx)[0]
-    recompute._evaluate(ctx, plan)  # first use: fills the context's caches
+    recompute.evaluate(ctx, plan)  # first use: fills the context's caches
     gc.collect()
     enabled = gc.isenabled()
     gc.disable()
     try:
-        found = recompute._evaluate(ctx, plan)
+        found = recompute.evaluate(ctx, plan)
         assert gc.collect() == 0
     finally:
         if enabled:

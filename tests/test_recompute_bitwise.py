@@ -14,10 +14,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from graphrewrite import io, pipeline, verify
-from graphrewrite.graph import Graph
-from graphrewrite.names import COPY_SUFFIX, PAD_PREFIX
-from graphrewrite.split import reachable
+from graphrewrite.analysis.split import reachable
+from graphrewrite.core import io
+from graphrewrite.core.graph import Graph
+from graphrewrite.core.names import COPY_SUFFIX, PAD_PREFIX
+from graphrewrite.execution import verify
+from graphrewrite.pipeline import run as pipeline
 
 from conftest import run_cli
 

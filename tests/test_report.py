@@ -5,9 +5,13 @@ import json
 
 import pytest
 
-from graphrewrite import io, pipeline, report
+from graphrewrite.core import io
 from graphrewrite.passes import PASSES
-from graphrewrite.passes.base import AccumulateResult, DeferResult, RecomputeResult
+from graphrewrite.passes.accumulate import AccumulateResult
+from graphrewrite.passes.defer import DeferResult
+from graphrewrite.passes.recompute import RecomputeResult
+from graphrewrite.pipeline import run as pipeline
+from graphrewrite.reporting import report
 
 from conftest import fixture_path, run_cli
 
@@ -38,7 +42,7 @@ def result(as_run=(None, None), modified=True, written=(3 * MIB, 2 * MIB)):
 
 
 def human(optimized) -> str:
-    from cli.main import format_optimize
+    from graphrewrite.cli.tables import format_optimize
 
     return format_optimize(report.optimize_report("in.pb", "out.pb", "graphdef", optimized))
 
@@ -90,7 +94,7 @@ def test_no_note_says_the_graph_was_left_unchanged_when_a_pass_changed_it(monkey
     """Mode memory's defer changed nodes, then recompute found no checkpoint choice worth it
     and said "graph left unchanged". A pass that changes the graph before a recompute that
     finds nothing: the report says nothing was recomputed, not that nothing changed."""
-    monkeypatch.setitem(PASSES, "accumulate", (PASSES["accumulate"][0], adds_a_node))
+    monkeypatch.setitem(PASSES, "accumulate", PASSES["accumulate"]._replace(run=adds_a_node))
     optimized = pipeline.optimize(io.load(fixture_path("adam_train")), "none",
                                   passes="accumulate recompute(policy=memory)", as_run=False)
     assert optimized.changed and not optimized.of(RecomputeResult).modified
@@ -110,3 +114,71 @@ def test_the_headline_of_a_cnn_is_its_step_as_run(tmp_path):
     text = run_cli("optimize", fixture_path("resnet_cnn"), "-o", tmp_path / "p.pb").stdout
     ratio = as_run["after"] / as_run["before"]
     assert f"({ratio:.2f}x, as run, after Grappler)" in text.splitlines()[2]
+
+
+def _marked(kind, index):
+    """A `kind` result whose own fields hold values no other field holds."""
+    import dataclasses
+    import typing
+
+    from graphrewrite.passes.base import COMMON_FIELDS
+
+    values = {}
+    for number, f in enumerate(dataclasses.fields(kind)):
+        if f.name in COMMON_FIELDS:
+            continue
+        hint = str(typing.get_type_hints(kind)[f.name])
+        marker = f"{kind.__name__}.{f.name}"
+        values[f.name] = (True if "bool" in hint else
+                          7_000_000 + 100 * index + number if "int" in hint and "list" not in hint
+                          else 0.5 + index + number / 100 if "float" in hint else
+                          {marker: [marker]} if "dict" in hint else
+                          [marker] if "list" in hint else marker)
+    return kind(**values), values
+
+
+def test_every_result_field_reaches_the_json_report():
+    """Each pass's result type owns its report section: every field it holds reaches `--json`
+    (diet's too, which the report once left out), for each pass alone and all together."""
+    marked = {name: _marked(entry.result, i) for i, (name, entry) in enumerate(PASSES.items())}
+    keys = [key for result, _ in marked.values() for key in result.section()]
+    shared = {key for key in keys if keys.count(key) > 1}  # added up together: checked alone
+    for names in [[name] for name in marked] + [list(marked)]:
+        optimized = pipeline.OptimizeResult(
+            graph=None, mode="memory", pipeline=" ".join(names), nodes_before=1, nodes_after=1,
+            peak_before=1, peak_after=1, seconds=0.0,
+            results={name: marked[name][0] for name in names})
+        text = json.dumps(report.optimize_report("in.pb", "out.pb", "graphdef", optimized))
+        for name in names:
+            for field, value in marked[name][1].items():
+                if len(names) > 1 and field in shared:
+                    continue
+                shown = next(iter(value)) if isinstance(value, (dict, list)) else value
+                assert json.dumps(shown) in text, (name, field)
+
+
+def test_the_report_keys_are_the_same_in_every_mode_and_documented():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    documented = readme.split("**`optimize --json` / `--report` keys**")[1].split("\n\n")[0]
+    keys = [set(report.optimize_report("in.pb", "out.pb", "graphdef", pipeline.OptimizeResult(
+        graph=None, mode="memory", pipeline=name, nodes_before=1, nodes_after=1, peak_before=1,
+        peak_after=1, seconds=0.0, results={name: entry.result()})))
+        for name, entry in PASSES.items()]
+    assert all(k == keys[0] for k in keys)
+    assert not [k for k in keys[0] if f"`{k}`" not in documented]
+
+
+def test_the_diet_report_says_what_diet_did():
+    from graphrewrite.passes.diet import DietResult
+
+    diet = DietResult(modified=True, dieted=["w1", "w2"], slots_removed=["m1"],
+                      slots_added=["r1", "c1"], bytes_saved=3 * MIB, forward_reads="gated",
+                      kept_float={"fewer than 1024 elements": ["b1"]})
+    lines = human(pipeline.OptimizeResult(
+        graph=None, mode="diet", pipeline="diet", nodes_before=10, nodes_after=20,
+        peak_before=4 * MIB, peak_after=3 * MIB, seconds=1.0, results={"diet": diet}))
+    assert ("diet            2 variables now 16-bit; optimizer slots -1 +2; 3.0 MiB of "
+            "persistent memory saved; forward reads gated") in lines.splitlines()
+    assert "kept float32    1 variables: fewer than 1024 elements (e.g. b1)" in lines

@@ -5,10 +5,11 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, types_pb2
 
-from graphrewrite import bind, rerun
-from graphrewrite.graph import Graph
-from graphrewrite.names import COPY_SUFFIX
-from graphrewrite.shapes import infer
+from graphrewrite.analysis import bind
+from graphrewrite.analysis.shapes import infer
+from graphrewrite.core.graph import Graph
+from graphrewrite.core.names import COPY_SUFFIX
+from graphrewrite.passes import rerun_copy as rerun
 
 
 def _step() -> graph_pb2.GraphDef:
@@ -82,8 +83,8 @@ def test_an_embedding_read_only_by_gathers_takes_its_slots_shape():
         add_shapes=True))
     shapes = infer(graph)
     gathered = next(n for n in graph.nodes() if graph.op(n) == "ResourceGather")
-    handle = bind._through_forwarders(graph, graph.data_inputs(gathered)[0]).node
-    readers = {graph.op(u) for u, _ in bind._users(graph, handle)}
+    handle = bind.through_forwarders(graph, graph.data_inputs(gathered)[0]).node
+    readers = {graph.op(u) for u, _ in bind.users(graph, handle)}
     assert readers <= {"ResourceGather", "ResourceScatterAdd"}  # nothing reads it whole
     assert bind.value_spec(graph, shapes, handle).shape == (50, 6)
 

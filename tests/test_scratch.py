@@ -6,8 +6,8 @@ import json
 import numpy as np
 import tensorflow as tf
 
-from graphrewrite import memory, scratch, shapes
-from graphrewrite.graph import Graph
+from graphrewrite.analysis import memory, scratch, shapes
+from graphrewrite.core.graph import Graph
 
 from conftest import fixture_path, run_cli
 

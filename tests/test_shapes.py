@@ -1,9 +1,9 @@
 import pytest
 import tensorflow as tf
 
-from graphrewrite import shapes
-from graphrewrite.errors import GraphRewriteError
-from graphrewrite.tensor_ref import TensorRef
+from graphrewrite.analysis import shapes
+from graphrewrite.core.errors import GraphRewriteError
+from graphrewrite.core.tensor_ref import TensorRef
 
 from tfgraphs import build
 
@@ -63,7 +63,8 @@ def test_sizes_only_the_data_decides_are_not_blamed_on_the_inputs(tmp_path, capl
     warning that suggests one is kept for sizes the shapes could give."""
     import logging
 
-    from graphrewrite import analysis, io
+    from graphrewrite.analysis import step as analysis
+    from graphrewrite.core import io
 
     def ids_and_their_sum():
         ids = tf.compat.v1.placeholder(tf.int32, [64], name="ids")
@@ -85,18 +86,18 @@ def test_sizes_only_the_data_decides_are_not_blamed_on_the_inputs(tmp_path, capl
 @pytest.mark.parametrize("fixture", ["mlp.pbtxt", "keras_train.meta", "keras_step_tf2.pb",
                                      "rnn_while_v1.pb", "rnn_while_v2.pb", "tape_tf2.pb"])
 def test_the_fast_import_infers_what_the_public_importer_does(fixture):
-    """The C++ import without Python operations (`_imported`) sees the same shapes and dtypes,
+    """The C++ import without Python operations (`imported`) sees the same shapes and dtypes,
     loops and functions included, as `tf.graph_util.import_graph_def`."""
     from pathlib import Path
 
-    from graphrewrite import io
+    from graphrewrite.core import io
 
     graph_def = io.load(Path(__file__).parent.parent / "fixtures" / fixture).graph.to_graph_def()
-    fast = shapes._tensorflow_shapes(graph_def)
+    fast = shapes.tensorflow_shapes(graph_def)
     public = {op.name: [(t.dtype.as_datatype_enum,
                          None if t.shape.rank is None else tuple(t.shape.as_list()))
                         for t in op.outputs]
-              for op in shapes._imported(graph_def, public=True)}
+              for op in shapes.imported(graph_def, public=True)}
     assert fast == public
     assert any(shape for outputs in fast.values() for _, shape in outputs)  # shapes were read
     assert len(fast) == len(graph_def.node)
@@ -122,13 +123,13 @@ def _no_internals(graph_def):
 
 def test_without_the_internals_it_reads_shapes_through_the_public_importer(monkeypatch):
     expected = shapes.infer(unknown_batch_graph(), {"x": (16, 8)}).tensors
-    monkeypatch.setattr(shapes, "_c_imported", _no_internals)
+    monkeypatch.setattr(shapes, "c_imported", _no_internals)
     assert shapes.infer(unknown_batch_graph(), {"x": (16, 8)}).tensors == expected
 
 
 def _edited(graph, **changes):
     """`graph` with nodes renamed or given another op: {old name: (new name, new op)}."""
-    from graphrewrite.graph import Graph
+    from graphrewrite.core.graph import Graph
 
     graph_def = graph.to_graph_def()
     renames = {old: new for old, (new, _) in changes.items()}
@@ -157,7 +158,7 @@ def test_an_op_unknown_to_tensorflow_leaves_the_rest_inferred(importer, caplog, 
     `_output_shapes` size it, typed as its reader expects. (The public importer also refuses
     a colocation with a node it does not have.)"""
     if importer == "public":
-        monkeypatch.setattr(shapes, "_c_imported", _no_internals)
+        monkeypatch.setattr(shapes, "c_imported", _no_internals)
     graph = _edited(two_branches(), r=("r", "MyCustomRelu"))
     graph.node_def("s").attr["_class"].list.s.append(b"loc:@r")  # colocated with the cut node
     with caplog.at_level("WARNING", logger="graphrewrite"):
@@ -196,7 +197,7 @@ def test_a_node_whose_shape_function_fails_is_left_out():
     to.attr.clear()
     to.attr["dtype"].type = tf.int32.as_datatype_enum
     to.attr["value"].tensor.CopyFrom(tf.make_tensor_proto([3, 7], tf.int32))
-    from graphrewrite.graph import Graph
+    from graphrewrite.core.graph import Graph
 
     result = shapes.infer(Graph.from_graph_def(graph_def))
     assert result[TensorRef("other")].shape == (16, 8)

@@ -2,9 +2,9 @@
 
 import tensorflow as tf
 
-from graphrewrite import io
-from graphrewrite.graph import Graph
-from graphrewrite.split import split
+from graphrewrite.analysis.split import split
+from graphrewrite.core import io
+from graphrewrite.core.graph import Graph
 
 from conftest import fixture_path
 from tfgraphs import build, const, placeholder
@@ -136,7 +136,7 @@ def test_a_static_scalar_loss_is_found_although_its_seed_copies_no_shape():
 def test_a_train_op_collection_alone_fetches_the_loss_too(tmp_path):
     """Minimize puts its op in `train_op`; the loss, in no collection, is fetched beside it
     (found from the graph) so that `verify` compares it."""
-    from graphrewrite.analysis import default_fetches
+    from graphrewrite.analysis.step import default_fetches
 
     with tf.Graph().as_default() as g:
         x = placeholder(shape=(8, 64))

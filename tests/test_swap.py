@@ -5,13 +5,16 @@ import json
 import pytest
 import tensorflow as tf
 
-from graphrewrite import analysis, io, pipeline
-from graphrewrite.errors import GraphRewriteError
-from graphrewrite.names import SWAP_IN_SUFFIX, SWAP_OUT_SUFFIX
-from graphrewrite.passes.base import RecomputeResult, SwapResult
-from graphrewrite.budget import parse_budget
-from graphrewrite.split import split
-from graphrewrite.tensor_ref import TensorRef
+from graphrewrite.analysis import step as analysis
+from graphrewrite.analysis.split import split
+from graphrewrite.core import io
+from graphrewrite.core.errors import GraphRewriteError
+from graphrewrite.core.names import SWAP_IN_SUFFIX, SWAP_OUT_SUFFIX
+from graphrewrite.core.tensor_ref import TensorRef
+from graphrewrite.passes.recompute import RecomputeResult
+from graphrewrite.passes.swap import SwapResult
+from graphrewrite.pipeline import run as pipeline
+from graphrewrite.planning.budget import parse_budget
 
 from conftest import fixture_path, run_cli
 
@@ -106,7 +109,7 @@ def test_cli_swap_report(tmp_path):
 @pytest.mark.tf
 @pytest.mark.parametrize("name", ["resnet_cnn", "mlp", "transformer_dropout"])
 def test_swapped_graph_runs_bitwise_equal_on_the_cpu(name, tmp_path):
-    from graphrewrite import verify
+    from graphrewrite.execution import verify
 
     model, result = swapped(name)
     path = tmp_path / fixture_path(name).name
@@ -116,7 +119,7 @@ def test_swapped_graph_runs_bitwise_equal_on_the_cpu(name, tmp_path):
 
 
 def test_triggers_are_never_ops_grappler_regroups_nor_outputs():
-    from graphrewrite.analysis import sinks
+    from graphrewrite.analysis.step import sinks
     from graphrewrite.passes.pads import GROUPED_OPS
 
     model, result = swapped("transformer_dropout")
@@ -177,7 +180,7 @@ def test_swap_selectors_swap_exactly_what_they_name():
 
 def test_swap_selectors_need_a_mode_with_a_swap_pass():
     model = io.load(fixture_path("mlp"))
-    with pytest.raises(GraphRewriteError, match="--swap needs a swap pass: mode manual or swap"):
+    with pytest.raises(GraphRewriteError, match="tensors needs a swap pass: mode manual or swap"):
         pipeline.optimize(model, "memory", swap_options={"tensors": "dense_1/Relu"})
 
 
@@ -229,7 +232,7 @@ def test_inspect_counts_the_bytes_moved(tmp_path):
 
 @pytest.mark.tf
 def test_swapped_checkpoints_run_bitwise_equal(tmp_path):
-    from graphrewrite import verify
+    from graphrewrite.execution import verify
 
     model = deep_chain(tmp_path)
     result = pipeline.optimize(model, "memory", swap_checkpoints=True)

@@ -1,6 +1,6 @@
 import pytest
 
-from graphrewrite.tensor_ref import CONTROL, TensorRef
+from graphrewrite.core.tensor_ref import CONTROL, TensorRef
 
 
 @pytest.mark.parametrize("text, node, port", [

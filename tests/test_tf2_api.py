@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 from graphrewrite import tf2
-from graphrewrite.errors import GraphRewriteError
+from graphrewrite.core.errors import GraphRewriteError
 
 pytestmark = pytest.mark.tf
 

@@ -6,12 +6,12 @@ import random
 import networkx as nx
 import pytest
 
-from graphrewrite.graph import Graph
-from graphrewrite.names import TRIGGER_PREFIX
+from graphrewrite.core.graph import Graph
+from graphrewrite.core.names import TRIGGER_PREFIX
+from graphrewrite.core.tensor_ref import CONTROL, TensorRef
+from graphrewrite.core.topo import TopoOrder
 from graphrewrite.passes.pads import can_gate
-from graphrewrite.passes.triggers import _Ancestry
-from graphrewrite.tensor_ref import CONTROL, TensorRef
-from graphrewrite.topo import TopoOrder
+from graphrewrite.passes.triggers import Ancestry
 
 
 def random_dag(seed: int, size: int = 60) -> Graph:
@@ -66,7 +66,7 @@ def test_ancestry_readers_match_a_full_walk(seed):
     graph = random_dag(seed, 80)
     flow = frozenset(graph.nodes())
     original = graph.copy()
-    ancestry = _Ancestry(graph, original, flow, set())
+    ancestry = Ancestry(graph, original, flow, set())
 
     def full(waits):
         ancestors = set(waits)

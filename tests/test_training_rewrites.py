@@ -3,8 +3,10 @@ and every variable after them (weights, optimizer slots, batch-norm statistics, 
 
 import pytest
 
-from graphrewrite import io, pipeline, verify
-from graphrewrite.passes.base import RecomputeResult
+from graphrewrite.core import io
+from graphrewrite.execution import verify
+from graphrewrite.passes.recompute import RecomputeResult
+from graphrewrite.pipeline import run as pipeline
 
 from conftest import fixture_path
 

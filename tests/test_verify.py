@@ -6,9 +6,13 @@ import numpy as np
 import pytest
 from tensorflow.core.framework import attr_value_pb2
 
-from graphrewrite import io, pipeline, verify
+from graphrewrite.core import io
+from graphrewrite.execution import verify
+from graphrewrite.pipeline import run as pipeline
 
 from conftest import fixture_path, run_cli
+
+CLI = "graphrewrite.cli.main"  # python -m CLI runs the command line
 
 pytestmark = pytest.mark.tf
 
@@ -106,7 +110,7 @@ def _matmul_chain(matmuls):
 
 
 def _time_light_and_heavy():
-    from graphrewrite import measure
+    from graphrewrite.execution import measure
 
     return measure.time_interleaved([(_matmul_chain(0), None), (_matmul_chain(60), None)],
                                     {"x": np.ones((256, 256), np.float32)}, ["y"], runs=3,
@@ -120,9 +124,9 @@ def test_interleaved_timing_keeps_each_models_times_apart():
 
 
 def test_models_that_do_not_fit_together_are_timed_alone(monkeypatch, caplog):
-    from graphrewrite import measure
+    from graphrewrite.execution import measure
 
-    monkeypatch.setattr(measure, "_time_steps", lambda *args: None)  # as on ResourceExhausted
+    monkeypatch.setattr(measure, "time_steps", lambda *args: None)  # as on ResourceExhausted
     light, heavy = _time_light_and_heavy()
     assert len(light) == len(heavy) == 3 and np.median(heavy) > 3 * np.median(light)
     assert "timed alone" in caplog.text
@@ -136,7 +140,7 @@ def test_a_step_tensorflow_refuses_is_one_line_and_exit_2():
     from pathlib import Path
 
     mlp = fixture_path("mlp")
-    done = subprocess.run([sys.executable, "-m", "cli.main", "verify", str(mlp), str(mlp),
+    done = subprocess.run([sys.executable, "-m", CLI, "verify", str(mlp), str(mlp),
                            "--int-high", "100", "--runs", "1"], capture_output=True, text=True,
                           cwd=Path(__file__).resolve().parent.parent, timeout=300)
     assert done.returncode == 2
@@ -170,7 +174,7 @@ def test_saved_models_verify_with_their_own_variables(tmp_path):
     """The shipped TF2 SavedModel and a TF1 one tagged `train` verify against themselves: their
     variables restored from their own variables/ (not initialised, not missing), only the
     placeholders the step needs fed (not the string `saver_filename`)."""
-    from graphrewrite import measure
+    from graphrewrite.execution import measure
 
     trained = tmp_path / "tf1_train"
     saved = _tf1_train_saved_model(trained)

@@ -10,7 +10,9 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.framework import tensor_util
 
-from graphrewrite import bind, io, verify
+from graphrewrite.analysis import bind
+from graphrewrite.core import io
+from graphrewrite.execution import verify
 
 from conftest import run_cli
 
@@ -105,7 +107,7 @@ def _loss(model, outcome):
 
 
 def _shapes(model):
-    from graphrewrite import shapes
+    from graphrewrite.analysis import shapes
 
     return shapes.infer(model.graph)
 
@@ -137,7 +139,7 @@ def test_tf2_step_changed_optimizer_differs_from_the_second_step(keras_step, tmp
 
 
 def _format(outcome):
-    from cli.main import format_verify
+    from graphrewrite.cli.tables import format_verify
 
     return format_verify(outcome.to_json())
 
@@ -221,7 +223,7 @@ def test_bound_variable_holds_its_bytes_in_the_allocator():
     would be missing from every measured peak. The bound variable holds a copy."""
     from tensorflow.core.framework import graph_pb2
 
-    from graphrewrite import measure
+    from graphrewrite.execution import measure
 
     raw = np.empty(4 * 2**20 + 64, np.uint8)
     offset = (-raw.ctypes.data) % 64
@@ -230,10 +232,10 @@ def test_bound_variable_holds_its_bytes_in_the_allocator():
     graph = tf.Graph()
     with graph.as_default():
         bound = bind.bind(graph_pb2.GraphDef(), {"w": value})
-    before = measure._allocator_in_use("/device:CPU:0")
+    before = measure.allocator_in_use("/device:CPU:0")
     with tf.compat.v1.Session(graph=graph) as session:
         session.run(bound.init_ops, bound.init_feeds)
-        held = measure._allocator_in_use("/device:CPU:0") - before
+        held = measure.allocator_in_use("/device:CPU:0") - before
         assert session.run(bound.reads["w"]).tobytes() == value.tobytes()
     # One copy, not two; the process-wide count also sees what other threads of a long test
     # session allocate meanwhile (up to 1.3 MiB here), so the bound is the second copy.
@@ -245,7 +247,8 @@ def test_tf2_step_training_starts_from_keras_like_weights(tmp_path):
     """`verify --steps` starts a TF2 step's weights as Keras's layers do: kernels symmetric
     around zero within the Glorot-uniform limit, biases and betas zero, gammas one, Adam's slots
     zero; and the same seeded batch gives the same start in every run."""
-    from graphrewrite import measure, shapes as shapes_mod
+    from graphrewrite.analysis import shapes as shapes_mod
+    from graphrewrite.execution import measure
 
     tf.keras.backend.clear_session()
     model = tf.keras.Sequential([tf.keras.Input(shape=(FEATURES,)),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from graphrewrite.graph import Graph
+from graphrewrite.core.graph import Graph
 
 KIB_FLOATS = 256  # 256 float32 = 1 KiB
 

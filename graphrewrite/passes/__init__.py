@@ -1,18 +1,31 @@
-"""Rewrite passes, one per module. Each is `run(graph, analysis, options, model) -> PassResult`
-and registered here by name with the frozen dataclass of its options (see `base`)."""
+"""Rewrite passes, one per module (or package). Each is `run(graph, analysis, options, model) ->
+its PassResult`, and registered here by name with the frozen dataclass of its options and the
+type of its result (see `base`); the report shows every registered pass's result section."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from . import accumulate, defer, diet, inline, recompute, relax_assign, rerun, swap
-from .base import PassResult  # noqa: F401  (the type every pass returns)
+
+__all__ = ["Pass", "PASSES"]
+
+
+class Pass(NamedTuple):
+    options: type   # a PassOptions dataclass
+    run: object     # run(graph, analysis, options, model) -> result
+    result: type    # the PassResult subclass run returns
+
 
 PASSES = {
-    "recompute": (recompute.RecomputeOptions, recompute.run),
-    "swap": (swap.SwapOptions, swap.run),
-    "accumulate": (accumulate.AccumulateOptions, accumulate.run),
-    "relax_assign": (relax_assign.RelaxAssignOptions, relax_assign.run),
-    "defer": (defer.DeferOptions, defer.run),
-    "inline": (inline.InlineOptions, inline.run),
-    "rerun": (rerun.RerunOptions, rerun.run),
-    "diet": (diet.DietOptions, diet.run),
+    "recompute": Pass(recompute.RecomputeOptions, recompute.run, recompute.RecomputeResult),
+    "swap": Pass(swap.SwapOptions, swap.run, swap.SwapResult),
+    "accumulate": Pass(accumulate.AccumulateOptions, accumulate.run,
+                       accumulate.AccumulateResult),
+    "relax_assign": Pass(relax_assign.RelaxAssignOptions, relax_assign.run,
+                         relax_assign.RelaxAssignResult),
+    "defer": Pass(defer.DeferOptions, defer.run, defer.DeferResult),
+    "inline": Pass(inline.InlineOptions, inline.run, inline.InlineResult),
+    "rerun": Pass(rerun.RerunOptions, rerun.run, rerun.RerunResult),
+    "diet": Pass(diet.DietOptions, diet.run, diet.DietResult),
 }

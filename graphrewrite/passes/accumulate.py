@@ -14,15 +14,17 @@ the chain back into an AddN.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tensorflow.core.framework import attr_value_pb2
 
-from ..analysis import Analysis
-from ..graph import Graph
-from ..names import ACCUMULATE_GUARD_SUFFIX, ACCUMULATE_SUFFIX
-from ..tensor_ref import CONTROL, TensorRef
-from .base import AccumulateResult, PassOptions
+from ..analysis.step import Analysis
+from ..core.graph import Graph
+from ..core.names import ACCUMULATE_GUARD_SUFFIX, ACCUMULATE_SUFFIX
+from ..core.tensor_ref import CONTROL, TensorRef
+from .base import PassOptions, PassResult
+
+__all__ = ["SUMMING_OPS", "AccumulateOptions", "AccumulateResult", "run"]
 
 SUMMING_OPS = ("AddN", "AccumulateNV2")
 
@@ -33,6 +35,12 @@ class AccumulateOptions(PassOptions):
 
     def __post_init__(self):
         object.__setattr__(self, "min_inputs", max(2, self.min_inputs))
+
+
+@dataclass
+class AccumulateResult(PassResult):
+    accumulated: list[str] = field(default_factory=list)  # AddN nodes now running sums
+    terms: int = 0
 
 
 def run(graph: Graph, analysis: Analysis, options: AccumulateOptions, model=None):

@@ -3,8 +3,10 @@
 A pass is `run(graph, analysis, options, model) -> PassResult`. Its options are a frozen dataclass
 deriving from `PassOptions`; `PassOptions.from_text` turns the pipeline's `key=value` strings into
 the typed fields (by the dataclass's type hints), so no pass parses text itself. Each pass returns
-its own `PassResult` subclass with typed fields, which the report reads; two runs of one pass in a
-pipeline are combined with `then`, so the second adds to the first instead of replacing it.
+its own `PassResult` subclass with typed fields; its `section` is what the optimize report shows
+of it (every field, under stable keys), so the report iterates the results and names no pass. Two
+runs of one pass in a pipeline are combined with `then`, so the second adds to the first instead
+of replacing it.
 """
 
 from __future__ import annotations
@@ -13,12 +15,18 @@ import dataclasses
 import math
 import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from ..errors import GraphRewriteError
-from ..graph import Graph
+from ..core.errors import GraphRewriteError
+from ..core.graph import Graph
+
+__all__ = ["TRUE", "FALSE", "EXAMPLES", "COMMON_FIELDS", "PassOptions", "PassResult", "counted",
+           "merged"]
 
 TRUE, FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+EXAMPLES = 3  # names shown of each reason something was left alone
+# Fields every result has; the others are the pass's own, and its report section.
+COMMON_FIELDS = ("graph", "modified", "shapes", "note", "memory")
 
 
 @dataclass(frozen=True)
@@ -79,6 +87,11 @@ class PassResult:
     note: str = ""         # why the pass did less than it could (or nothing), for the report
     memory: object = None  # the new graph's simulated step (no device named), when the pass made it
 
+    def section(self) -> dict:
+        """This pass's part of the optimize report: its own fields, as plain data."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name not in COMMON_FIELDS}
+
     def then(self, later: PassResult) -> PassResult:
         """This result followed by `later`, of the same pass run again: lists extend, counts
         add up, notes join; the graph is the later one's."""
@@ -99,50 +112,32 @@ class PassResult:
         return type(self)(**combined)
 
 
-@dataclass
-class RecomputeResult(PassResult):
-    checkpoints: list[str] = field(default_factory=list)       # kept
-    recomputed: list[str] = field(default_factory=list)        # copied for the backward pass
-    recomputed_ahead: list[str] = field(default_factory=list)  # checkpoints computed again
-    reuse_ahead: bool = False  # the ahead pass's values serve the first segment it covers
-    triggers: int = 0
-    ungated_segments: int = 0  # segments no safe trigger was found for
-    fanout_pads: int = 0
-    extra_flops: int = 0
-    kept_because: dict[str, list[str]] = field(default_factory=dict)  # reason -> nodes
-
-
-@dataclass
-class SwapResult(PassResult):
-    swapped: list[str] = field(default_factory=list)  # tensors
-    bytes_moved: int = 0
-    transfer_seconds: float = 0.0
-    fanout_pads: int = 0
-    skipped: dict[str, list[str]] = field(default_factory=dict)  # reason -> tensors
-
-
-@dataclass
-class AccumulateResult(PassResult):
-    accumulated: list[str] = field(default_factory=list)  # AddN nodes now running sums
-    terms: int = 0
-
-
-@dataclass
-class DeferResult(PassResult):
-    deferred: list[str] = field(default_factory=list)  # values made to wait for a gradient
-
-
-@dataclass
-class InlineResult(PassResult):
-    inlined: list[str] = field(default_factory=list)  # function calls spliced in
-
-
-@dataclass
-class RerunResult(PassResult):
-    rerun: list[str] = field(default_factory=list)  # forward calls and loops run again
     # before their backward passes
 
 
-@dataclass
-class RelaxAssignResult(PassResult):
-    relaxed_assigns: list[str] = field(default_factory=list)
+def counted(by_reason: dict[str, list[str]]) -> dict[str, dict]:
+    """{reason: names} as the report shows it: {reason: {count, examples}}."""
+    return {reason: {"count": len(names), "examples": names[:EXAMPLES]}
+            for reason, names in by_reason.items()}
+
+
+def merged(sections) -> dict:
+    """The report sections of several passes as one: a key two passes share adds up (counts,
+    lists, {reason: {count, examples}}), as `then` combines two runs of one pass."""
+    found: dict = {}
+    for section in sections:
+        for key, value in section.items():
+            if key not in found:
+                found[key] = value
+            elif isinstance(value, dict):
+                found[key] = {reason: {"count": found[key].get(reason, {}).get("count", 0)
+                                       + value.get(reason, {}).get("count", 0),
+                                       "examples": (found[key].get(reason, {}).get("examples", [])
+                                                    + value.get(reason, {}).get("examples", [])
+                                                    )[:EXAMPLES]}
+                              for reason in {**found[key], **value}}
+            elif isinstance(value, bool):
+                found[key] = found[key] or value
+            else:
+                found[key] = found[key] + value
+    return found

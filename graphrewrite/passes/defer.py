@@ -15,13 +15,15 @@ value.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from .. import memory, parameters
-from ..analysis import Analysis
-from ..graph import Graph
-from ..split import reachable
-from .base import DeferResult, PassOptions
+from ..analysis import memory, parameters
+from ..analysis.split import reachable
+from ..analysis.step import Analysis
+from ..core.graph import Graph
+from .base import PassOptions, PassResult
+
+__all__ = ["REF_VARIABLE_OPS", "DeferOptions", "DeferResult", "run"]
 
 REF_VARIABLE_OPS = frozenset({"VariableV2", "Variable"})
 
@@ -29,6 +31,11 @@ REF_VARIABLE_OPS = frozenset({"VariableV2", "Variable"})
 @dataclass(frozen=True)
 class DeferOptions(PassOptions):
     min_bytes: int = 64 * 1024  # smaller values are not worth a control edge
+
+
+@dataclass
+class DeferResult(PassResult):
+    deferred: list[str] = field(default_factory=list)  # values made to wait for a gradient
 
 
 def run(graph: Graph, analysis: Analysis, options: DeferOptions, model=None):

@@ -9,17 +9,24 @@ inlining at session start does the same, and the two steps stay bitwise equal.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from .. import inline
-from ..analysis import Analysis
-from ..graph import Graph
-from .base import InlineResult, PassOptions
+from ..analysis import inline
+from ..analysis.step import Analysis
+from ..core.graph import Graph
+from .base import PassOptions, PassResult
+
+__all__ = ["InlineOptions", "InlineResult", "run"]
 
 
 @dataclass(frozen=True)
 class InlineOptions(PassOptions):
     pass
+
+
+@dataclass
+class InlineResult(PassResult):
+    inlined: list[str] = field(default_factory=list)  # function calls spliced in
 
 
 def run(graph: Graph, analysis: Analysis, options: InlineOptions, model=None):

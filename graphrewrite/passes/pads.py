@@ -21,10 +21,12 @@ from collections import Counter
 
 from tensorflow.core.framework import attr_value_pb2
 
-from ..graph import Graph
-from ..names import PAD_PREFIX
-from ..split import reachable
-from ..tensor_ref import TensorRef
+from ..analysis.split import reachable
+from ..core.graph import Graph
+from ..core.names import PAD_PREFIX
+from ..core.tensor_ref import TensorRef
+
+__all__ = ["GROUPED_OPS", "can_gate", "pad_readers"]
 
 # Element-wise ops Grappler regroups across chains; a new control output on one stops that.
 GROUPED_OPS = frozenset({"Add", "AddV2", "AddN", "Mul", "Sub", "RealDiv", "Div", "Neg"})

@@ -10,14 +10,16 @@ file, by the same rule, so other runtimes and readers of the graph see it too.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tensorflow.core.framework import attr_value_pb2
 
-from ..analysis import Analysis
-from ..graph import Graph
-from ..split import reachable
-from .base import PassOptions, RelaxAssignResult
+from ..analysis.split import reachable
+from ..analysis.step import Analysis
+from ..core.graph import Graph
+from .base import PassOptions, PassResult
+
+__all__ = ["RELAX_ATTR", "ASSIGN_OPS", "SEND_OPS", "RelaxAssignOptions", "RelaxAssignResult", "run"]
 
 RELAX_ATTR = "_grappler_relax_allocator_constraints"
 ASSIGN_OPS = ("Assign",)
@@ -27,6 +29,11 @@ SEND_OPS = ("_Send", "_HostSend")
 @dataclass(frozen=True)
 class RelaxAssignOptions(PassOptions):
     pass
+
+
+@dataclass
+class RelaxAssignResult(PassResult):
+    relaxed_assigns: list[str] = field(default_factory=list)
 
 
 def run(graph: Graph, analysis: Analysis, options: RelaxAssignOptions, model=None):

@@ -1,6 +1,6 @@
 """Rerun pass: a recurrent layer's forward pass run again right before its backward pass.
 
-A Keras RNN's forward call or loop keeps every step's values for its backward pass (`rerun.py`),
+A Keras RNN's forward call or loop keeps every step's values for its backward pass (`rerun_copy`),
 so the first layers' are held through every later layer's forward and backward passes. The pass
 tries each forward pass whose results a backward pass reads, in forward order, and keeps a
 second run where the step as TensorFlow runs it (after Grappler, with the calls'
@@ -11,14 +11,16 @@ are made, so running it again saves nothing and costs a forward pass.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from .. import analysis as analysis_mod
-from .. import rerun
-from ..analysis import Analysis
-from ..graph import Graph
-from ..split import backward_functions
-from .base import PassOptions, RerunResult
+from ..analysis import step as analysis_mod
+from ..analysis.split import backward_functions
+from ..analysis.step import Analysis
+from ..core.graph import Graph
+from . import rerun_copy as rerun
+from .base import PassOptions, PassResult
+
+__all__ = ["GAIN", "RerunOptions", "RerunResult", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +30,11 @@ GAIN = 0.02  # a second run must lower the modelled peak by this fraction to be 
 @dataclass(frozen=True)
 class RerunOptions(PassOptions):
     pass
+
+
+@dataclass
+class RerunResult(PassResult):
+    rerun: list[str] = field(default_factory=list)  # forward calls and loops run again
 
 
 def run(graph: Graph, analysis: Analysis, options: RerunOptions, model=None):

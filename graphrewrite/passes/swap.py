@@ -3,8 +3,10 @@
 For each swapped tensor a swap-out copy reads it as soon as it exists (so its device buffer is
 freed after the last forward reader) and a swap-in copy brings it back; only the backward readers
 are rewired to the swap-in. The swap-in waits on a trigger: the latest gradient-flow node that, by
-the modelled schedule and device speed, starts early enough for the transfer (bytes / bandwidth)
-to finish before the first backward use.
+the modelled schedule timed on a device profile (`planning.devices`: `profile=h200`, the CLI's
+`--device-profile`), starts early enough for the transfer (bytes / the profile's host link, or
+`bandwidth`) to finish before the first backward use; what no node can hide is the swap's
+exposed time, which the report gives beside the transfer time.
 
 What is swapped:
 - policy `auto` (mode swap): forward tensors the gradient flow reads whose transfer a trigger can
@@ -25,42 +27,41 @@ frames, resource/variant/string/ref tensors; in `auto` also tensors under 1 KiB.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tensorflow.core.framework import attr_value_pb2
 
-from .. import dtypes
-from .. import flops, memory
-from .. import selectors as selectors_mod
-from ..analysis import Analysis
-from ..context import VARIABLE_READ_OPS, Context
-from ..budget import parse_budget
-from ..errors import GraphRewriteError
-from ..graph import Graph
-from ..names import SWAP_IN_SUFFIX, SWAP_OUT_SUFFIX
-from ..shapes import Shapes, TensorInfo
-from ..split import reachable
-from ..summary import PLACEHOLDER_OPS
-from ..tensor_ref import TensorRef
-from .base import PassOptions, SwapResult
+from ..analysis import flops, memory
+from ..analysis.shapes import Shapes, TensorInfo
+from ..analysis.split import reachable
+from ..analysis.step import Analysis
+from ..core import dtypes
+from ..core import selectors as selectors_mod
+from ..core.errors import GraphRewriteError
+from ..core.graph import Graph
+from ..core.names import SWAP_IN_SUFFIX, SWAP_OUT_SUFFIX
+from ..core.ops import PLACEHOLDER_OPS
+from ..core.tensor_ref import TensorRef
+from ..planning.budget import parse_budget
+from ..planning.context import VARIABLE_READ_OPS, Context
+from ..planning.devices import DeviceProfile, profile
+from .base import PassOptions, PassResult, counted
 from .pads import can_gate, pad_readers
+
+__all__ = ["HOST_DEVICE", "MIN_BYTES", "SwapOptions", "Swap", "SwapResult", "run"]
 
 log = logging.getLogger(__name__)
 
 HOST_DEVICE = "/device:CPU:0"
 MIN_BYTES = 1024
-# The assumed accelerator when timing the schedule (a roofline: a node takes the longer of its
-# arithmetic and its memory traffic, plus a launch overhead); V100-class figures.
-DEVICE_FLOPS = 1e13      # arithmetic throughput, FLOP/s
-DEVICE_BANDWIDTH = 9e11  # device memory bandwidth, bytes/s
-NODE_OVERHEAD = 5e-6     # seconds a node takes at least
 
 
 @dataclass(frozen=True)
 class SwapOptions(PassOptions):
     form: str = "portable"           # portable | grappler
     budget: str | None = None        # bytes ("6GiB") or a share of the peak ("60%")
-    bandwidth: float = memory.HOST_BANDWIDTH  # bytes per second each way
+    bandwidth: float | None = None   # bytes per second each way (default: the profile's link)
+    profile: str = "default"         # the device profile the schedule is timed on
     policy: str = "auto"             # auto: search by the modelled peak; manual: what is asked
     tensors: str | None = None       # selectors of tensors to swap (`--swap`): always swapped
 
@@ -69,8 +70,9 @@ class SwapOptions(PassOptions):
             raise GraphRewriteError(f"swap: unknown form '{self.form}' (portable, grappler)")
         if self.policy not in ("auto", "manual"):
             raise GraphRewriteError(f"swap: unknown policy '{self.policy}' (auto, manual)")
-        if self.bandwidth <= 0:
+        if self.bandwidth is not None and self.bandwidth <= 0:
             raise GraphRewriteError("pass 'swap': option 'bandwidth' must be positive")
+        profile(self.profile)  # an unknown profile fails now
         parse_budget(self.budget, 0)  # a malformed budget fails now, not when it is first used
 
     def takes_budget(self) -> bool:
@@ -84,13 +86,33 @@ class Swap:
     ref: TensorRef
     readers: tuple[str, ...]
     trigger: str | None
+    exposed: float = 0.0  # seconds of its swap-in no backward node's compute hides
+
+
+@dataclass
+class SwapResult(PassResult):
+    swapped: list[str] = field(default_factory=list)  # tensors
+    bytes_moved: int = 0
+    transfer_seconds: float = 0.0  # both ways, on the profile's link (or `bandwidth`)
+    exposed_seconds: float = 0.0   # of the swap-ins, not hidden behind backward compute
+    device_profile: str = ""       # the profile the swaps were timed on
+    fanout_pads: int = 0
+    skipped: dict[str, list[str]] = field(default_factory=dict)  # reason -> tensors
+
+    def section(self) -> dict:
+        return {**super().section(), "skipped": counted(self.skipped)}
 
 
 def run(graph: Graph, analysis: Analysis, options: SwapOptions, model=None):
     """Swap what is asked (`_swap_to_host`, `--swap`), or search: the largest activations whose
     transfer a backward node can hide, as few as reach the lowest modelled peak (or the budget)."""
+    device = profile(options.profile)
+    if not device.has_host:
+        return SwapResult(graph, False, note=f"device profile {device.name}: host and device "
+                          "are one memory, so swapping frees no device memory",
+                          device_profile=device.name)
     ctx = Context.build(graph, analysis)
-    timing = _Timing.build(ctx, options.bandwidth)
+    timing = _Timing.build(ctx, device, options.bandwidth)
     if options.policy == "manual" or options.tensors:
         chosen, skipped = _requested(ctx, timing, options.tensors)
     elif not analysis.split.seeds:
@@ -99,15 +121,19 @@ def run(graph: Graph, analysis: Analysis, options: SwapOptions, model=None):
         candidates, skipped = _candidates(ctx, timing)
         chosen = _search(ctx, candidates, options)
     if not chosen:
-        return SwapResult(graph, False, note="nothing to swap", skipped=skipped)
+        return SwapResult(graph, False, note="nothing to swap", skipped=skipped,
+                          device_profile=device.name)
     new_graph, shapes, pads = _apply(ctx, chosen, options.form)
     if options.form == "grappler":
         log.warning("swap form 'grappler': _CopyFromGpuToHost/_CopyFromHostToGpu have GPU "
                     "kernels only; the rewritten graph runs on a GPU build with a GPU")
-    moved = 2 * sum(ctx.analysis.shapes.nbytes(s.ref) or 0 for s in chosen)
+    each_way = sum(ctx.analysis.shapes.nbytes(s.ref) or 0 for s in chosen)
+    out_rate = options.bandwidth or device.device_to_host
     return SwapResult(new_graph, True, shapes, swapped=[str(s.ref) for s in chosen],
-                      bytes_moved=moved, transfer_seconds=moved / options.bandwidth,
-                      fanout_pads=pads, skipped=skipped)
+                      bytes_moved=2 * each_way,
+                      transfer_seconds=each_way / out_rate + each_way / timing.bandwidth,
+                      exposed_seconds=sum(s.exposed for s in chosen),
+                      device_profile=device.name, fanout_pads=pads, skipped=skipped)
 
 
 def _search(ctx: Context, candidates: list[Swap], options: SwapOptions) -> list[Swap]:
@@ -153,8 +179,8 @@ def _candidates(ctx: Context, timing: "_Timing") -> tuple[list[Swap], dict]:
                 continue
             reason, trigger = _blocker(ctx, ref), None
             if not reason:
-                trigger, hidden = timing.trigger(readers, shapes.nbytes(ref) or 0)
-                if not hidden:
+                trigger, exposed = timing.trigger(readers, shapes.nbytes(ref) or 0)
+                if exposed or trigger is None:
                     reason = "no backward node runs early enough to hide the transfer"
             if reason:
                 skipped.setdefault(reason, []).append(str(ref))
@@ -185,8 +211,8 @@ def _requested(ctx: Context, timing: "_Timing", selectors: str | None
         if reason:
             skipped.setdefault(reason, []).append(str(ref))
             continue
-        trigger, _ = timing.trigger(readers[ref], analysis.shapes.nbytes(ref) or 0)
-        chosen.append(Swap(ref, tuple(sorted(readers[ref])), trigger))
+        trigger, exposed = timing.trigger(readers[ref], analysis.shapes.nbytes(ref) or 0)
+        chosen.append(Swap(ref, tuple(sorted(readers[ref])), trigger, exposed))
     return chosen, skipped
 
 
@@ -248,8 +274,8 @@ def _apply(ctx: Context, swaps: list[Swap], form: str):
 
 @dataclass
 class _Timing:
-    """The modelled schedule with a device time per node (a roofline on an assumed device: see
-    DEVICE_FLOPS), to pick swap-in triggers."""
+    """The modelled schedule with a device time per node (`DeviceProfile.node_seconds`), to
+    pick swap-in triggers."""
 
     original: Graph
     flow: frozenset
@@ -259,28 +285,32 @@ class _Timing:
     bandwidth: float
 
     @classmethod
-    def build(cls, ctx: Context, bandwidth: float) -> "_Timing":
+    def build(cls, ctx: Context, device: DeviceProfile, bandwidth: float | None) -> "_Timing":
+        """`bandwidth`, if given, is the swap-in's link instead of the profile's."""
         graph, shapes = ctx.graph, ctx.analysis.shapes
         order = ctx.analysis.memory.order
         seconds = {}
         for name in order:
             traffic = sum(shapes.nbytes(r) or 0
                           for r in graph.data_inputs(name) + shapes.outputs(name))
-            seconds[name] = NODE_OVERHEAD + max(
-                flops.node_flops(graph, shapes, name) / DEVICE_FLOPS, traffic / DEVICE_BANDWIDTH)
+            seconds[name] = device.node_seconds(graph.op(name),
+                                                flops.node_flops(graph, shapes, name), traffic)
         return cls(graph, ctx.analysis.split.gradient_flow, order,
-                   {n: i for i, n in enumerate(order)}, seconds, bandwidth)
+                   {n: i for i, n in enumerate(order)}, seconds,
+                   bandwidth or device.host_to_device)
 
-    def trigger(self, readers, nbytes: int) -> tuple[str | None, bool]:
+    def trigger(self, readers, nbytes: int) -> tuple[str | None, float]:
         """The latest gradient-flow node that starts early enough for the copy to finish before
-        the first of `readers` runs, and True; else the earliest one there is, and False. Only
-        nodes whose new control output Grappler ignores qualify (see `pads.can_gate`)."""
+        the first of `readers` runs, and 0.0; else the earliest one there is, and the seconds
+        of the copy that the nodes after it leave exposed (all of it without one). Only nodes
+        whose new control output Grappler ignores qualify (see `pads.can_gate`)."""
         scheduled = [self.position[r] for r in readers if r in self.position]
+        transfer = nbytes / self.bandwidth
         if not scheduled:
-            return None, False
-        transfer, elapsed, earliest = nbytes / self.bandwidth, 0.0, None
+            return None, transfer
+        elapsed, earliest, covered = 0.0, None, 0.0
         # The model lets readers of an IdentityN Grappler removes run before it (see
-        # `memory.bypassed_identities`), so an earlier node may still depend on the readers.
+        # `schedule.bypassed_identities`), so an earlier node may still depend on the readers.
         after_readers = reachable(self.original.nx, readers)
         for index in range(min(scheduled) - 1, -1, -1):
             name = self.order[index]
@@ -288,6 +318,6 @@ class _Timing:
             if name in self.flow and name not in after_readers and can_gate(self.original,
                                                                                 name):
                 if elapsed >= transfer:
-                    return name, True
-                earliest = name
-        return earliest, False
+                    return name, 0.0
+                earliest, covered = name, elapsed
+        return earliest, transfer - covered

@@ -3,7 +3,7 @@
 One trigger NoOp per connected segment of copies, deepest segment first. It waits for the
 gradient-flow nodes that feed the segment's readers (what back-propagation must have reached),
 for every gradient-flow reader of what back-propagation computed before them that they do not
-depend on (`_Ancestry.readers`: a layer's weight gradient beside its input gradient holds the
+depend on (`Ancestry.readers`: a layer's weight gradient beside its input gradient holds the
 large gradient of the layer above until it ends, and a recomputation started before would
 overlap it; the model, one node at a time, would not show it), and only for nodes the segment's
 copies do not reach, so no cycle can form. In the chosen rewrite (`executor_gates`), copies read
@@ -12,17 +12,19 @@ later than their segment's first get triggers of their own (`_gate_late_copies`)
 Both questions are answered incrementally, so adding every trigger costs about what the graph's
 size does, not that times the number of segments: reachability from the copies on a topological
 order kept valid as triggers are added (`topo.TopoOrder`), and the ancestors of the waits as the
-previous trigger's ancestors plus what is new (`_Ancestry`).
+previous trigger's ancestors plus what is new (`Ancestry`).
 """
 
 from __future__ import annotations
 
-from ..graph import Graph
-from ..names import TRIGGER_PREFIX
-from ..split import reachable
-from ..tensor_ref import CONTROL, TensorRef
-from ..topo import TopoOrder
+from ..analysis.split import reachable
+from ..core.graph import Graph
+from ..core.names import TRIGGER_PREFIX
+from ..core.tensor_ref import CONTROL, TensorRef
+from ..core.topo import TopoOrder
 from .pads import can_gate
+
+__all__ = ["FORWARDING_OPS", "CHAIN_OPS", "add_triggers", "chain_root", "Ancestry"]
 
 FORWARDING_OPS = ("Identity", "IdentityN", "Snapshot")
 CHAIN_OPS = ("Mul", "Add", "AddV2")  # what MinimizeBroadcasts regroups
@@ -39,7 +41,7 @@ def add_triggers(graph: Graph, original: Graph, copies: dict[str, str], segments
     all_copies = set(copies.values())
     late = [copies[n] for n in order if n in copies]
     reach = _Reach(graph, None if loops_back else TopoOrder.build(graph, order, late))
-    ancestry = _Ancestry(graph, original, flow, all_copies)
+    ancestry = Ancestry(graph, original, flow, all_copies)
     triggers, gate_of, ungated = {}, {}, 0
     for component in components:
         members = {copies[n] for n in component}
@@ -78,7 +80,7 @@ def _gate_late_copies(graph: Graph, original: Graph, ancestry, reach, members: d
     the new triggers with their waits."""
     groups: dict[tuple, list[str]] = {}
     for copy, source in members.items():
-        if _chain_root(original, source):
+        if chain_root(original, source):
             continue
         targets = {v for v in graph.successors(copy) if v in flow and v not in all_copies}
         waits = {_wait_of(graph, r.node, flow) for t in targets for r in graph.data_inputs(t)
@@ -95,7 +97,7 @@ def _gate_late_copies(graph: Graph, original: Graph, ancestry, reach, members: d
     return triggers
 
 
-def _chain_root(original: Graph, name: str) -> bool:
+def chain_root(original: Graph, name: str) -> bool:
     """Whether Grappler's arithmetic optimizer regroups the chain of `name`'s op that ends at
     `name` (MinimizeBroadcasts: a Mul of a Mul read nowhere else, also through an Identity
     Grappler removes; a dieted batch-norm scale's dequantization times `Rsqrt`). It leaves a
@@ -133,7 +135,7 @@ def _unfinished(graph: Graph, ancestry, reach, copies, waits) -> set[str]:
     Reshape before the MatMul)."""
     readers = ancestry.readers(waits)
     readers -= reach.reaching(copies, readers)
-    return {v for v in readers if not any(s in readers for s in graph.nx._succ[v])}
+    return {v for v in readers if not any(s in readers for s in graph.succ[v])}
 
 
 def _wait_of(graph: Graph, name: str, flow) -> str:
@@ -172,7 +174,7 @@ class _Reach:
             self.order.add_edge(u, v)
 
 
-class _Ancestry:
+class Ancestry:
     """The ancestors of the last trigger, through the gradient flow, copies and triggers, and
     the gradient-flow nodes outside them that read them (their frontier). Back-propagation
     reaches segments in turn, so the next segment's waits usually depend on the last trigger:
@@ -181,7 +183,7 @@ class _Ancestry:
 
     def __init__(self, graph: Graph, original: Graph, flow, copies: set[str]):
         self.graph, self.original = graph, original
-        self.pred, self.succ = graph.nx._pred, graph.nx._succ
+        self.pred, self.succ = graph.pred, graph.succ
         self.flow, self.copies = flow, copies
         self.closed: set[str] = set()    # the last trigger and all its ancestors
         self.frontier: set[str] = set()  # flow nodes outside `closed` reading flow nodes in it

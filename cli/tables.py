@@ -1,0 +1,292 @@
+"""What the commands print for people: the optimize, verify and inspect tables, and progress on
+stderr."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+__all__ = ["format_verify", "format_bytes", "EXPECTED_SKIPS", "format_optimize", "format_summary",
+           "NAMED_ROWS", "Stages", "Progress"]
+
+
+def format_verify(facts: dict) -> str:
+    """`verify`'s side-by-side table for people."""
+    peak, step = facts["peak_bytes"], facts["step_seconds"]
+    if "loss_curves" in facts:
+        return _format_curves(facts)
+
+    def ratio(a, b):
+        return f"{b / a:.2f}x" if a and b else "-"
+
+    verdict = "MATCH" if facts["match"] else "MISMATCH"
+    tolerance = "bitwise" if facts["max_abs_diff"] == 0 else f"max |diff| {facts['max_abs_diff']:.3g}"
+    compared = f"{facts['outputs_compared']} outputs x {facts['steps']} steps"
+    if facts["variables_compared"]:
+        compared += f", {facts['variables_compared']} variables"
+    lines = [f"outputs       {verdict}: {compared} compared ({tolerance})"]
+    if facts["mismatched"]:
+        lines.append(f"mismatched    {_shorten(facts['mismatched'])}")
+    lines += [
+        f"{'':13} {'original':>12} {'rewritten':>12} {'ratio':>7}",
+        f"{'peak memory':13} {format_bytes(peak['original'] or 0):>12} "
+        f"{format_bytes(peak['rewritten'] or 0):>12} {ratio(peak['original'], peak['rewritten']):>7}",
+        f"{'step time':13} {step['original'] * 1000:>10.1f}ms {step['rewritten'] * 1000:>10.1f}ms "
+        f"{ratio(step['original'], step['rewritten']):>7}",
+        f"device        {facts['device']}",
+    ]
+    return "\n".join(lines)
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+def _format_curves(facts: dict) -> str:
+    """`verify --steps`: both loss curves and the verdict on the final losses."""
+    curves, compared = facts["loss_curves"], facts["compared"]
+    peak = facts["peak_bytes"]
+    verdict = "MATCH" if facts["match"] else "MISMATCH"
+    change = (compared["rewritten"] - compared["original"]) / compared["original"] \
+        if compared["original"] else float("inf")
+    tolerance = f"rtol {facts['rtol']:g}" + (f", atol {compared['atol']:g}"
+                                             if compared["atol"] else "")
+    lines = [f"loss          {verdict}: {compared['what']} {compared['original']:.4g} -> "
+             f"{compared['rewritten']:.4g} ({change:+.1%}; {tolerance}) after {facts['steps']} "
+             f"steps of {facts['loss']}",
+             f"{'step':>13} {'original':>12} {'rewritten':>12}"]
+    shown = sorted({0, len(curves["original"]) - 1,
+                    *range(0, len(curves["original"]), max(1, len(curves["original"]) // 8))})
+    lines += [f"{k + 1:>13} {curves['original'][k]:>12.5g} {curves['rewritten'][k]:>12.5g}"
+              for k in shown]
+    trend = facts.get("trend") or {}
+    if trend:
+        window = trend["original"]["window"]
+        data = (f"{facts['batches']} fixed batches, mean of {window} steps"
+                if facts.get("batches") else "fresh batches, one step")
+        for key in ("start", "end"):
+            lines.append(f"{key:>13} {trend['original'][key]:>12.5g} "
+                         f"{trend['rewritten'][key]:>12.5g}   ({data})")
+        lines.append(f"{'fell':>13} {_yes(trend['original']['fell']):>12} "
+                     f"{_yes(trend['rewritten']['fell']):>12}")
+    lines.append(f"{'peak memory':13} {format_bytes(peak['original'] or 0):>12} "
+                 f"{format_bytes(peak['rewritten'] or 0):>12}")
+    lines.append(f"device        {facts['device']}")
+    return "\n".join(lines)
+
+
+def format_bytes(count: int) -> str:
+    """1536 -> '1.5 KiB'."""
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"
+
+
+# In the JSON report; too obvious for the table.
+EXPECTED_SKIPS = ("constant", "graph input", "smaller than 1 KiB")
+
+
+def format_optimize(facts: dict) -> str:
+    """The `optimize` report for people."""
+    rows = [
+        ("wrote", f"{facts['output']} ({facts['format']}) in {facts['seconds']:.1f} s"),
+        ("mode", f"{facts['mode']}: {facts['pipeline'] or '(no passes)'}"),
+        *_peak_rows(facts),
+        ("nodes", f"{facts['nodes_before']} -> {facts['nodes_after']} "
+                  f"(+{facts['nodes_added']})"),
+    ]
+    if facts["recomputed"]:
+        rows.append(("recomputed", f"{len(facts['recomputed'])} copies behind "
+                                   f"{facts['triggers']} triggers"))
+    if facts["fanout_pads"]:
+        rows.append(("fanout pads", f"{facts['fanout_pads']} (never run: they keep Grappler's "
+                                    "rewrites as on the original)"))
+    if facts["recomputed"]:
+        rows.append(("checkpoints", f"{len(facts['checkpoints'])} kept"
+                     + (f" ({_shorten(facts['checkpoints'], 4)})" if facts["checkpoints"] else "")))
+        if facts["recomputed_ahead"]:
+            rows.append(("ahead", f"{len(facts['recomputed_ahead'])} of them computed again when "
+                                  "back-propagation nears them, not held "
+                                  f"({_shorten(facts['recomputed_ahead'], 3)})"))
+        rows.append(("extra compute", f"{facts['extra_flops'] / 1e9:.3f} GFLOP per step"))
+    if facts["swapped"]:
+        rows.append(("swapped", f"{len(facts['swapped'])} tensors to host "
+                                f"({_shorten(facts['swapped'], 3)}); "
+                                f"{format_bytes(facts['bytes_moved'])} moved per step, "
+                                f"{facts['transfer_seconds'] * 1000:.1f} ms of transfers on "
+                                f"{facts['device_profile']}, "
+                                f"{facts['exposed_seconds'] * 1000:.1f} ms of them exposed"))
+    for key, what in NAMED_ROWS:
+        if facts[key]:
+            rows.append((key, f"{len(facts[key])} {what} ({_shorten(facts[key], 3)})"))
+    if facts["dieted"] or facts["constants"]:
+        rows.append(("diet", _diet_row(facts)))
+    for reason, info in facts["kept_float"].items():
+        rows.append(("kept float32", f"{info['count']} variables: {reason} "
+                                      f"(e.g. {', '.join(info['examples'])})"))
+    if facts["relaxed_assigns"]:
+        rows.append(("relaxed", f"{len(facts['relaxed_assigns'])} Assigns may ignore allocator "
+                                "constraints"))
+    if facts["ungated_segments"]:
+        rows.append(("ungated", f"{facts['ungated_segments']} segments had no safe trigger "
+                                "(their copies may run early)"))
+    for reason, info in facts["skipped"].items():
+        if reason in EXPECTED_SKIPS:
+            continue
+        rows.append(("not rewritten", f"{info['count']} {reason} "
+                                       f"(e.g. {', '.join(info['examples'])})"))
+    if facts["note"]:
+        rows.append(("note", facts["note"]))
+    return "\n".join(f"{key:<15} {value}" for key, value in rows)
+
+
+def _diet_row(facts: dict) -> str:
+    """What the diet pass did: which values are 16-bit now, the slots it changed, the bytes."""
+    done = [f"{len(facts[key])} {what} now 16-bit" for key, what in
+            (("dieted", "variables"), ("constants", "constants")) if facts[key]]
+    if facts["slots_removed"] or facts["slots_added"]:
+        done.append(f"optimizer slots -{len(facts['slots_removed'])} "
+                    f"+{len(facts['slots_added'])}")
+    done.append(f"{format_bytes(facts['bytes_saved'])} of persistent memory saved")
+    if facts["forward_reads"]:
+        done.append(f"forward reads {facts['forward_reads']}")
+    return "; ".join(done)
+
+
+def _peak_rows(facts: dict) -> list[tuple[str, str]]:
+    """The headline peaks, those `verify` should measure (as run, after Grappler, when both
+    steps were modelled so), then the peaks as written that the passes plan on."""
+    def peaks(before: int, after: int, how: str) -> str:
+        ratio = f"{after / before:.2f}x, " if before else ""
+        return f"{format_bytes(before)} -> {format_bytes(after)} ({ratio}{how})"
+
+    predicted, written = facts["peak_bytes_predicted"], facts["peak_bytes"]
+    if predicted["model"] != "as_run":
+        return [("modelled peak", peaks(written["before"], written["after"], "as written"))]
+    return [("modelled peak", peaks(predicted["before"], predicted["after"],
+                                    "as run, after Grappler")),
+            ("as written", peaks(written["before"], written["after"],
+                                 "the step the passes plan on" if not facts.get("rerun") else
+                                 "a call or loop as one node: rerun is priced as run"))]
+
+
+def format_summary(facts: dict) -> str:
+    """The `inspect` table for people."""
+    flow = facts["control_flow"]
+    flow_text = ", ".join(filter(None, [
+        f"v1 loop frames ({flow['v1_loop_nodes']} nodes)" if flow["v1_loop_nodes"] else "",
+        "functional " + "/".join(flow["functional"]) if flow["functional"] else ""])) or "none"
+    rows = [
+        ("file", f"{facts['file']} ({facts['format']})"),
+        ("nodes", str(facts["nodes"])),
+        ("functions", str(facts["functions"])),
+        ("inputs", ", ".join(f"{i['name']} {i['dtype']}{i['shape']}" for i in facts["inputs"])
+         or "none"),
+        ("outputs", _shorten(facts["outputs"])),
+        ("control flow", flow_text),
+        ("variables", f"{len(facts['variables'])}" + (
+            f" ({_shorten(facts['variables'], 4)})" if facts["variables"] else "")),
+    ]
+    if "peak_bytes" in facts:
+        rows += [
+            ("peak memory", f"{format_bytes(facts['peak_bytes'])} (modelled "
+                            f"{'after Grappler' if facts['modelled_as'] == 'run' else 'as written'}"
+                            f", {format_bytes(facts['peak_bytes_as_written'])} as written; "
+                            f"{format_bytes(facts['live_peak_bytes'])} of live tensors; persistent "
+                            f"{format_bytes(facts['persistent_bytes'])}, peak at "
+                            f"{facts['peak_node']})"),
+            *([("loop pile-up", f"up to {format_bytes(facts['peak_bytes_bound'])} when a "
+                                "loop's iterations run ahead of the gradients it sums "
+                                "(parallel_iterations; a race between the executor's threads)")]
+              if facts.get("peak_bytes_bound", 0) > facts["peak_bytes"] else []),
+            ("host peak", format_bytes(facts["host_peak_bytes"])
+             + (f"; {format_bytes(facts['bytes_moved'])} moved between host and device per "
+                f"step ({facts['transfer_seconds'] * 1000:.1f} ms at 16 GB/s)"
+                if facts["bytes_moved"] else "")),
+            ("forward", f"{facts['forward_nodes']} nodes; backward {facts['backward_nodes']} "
+                        f"nodes; gradient seed {', '.join(facts['gradient_seeds']) or 'none'}"),
+            ("FLOPs", f"{facts['flops'] / 1e9:.3f} GFLOP per step"),
+        ]
+        if facts.get("bytes_per_parameter"):
+            rows.append(("parameters", f"{facts['trainable_parameters']} trainable, "
+                                       f"{facts['bytes_per_parameter']:.2f} bytes each with "
+                                       "optimizer state" + (
+                                           f" ({facts['bytes_per_parameter_2d']:.2f} for "
+                                           "matrices)" if facts["bytes_per_parameter_2d"]
+                                           else "")))
+        unknown = facts["unknown_shapes"]
+        if unknown["count"]:
+            rows.append(("unknown sizes", f"{unknown['count']} tensors count 0 bytes (e.g. "
+                                          f"{', '.join(unknown['examples'][:3])}); use "
+                                          "--input-shape"))
+    if facts["train_op"]:
+        rows.append(("train_op", ", ".join(facts["train_op"])))
+    if facts["signatures"]:
+        rows.append(("signatures", ", ".join(facts["signatures"])))
+    lines = [f"{key:<13} {value}" for key, value in rows]
+    if facts.get("live_at_peak"):
+        lines.append("live at peak:")
+        lines.extend(f"  {format_bytes(t['bytes']):>11}  {t['tensor']}" for t in facts["live_at_peak"])
+    lines.append("ops:")
+    ranked = sorted(facts["ops"].items(), key=lambda kv: (-kv[1], kv[0]))
+    width = max((len(op) for op in facts["ops"]), default=0)
+    lines.extend(f"  {op:<{width}} {count:>6}" for op, count in ranked)
+    return "\n".join(lines)
+
+
+# Report keys listing nodes, as table rows: the key, then what each listed node is.
+NAMED_ROWS = (
+    ("accumulated", "AddN sums now add as their terms arrive"),
+    ("rerun", "recurrent layers' forward passes run again before their backward passes"),
+    ("inlined", "function calls holding the forward or backward pass"),
+    ("deferred", "parameter-only values computed when their gradient is ready"),
+)
+
+
+def _shorten(names: list[str], limit: int = 8) -> str:
+    if not names:
+        return "none"
+    shown = ", ".join(names[:limit])
+    return shown + (f", ... ({len(names)} in all)" if len(names) > limit else "")
+
+
+class Stages:
+    """On a terminal, a line on stderr as each stage of a long `optimize` or `verify` begins,
+    with the seconds so far (a 100k-node graph takes a minute to rewrite; verifying even a tiny
+    one takes seconds); nothing in logs and pipes."""
+
+    def __init__(self, enabled: bool = True):
+        self.shown = enabled and sys.stderr.isatty()
+        self.start = time.perf_counter()
+
+    def __call__(self, stage: str) -> None:
+        if self.shown:
+            click.echo(f"{time.perf_counter() - self.start:6.1f} s  {stage}", err=True)
+
+
+class Progress:
+    """A bar on a terminal, one plain line per model elsewhere (CI logs)."""
+
+    def __init__(self, total: int):
+        self.total, self.done = total, 0
+        self.bar = None
+        if sys.stderr.isatty():
+            self.bar = click.progressbar(length=total, label="rewriting", file=sys.stderr)
+            self.bar.__enter__()
+
+    def update(self, line: dict) -> None:
+        self.done += 1
+        if self.bar is not None:
+            self.bar.update(1)
+        else:
+            click.echo(f"[{self.done}/{self.total}] {line['status']:7} {line['path']} "
+                       f"({line['seconds']}s)", err=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)

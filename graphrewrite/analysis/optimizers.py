@@ -1,0 +1,265 @@
+"""Optimizer updates in a training graph, whatever form the optimizer gave them.
+
+`tf.compat.v1.train` optimizers write each variable with one fused op (`ResourceApplyAdam`,
+`ApplyMomentum`, ...) whose inputs name the slots and hyperparameters by position. Keras
+optimizers in a TF2 step decompose the same update into reads, arithmetic and
+`AssignAddVariableOp`/`AssignSubVariableOp`/`AssignVariableOp` on resource placeholders:
+
+- Adam: `m += (g - m) * (1 - beta1)`, `v += (g^2 - v) * (1 - beta2)`, then
+  `var -= (m' * alpha) / (sqrt(v') + epsilon)` with `alpha = lr sqrt(1 - beta2^t) / (1 - beta1^t)`
+  (m', v': reads after the slot writes);
+- SGD with momentum: `m = -g lr + m momentum`, then `var += m'`;
+- SGD: `var += -g lr`.
+
+Adam with a sparse gradient (an embedding's) decays its slots whole, adds the gradient's
+rows with `ResourceScatterAdd`, and then takes the same dense step, in both.
+
+All forms are read here into one `Update`: the op writing the variable, its slots by role and
+the tensors a rewrite of the update needs. Shapes of the arithmetic are not checked: a variable
+whose update does not match exactly is not an `Update`, and stays as it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..core.graph import Graph
+from ..core.tensor_ref import TensorRef
+
+__all__ = ["ADAM", "MOMENTUM", "SGD", "APPLY_OPS", "SLOT_ROLES", "DECOMPOSED_WRITES", "Update",
+           "tf1_update", "keras_update", "slots_of", "updates"]
+
+# Fused update ops, with the input position of each operand.
+ADAM = {"var": 0, "m": 1, "v": 2, "beta1_power": 3, "beta2_power": 4, "lr": 5, "beta1": 6,
+        "beta2": 7, "epsilon": 8, "grad": 9}
+MOMENTUM = {"var": 0, "accum": 1, "lr": 2, "grad": 3, "momentum": 4}
+SGD = {"var": 0, "lr": 1, "grad": 2}
+APPLY_OPS = {"ResourceApplyAdam": ADAM, "ApplyAdam": ADAM,
+             "ResourceApplyMomentum": MOMENTUM, "ApplyMomentum": MOMENTUM,
+             "ResourceApplyGradientDescent": SGD, "ApplyGradientDescent": SGD}
+SLOT_ROLES = ("m", "v", "accum")
+DECOMPOSED_WRITES = ("AssignAddVariableOp", "AssignSubVariableOp")
+
+
+@dataclass
+class Update:
+    """One variable's optimizer update. `node` writes the variable; `kind` is adam, momentum or
+    sgd; `form` tf1 (a fused op), keras (decomposed) or sparse (decomposed, a sparse
+    gradient: `grad_values` and `grad_indices` are its rows, `grad` too); `slots` maps m, v or accum to the slot
+    variable; `terms` maps operand names to tensors: for tf1 the fused op's inputs, for keras
+    grad, lr, momentum, decay1 (1 - beta1), decay2, epsilon, rate_keep (alpha), rate_drop
+    (alpha without the first moment's bias correction), and m_new / v_new, the slots read
+    after Keras's own writes of them; `slot_writes` are those writes."""
+
+    node: str
+    var: str
+    kind: str
+    form: str
+    slots: dict = field(default_factory=dict)
+    terms: dict = field(default_factory=dict)
+    slot_writes: dict = field(default_factory=dict)
+
+
+def tf1_update(graph: Graph, apply: str) -> Update | None:
+    positions = APPLY_OPS.get(graph.op(apply))
+    inputs = graph.data_inputs(apply)
+    if positions is None or len(inputs) != len(positions):
+        return None
+    terms = {k: inputs[i] for k, i in positions.items()}
+    kind = "adam" if positions is ADAM else "momentum" if positions is MOMENTUM else "sgd"
+    return Update(apply, terms["var"].node, kind, "tf1",
+                  {k: terms[k].node for k in SLOT_ROLES if k in terms}, terms)
+
+
+def _inputs(graph: Graph, ref: TensorRef, *ops) -> list[TensorRef] | None:
+    """The data inputs of the node behind `ref` when its op is one of `ops`."""
+    if ref is None or ref.port < 0 or graph.op(ref.node) not in ops:
+        return None
+    return graph.data_inputs(ref.node)
+
+
+def _split(graph: Graph, ref: TensorRef, ops, wanted) -> tuple | None:
+    """For a commutative binary op (one of `ops`) at `ref`: (its input whose op is in `wanted`,
+    the other input)."""
+    inputs = _inputs(graph, ref, *ops)
+    if not inputs or len(inputs) != 2:
+        return None
+    a, b = inputs
+    if graph.op(a.node) in wanted:
+        return a, b
+    if graph.op(b.node) in wanted:
+        return b, a
+    return None
+
+
+def _read_variable(graph: Graph, ref: TensorRef) -> str | None:
+    """The variable (handle) a ReadVariableOp at `ref` reads."""
+    inputs = _inputs(graph, ref, "ReadVariableOp")
+    return inputs[0].node if inputs else None
+
+
+def _writer(graph: Graph, var: str, *ops) -> str | None:
+    """The one op among `ops` that writes `var` (handle input 0); None if none or several."""
+    found = [u for u, slot in graph.consumers(TensorRef(var))
+             if slot == 0 and graph.op(u) in ops]
+    return found[0] if len(found) == 1 else None
+
+
+def _slot_update(graph: Graph, slot: str) -> tuple | None:
+    """Keras's `slot += (value - slot) * decay`: (write, value, decay) when `slot` is written
+    that way."""
+    write = _writer(graph, slot, "AssignAddVariableOp")
+    if write is None:
+        return None
+    found = _split(graph, graph.data_inputs(write)[1], ("Mul",), ("Sub",))
+    if found is None:
+        return None
+    difference, decay = found
+    operands = graph.data_inputs(difference.node)
+    if len(operands) != 2 or _read_variable(graph, operands[1]) != slot:
+        return None
+    return write, operands[0], decay
+
+
+def keras_update(graph: Graph, write: str) -> Update | str:
+    """The Keras update that `write` (an Assign{Add,Sub}VariableOp of a variable) ends, or why
+    it is not one this module reads."""
+    op = graph.op(write)
+    var, delta = (graph.data_inputs(write) + [None, None])[:2]
+    if delta is None:
+        return f"{op} without a value"
+    var = var.node
+    if op == "AssignSubVariableOp":
+        return _keras_adam(graph, write, var, delta)
+    if op == "AssignAddVariableOp":
+        slot = _read_variable(graph, delta)
+        if slot is not None:
+            return _keras_momentum(graph, write, var, delta, slot)
+        found = _split(graph, delta, ("Mul",), ("Neg",))
+        if found is not None:
+            grad = graph.data_inputs(found[0].node)[0]
+            if _read_variable(graph, grad) is None:  # not `m += -m (1 - beta1)` (sparse Adam)
+                return Update(write, var, "sgd", "keras", terms={"grad": grad, "lr": found[1]})
+    return f"{op} of a form not read as a Keras optimizer's update (Nesterov, weight decay, ...)"
+
+
+def _keras_adam(graph: Graph, write: str, var: str, delta: TensorRef) -> Update | str:
+    why = "AssignSubVariableOp not of Keras Adam's form"
+    quotient = _inputs(graph, delta, "RealDiv")
+    if not quotient:
+        return why
+    numerator = _split(graph, quotient[0], ("Mul",), ("ReadVariableOp",))
+    denominator = _split(graph, quotient[1], ("AddV2", "Add"), ("Sqrt",))
+    if numerator is None or denominator is None:
+        return why
+    m_new, alpha = numerator
+    sqrt, epsilon = denominator
+    v_new = graph.data_inputs(sqrt.node)[0]
+    m, v = _read_variable(graph, m_new), _read_variable(graph, v_new)
+    corrected = _inputs(graph, alpha, "RealDiv")
+    if m is None or v is None or m == v or not corrected:
+        return why
+    terms = {"epsilon": epsilon, "rate_keep": alpha, "rate_drop": corrected[0],
+             "m_new": m_new, "v_new": v_new}
+    first, second = _slot_update(graph, m), _slot_update(graph, v)
+    if first is None or second is None:
+        return _sparse_adam(graph, write, var, m, v, terms) or why + " (its slots' updates)"
+    if _squared(graph, second[1]) != first[1]:
+        return why + " (the second moment of another gradient)"
+    return Update(write, var, "adam", "keras", {"m": m, "v": v}, {
+        **terms, "grad": first[1], "decay1": first[2], "decay2": second[2]},
+        {"m": first[0], "v": second[0]})
+
+
+def _squared(graph: Graph, ref: TensorRef) -> TensorRef | None:
+    """x for Square(x) or x * x at `ref`."""
+    inputs = _inputs(graph, ref, "Square", "Mul")
+    if inputs and (graph.op(ref.node) == "Square" or (len(inputs) == 2
+                                                      and inputs[0] == inputs[1])):
+        return inputs[0]
+    return None
+
+
+def _scatter(graph: Graph, slot: str) -> tuple | None:
+    """A sparse update's `slot[indices] += x * decay`: (indices, x, decay)."""
+    scatter = _writer(graph, slot, "ResourceScatterAdd")
+    if scatter is None:
+        return None
+    _, indices, scaled = graph.data_inputs(scatter)[:3]
+    found = _inputs(graph, scaled, "Mul")
+    if not found or len(found) != 2:
+        return None
+    for x, decay in (found, found[::-1]):
+        if _constant(graph, decay):
+            return indices, x, decay
+    return None
+
+
+def _constant(graph: Graph, ref: TensorRef) -> bool:
+    """A Const, or arithmetic on Consts (tf.compat.v1's `1 - beta2`)."""
+    if graph.op(ref.node) == "Const":
+        return True
+    inputs = _inputs(graph, ref, "Sub", "Mul", "AddV2", "Add", "Cast")
+    return bool(inputs) and all(graph.op(r.node) == "Const" for r in inputs)
+
+
+def _sparse_adam(graph: Graph, write: str, var: str, m: str, v: str,
+                 terms: dict) -> Update | None:
+    """Adam's update of a variable with a sparse gradient (an embedding): the slots decay
+    whole and take the gradient's rows by `ResourceScatterAdd`, then the variable takes the
+    dense Adam step (tf.compat.v1's and Keras's alike). `grad_values` and `grad_indices` are
+    the gradient's rows and their indices, summed per index where they repeat."""
+    first, second = _scatter(graph, m), _scatter(graph, v)
+    if first is None or second is None or first[0] != second[0]:
+        return None
+    if _squared(graph, second[1]) != first[1]:
+        return None
+    return Update(write, var, "adam", "sparse", {"m": m, "v": v}, {
+        **terms, "grad": first[1], "grad_values": first[1], "grad_indices": first[0],
+        "decay1": first[2], "decay2": second[2]})
+
+
+def _keras_momentum(graph: Graph, write: str, var: str, delta: TensorRef,
+                    slot: str) -> Update | str:
+    why = "AssignAddVariableOp not of Keras SGD momentum's form"
+    slot_write = _writer(graph, slot, "AssignVariableOp")
+    if slot_write is None:
+        return why
+    total = _inputs(graph, graph.data_inputs(slot_write)[1], "AddV2", "Add")
+    if not total or len(total) != 2:
+        return why
+    step = kept = None
+    for ref in total:
+        found = _split(graph, ref, ("Mul",), ("Neg",))
+        if found is not None:
+            step = found
+        found = _split(graph, ref, ("Mul",), ("ReadVariableOp",))
+        if found is not None and _read_variable(graph, found[0]) == slot:
+            kept = found
+    if step is None or kept is None:
+        return why
+    return Update(write, var, "momentum", "keras", {"accum": slot}, {
+        "grad": graph.data_inputs(step[0].node)[0], "lr": step[1], "momentum": kept[1],
+        "m_new": delta}, {"accum": slot_write})
+
+
+def slots_of(found: list[Update]) -> set[str]:
+    """The optimizer slots `found` updates keep (a Keras slot's own write, read as an update of
+    its own, is one of them: not a weight)."""
+    return {slot for update in found for slot in update.slots.values()}
+
+
+def updates(graph: Graph) -> list[Update]:
+    """Every update this module reads, of either form."""
+    found = []
+    for name in graph.nodes():
+        op = graph.op(name)
+        if op in APPLY_OPS:
+            update = tf1_update(graph, name)
+        elif op in DECOMPOSED_WRITES:
+            update = keras_update(graph, name)
+        else:
+            continue
+        if isinstance(update, Update):
+            found.append(update)
+    return found

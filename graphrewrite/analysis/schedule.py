@@ -1,0 +1,96 @@
+"""The order TensorFlow's executor runs a step in: what the fetches need, ready nodes first come
+first served, and the IdentityN barriers Grappler removes first."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from ..core.graph import Graph
+from ..core.tensor_ref import CONTROL, TensorRef
+from . import loops
+from .split import reachable
+
+__all__ = ["needed_nodes", "KEEP_ATTR", "bypassed_identities", "schedule"]
+
+
+def needed_nodes(graph: Graph, fetches: list[str]) -> set[str]:
+    """What TensorFlow runs for these fetches: their ancestors through data and control edges."""
+    return reachable(graph.nx, fetches, upstream=True)
+
+
+KEEP_ATTR = "_grappler_do_not_remove"
+
+
+def bypassed_identities(graph: Graph, names, fetches) -> dict[str, list[TensorRef]]:
+    """The IdentityN nodes Grappler removes before the step runs, with their inputs: their
+    readers read those inputs directly. Modelled as written, a TF2 step's IdentityN over every
+    gradient is a barrier no gradient passes until back-propagation ends, so each optimizer
+    update would wait for all of them; as run, each starts when its own gradient is ready.
+    Kept: fetched ones, ones marked `_grappler_do_not_remove`, ones with control inputs."""
+    fetched = set(fetches)
+    return {n: graph.data_inputs(n) for n in names
+            if graph.op(n) == "IdentityN" and n not in fetched
+            and KEEP_ATTR not in graph.node_def(n).attr and not graph.control_inputs(n)}
+
+
+def schedule(graph: Graph, fetches: list[str],
+             bypassed: dict[str, list[TensorRef]] | None = None) -> list[str]:
+    """Executor-like order: ready nodes first-come first-served, sources in file order. A
+    reader of a `bypassed` IdentityN is ready when the IdentityN's input is."""
+    needed = needed_nodes(graph, fetches)
+    order_index = {n: i for i, n in enumerate(graph.nodes())}
+    # networkx's adjacency dicts (producer -> consumer -> {key: edge data}), read directly.
+    succ, pred = graph.succ, graph.pred
+    if bypassed is None:
+        bypassed = bypassed_identities(graph, needed, fetches)
+    # producer -> readers it frees through a bypassed IdentityN (one entry per edge)
+    through: dict[str, list[str]] = {}
+    for identity, inputs in bypassed.items():
+        for consumer, edges in succ[identity].items():
+            for edge in edges.values():
+                if edge["port"] != CONTROL and consumer in needed:
+                    through.setdefault(inputs[edge["port"]].node, []).append(consumer)
+    loops_back = {n for n in needed if graph.loops_back(n)}
+    # `needed` holds every producer of its nodes, so only loop back edges are not counted.
+    if loops_back:
+        pending = {name: sum(len(edges) for u, edges in pred[name].items()
+                             if u not in loops_back) for name in needed}
+        # A loop's Exits wait for its whole body; they then join in file order (`needed` is a
+        # set: its order changes from one process to the next).
+        body_ends = {n: sorted(exits, key=order_index.get)
+                     for n, exits in loops.body_ends(graph, needed).items()}
+        for exits in body_ends.values():
+            for name in exits:
+                pending[name] += 1
+    else:
+        pending = {name: sum(map(len, pred[name].values())) for name in needed}
+    ready = deque(sorted((n for n, count in pending.items() if count == 0), key=order_index.get))
+    order = []
+    while ready:
+        name = ready.popleft()
+        order.append(name)
+        if name in loops_back:
+            for exit_ in body_ends.get(name, ()):
+                pending[exit_] -= 1
+                if pending[exit_] == 0:
+                    ready.append(exit_)
+            continue
+        # The consumers this node made ready join in file order (only those are sorted: a
+        # moving-average update can have a thousand control consumers).
+        now_ready = []
+        for consumer, edges in succ[name].items():
+            if consumer in needed:
+                if name in bypassed:  # only its control edges: the data ones are `through`
+                    edges = [e for e in edges.values() if e["port"] == CONTROL]
+                    if not edges:
+                        continue
+                pending[consumer] -= len(edges)
+                if pending[consumer] == 0:
+                    now_ready.append(consumer)
+        for consumer in through.get(name, ()):
+            pending[consumer] -= 1
+            if pending[consumer] == 0:
+                now_ready.append(consumer)
+        now_ready.sort(key=order_index.get)
+        ready.extend(now_ready)
+    return order

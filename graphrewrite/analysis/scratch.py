@@ -1,0 +1,113 @@
+"""Kernel scratch: memory a kernel takes from the allocator for the time it runs, besides its
+outputs. The memory model adds it to the node's step (`memory.simulate`).
+
+On the CPU (TensorFlow 2.15, oneDNN off as `measure` runs it), the convolution gradients
+`Conv2DBackpropInput` and `Conv2DBackpropFilter` unroll image patches into a column buffer sized
+to fill a 30 MiB cache: `shard` images of `out_rows * out_cols * filter_total` elements, where a
+shard is as many images as fit 30 MiB of the per-image working set (patches, output gradient,
+filter). That is 20-40 MiB per kernel as the allocator hands it out, measured on MobileNetV2 and
+ResNet-50 training steps here (`peak_bytes` of the node minus its outputs); no other kernel of
+those steps takes more than 1 MiB.
+
+On a GPU the convolutions take cuDNN workspace from the same allocator: TensorFlow's
+`DnnScratchAllocator` (tensorflow/core/kernels/conv_ops_gpu.h) serves cuDNN's request with
+`OpKernelContext::allocate_temp`, held until the kernel finishes, for the forward convolution
+(conv_ops_impl.h), `Conv2DBackpropInput` (conv_grad_input_ops.h) and `Conv2DBackpropFilter`
+(conv_grad_filter_ops.cc) alike. Its size is the workspace of the algorithm the autotuner picks
+(the fastest one whose workspace fits), up to `GetDnnWorkspaceLimit("TF_CUDNN_WORKSPACE_LIMIT_IN_MB",
+1LL << 32)` (gpu_utils.cc: the variable in MiB, 4 GiB without it). What that algorithm needs is
+known only at run time: GEMM-based algorithms need little, FFT and Winograd ones a transformed
+copy of their operands. ESTIMATE, NOT MEASURED (no GPU here): the largest of the convolution's
+input, filter and output, capped by the limit (`GPU_WORKSPACE`).
+
+`KERNEL_SCRATCH` is the table by device kind; `device_kind` reads the default from placement.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+from ..core.graph import Graph
+from ..core.tensor_ref import TensorRef
+from .shapes import Shapes
+
+__all__ = ["CPU_WORKING_SET", "CPU_CONV_GRADIENTS", "cpu_bytes", "GPU_CONVOLUTIONS",
+           "WORKSPACE_LIMIT", "workspace_limit", "gpu_bytes", "KERNEL_SCRATCH", "DEVICE_KINDS",
+           "device_kind", "kernel_bytes"]
+
+CPU_WORKING_SET = 30 << 20
+# op -> (input holding the filter's shape or the filter, input holding the output gradient)
+CPU_CONV_GRADIENTS = {"Conv2DBackpropInput": (1, 2), "Conv2DBackpropFilter": (None, 2)}
+
+
+def cpu_bytes(graph: Graph, shapes: Shapes, name: str) -> int:
+    """Scratch bytes node `name` takes while it runs on the CPU; 0 when none or unknown."""
+    op = graph.op(name)
+    if op not in CPU_CONV_GRADIENTS or graph.node_def(name).attr["data_format"].s == b"NCHW":
+        return 0
+    inputs = graph.data_inputs(name)
+    filter_at, gradient_at = CPU_CONV_GRADIENTS[op]
+    gradient = shapes[inputs[gradient_at]] if len(inputs) > gradient_at else None
+    kernel = shapes[inputs[filter_at]] if filter_at is not None else shapes[TensorRef(name)]
+    if gradient is None or kernel is None or gradient.nbytes is None or kernel.nbytes is None \
+            or len(gradient.shape) != 4 or len(kernel.shape) != 4:
+        return 0
+    item = gradient.nbytes // max(1, math.prod(gradient.shape))
+    rows, cols, in_depth, out_depth = kernel.shape
+    image = gradient.shape[1] * gradient.shape[2]
+    filter_total = rows * cols * in_depth
+    per_image = image * filter_total + image * out_depth + filter_total * out_depth
+    if not per_image:
+        return 0
+    shard = -(-(CPU_WORKING_SET // item) // per_image)
+    return shard * image * filter_total * item
+
+
+# GPU convolutions: op -> (input, filter, output gradient) input indices; None: the output is it.
+GPU_CONVOLUTIONS = {
+    "Conv2D": (0, 1, None), "_FusedConv2D": (0, 1, None), "Conv3D": (0, 1, None),
+    "Conv2DBackpropInput": (None, 1, 2), "Conv3DBackpropInputV2": (None, 1, 2),
+    "Conv2DBackpropFilter": (0, None, 2), "Conv3DBackpropFilterV2": (0, None, 2),
+}
+WORKSPACE_LIMIT = 1 << 32  # TensorFlow's default cuDNN workspace limit, 4 GiB
+
+
+def workspace_limit() -> int:
+    """The cuDNN workspace limit TensorFlow would use in this environment."""
+    text = os.environ.get("TF_CUDNN_WORKSPACE_LIMIT_IN_MB", "")
+    return int(text) << 20 if text.strip().isdigit() else WORKSPACE_LIMIT
+
+
+def gpu_bytes(graph: Graph, shapes: Shapes, name: str) -> int:
+    """ESTIMATE, not measured: the cuDNN workspace of a GPU convolution, as the largest of its
+    operands capped by the workspace limit; 0 when not a convolution or a size is unknown."""
+    indices = GPU_CONVOLUTIONS.get(graph.op(name))
+    if indices is None:
+        return 0
+    inputs = graph.data_inputs(name)
+    sizes = [shapes.nbytes(inputs[i]) if i < len(inputs) else None
+             for i in indices if i is not None] + [shapes.nbytes(TensorRef(name))]
+    if any(size is None for size in sizes):
+        return 0
+    return min(max(sizes), workspace_limit())
+
+
+# Device kind -> op -> bytes of scratch a node of that op takes while it runs.
+KERNEL_SCRATCH = {
+    "cpu": {op: cpu_bytes for op in CPU_CONV_GRADIENTS},
+    "gpu": {op: gpu_bytes for op in GPU_CONVOLUTIONS},
+}
+DEVICE_KINDS = tuple(KERNEL_SCRATCH)
+
+
+def device_kind(graph: Graph) -> str:
+    """The kind of device the step runs on, by placement: a node on a GPU means "gpu"."""
+    return "gpu" if any("GPU" in graph.node_def(n).device.upper() for n in graph.nodes()) \
+        else "cpu"
+
+
+def kernel_bytes(kind: str, graph: Graph, shapes: Shapes, name: str) -> int:
+    """Scratch node `name` takes on a device of `kind` while it runs."""
+    measure = KERNEL_SCRATCH.get(kind, {}).get(graph.op(name))
+    return measure(graph, shapes, name) if measure else 0

@@ -1,0 +1,360 @@
+"""Forward/backward split of a training graph, by reachability rather than by name.
+
+TF1 puts gradients under `gradients/`, GradientTape under `gradient_tape/`, Keras and custom code
+elsewhere, and the tape's seed (`ones`) sits outside any gradient scope; names do not decide.
+
+1. Anchors: nodes whose op type only ever appears in a backward pass (`ReluGrad`,
+   `Conv2DBackpropInput`, `FusedBatchNormGradV3`, ...; else an optimizer's `ResourceApplyAdam`,
+   else its writes of computed values to variables).
+2. Forward values: what anchors read besides the incoming gradient (`ReluGrad`'s features,
+   `FusedBatchNormGrad`'s x and reserve spaces) and everything those depend on.
+3. Gradient seeds: ones-valued tensors (`OnesLike`, `Fill(.., 1)`, an all-ones `Const`) computed
+   from constants and shapes only, from which an anchor is reachable, and which are not forward
+   values. A forward constant of ones also reaches the loss, so of two candidates the one that
+   reaches strictly more sinks is not a seed. Back-propagation starts there.
+4. Gradient flow: the seeds and everything reachable from them. These run in backprop order.
+5. Forward: what the losses and the forward values depend on, minus the gradient flow; the losses
+   being what the seeds were shaped after plus the sinks outside the gradient flow.
+6. Backward: the rest, i.e. the gradient flow plus the backward nodes that read only forward values
+   (shape computations, activation masks), which TensorFlow runs as soon as their inputs exist.
+
+`backward_scope` overrides the search: the nodes under that name prefix seed the gradient flow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import networkx as nx
+import numpy as np
+
+from ..core import dtypes, ops
+from ..core.graph import Graph, neighbours
+
+__all__ = ["FORWARD_INPUTS", "UPDATE_PREFIXES", "VARIABLE_WRITES", "SHAPE_OPS", "FED_OPS",
+           "SOURCE_INPUT_OPS", "is_gradient_op", "is_update_op", "anchors", "backward_functions",
+           "Split", "split", "find_seeds", "reachable", "loop_frame_nodes", "constant_valued"]
+
+# Op type -> indices of inputs that are forward values (not the incoming gradient or a shape).
+FORWARD_INPUTS = {
+    "ReluGrad": (1,), "Relu6Grad": (1,), "EluGrad": (1,), "SeluGrad": (1,),
+    "LeakyReluGrad": (1,), "SoftplusGrad": (1,), "SoftsignGrad": (1,),
+    "TanhGrad": (0,), "SigmoidGrad": (0,), "RsqrtGrad": (0,), "SqrtGrad": (0,),
+    "ReciprocalGrad": (0,), "InvGrad": (0,),
+    "BiasAddGrad": (), "BiasAddGradV1": (), "AvgPoolGrad": (), "AvgPool3DGrad": (),
+    # A filter gradient reads the forward input first, but a transposed convolution's (its
+    # forward op is Conv2DBackpropInput) reads the incoming gradient there: neither counts.
+    "Conv2DBackpropInput": (1,), "Conv2DBackpropFilter": (),
+    "Conv3DBackpropInputV2": (1,), "Conv3DBackpropFilterV2": (),
+    "DepthwiseConv2dNativeBackpropInput": (1,), "DepthwiseConv2dNativeBackpropFilter": (0,),
+    "FusedBatchNormGrad": (1, 2, 3, 4), "FusedBatchNormGradV2": (1, 2, 3, 4),
+    "FusedBatchNormGradV3": (1, 2, 3, 4, 5),
+    "MaxPoolGrad": (0, 1), "MaxPoolGradV2": (0, 1), "MaxPool3DGrad": (0, 1),
+    "LRNGrad": (1, 2),
+}
+UPDATE_PREFIXES = ("Apply", "ResourceApply", "SparseApply", "ResourceSparseApply")
+VARIABLE_WRITES = frozenset({"AssignVariableOp", "AssignSubVariableOp", "AssignAddVariableOp",
+                             "Assign", "AssignSub", "AssignAdd"})
+# Ops through which a constant-valued tensor stays constant-valued even if fed a variable input.
+SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank", "OnesLike", "ZerosLike"})
+FED_OPS = frozenset({"Placeholder", "PlaceholderV2", "PlaceholderWithDefault", "IteratorGetNext"})
+SOURCE_INPUT_OPS = frozenset({"Placeholder", "PlaceholderV2", "PlaceholderWithDefault",
+                              "VarHandleOp", "VariableV2", "Variable", "ReadVariableOp"})
+
+
+def is_gradient_op(op: str) -> bool:
+    """An op type that only a backward pass contains."""
+    return op in FORWARD_INPUTS or "Backprop" in op or op.endswith(("Grad", "GradV2", "GradV3"))
+
+
+def is_update_op(op: str) -> bool:
+    """An optimizer's fused update (`ResourceApplyAdam`)."""
+    return op.startswith(UPDATE_PREFIXES)
+
+
+def anchors(graph: Graph, constant: set[str] = frozenset()) -> tuple[list[str], bool]:
+    """(anchors, whether they are gradient ops): gradient ops, and calls (While, If,
+    PartitionedCall) of functions that contain one; in a graph without any (a model of MatMuls
+    and composite activations), the optimizer's fused updates, else its writes of computed
+    values to variables (a Keras optimizer's `AssignSubVariableOp`; an initialiser writes a
+    constant). Never both: clipping's constants of ones reach the updates too."""
+    backward = backward_functions(graph.shell.library)
+    found, updates, writes = [], [], []
+    for name in graph.nodes():
+        node = graph.node_def(name)
+        if is_gradient_op(node.op) or node.op in backward or any(
+                value.func.name in backward for value in node.attr.values()
+                if value.HasField("func")):
+            found.append(name)
+        elif is_update_op(node.op):
+            updates.append(name)
+        elif node.op in VARIABLE_WRITES and any(
+                r.node not in constant for r in graph.data_inputs(name)[1:]):
+            writes.append(name)
+    return (found, True) if found else (updates or writes, False)
+
+
+def backward_functions(function_library) -> frozenset:
+    """Library functions whose bodies contain gradient ops, directly or through calls."""
+    library = {f.signature.name: f for f in function_library.function}
+    calls = {name: {n.op for n in f.node_def} | {v.func.name for n in f.node_def
+                                                  for v in n.attr.values() if v.HasField("func")}
+             for name, f in library.items()}
+    found = {name for name, f in library.items() if any(is_gradient_op(n.op) for n in f.node_def)}
+    changed = True
+    while changed:
+        grown = {name for name, callees in calls.items() if callees & found}
+        changed = not grown <= found
+        found |= grown
+    return frozenset(found)
+
+
+@dataclass(frozen=True)
+class Split:
+    forward: frozenset
+    backward: frozenset
+    seeds: tuple          # gradient seed nodes (where back-propagation starts)
+    gradient_flow: frozenset
+    losses: tuple         # forward nodes the seeds mirror, plus forward sinks
+    constant: frozenset   # nodes whose value depends on no input, variable or random draw
+    differentiated: tuple = ()  # what the seeds differentiate: the loss, whether fetched or not
+
+    @property
+    def early_backward(self) -> frozenset:
+        """Backward nodes outside the gradient flow: they run as soon as forward values exist."""
+        return self.backward - self.gradient_flow
+
+
+def split(graph: Graph, backward_scope: str | None = None) -> Split:
+    """Classify every node as forward or backward (see the module docstring)."""
+    dag = _dag(graph)
+    # With loop back edges: loop-carried values flow through them. A graph without any (and
+    # without edges from missing nodes) has them all in `dag` already.
+    whole = dag.number_of_edges() == graph.nx.number_of_edges() and len(dag) == len(graph.nx)
+    full = dag if whole else _dependencies(graph)
+    constant = constant_valued(graph, dag)
+    data = _data_only(graph, dag)
+    if backward_scope:
+        seeds = [n for n in graph.nodes() if n.startswith(backward_scope)]
+    else:
+        seeds = find_seeds(graph, dag, data, constant)
+    flow = reachable(full, seeds)
+    sinks = {n for n in graph.nodes() if full.out_degree(n) == 0}
+    # A TF2 step returns its loss through an `Identity` that waits on every update by control
+    # edges; that output is in the flow, the value it returns is not.
+    data_full = data if whole else _data_only(graph, full)
+    data_flow = reachable(data_full, seeds)
+    returned = {r.node for n in sinks & flow - data_flow for r in graph.data_inputs(n)}
+    outside = {n for n in sinks | returned if n not in constant} - flow
+    differentiated = (set(_mirrored(graph, seeds)) - flow) or _differentiated(
+        graph, data_full, flow, outside)
+    losses = differentiated | outside
+    forward = reachable(full, (losses | _forward_value_inputs(graph)) - flow, upstream=True) - flow
+    backward = set(graph.nodes()) - forward
+    return Split(frozenset(forward), frozenset(backward), tuple(sorted(seeds)), frozenset(flow),
+                 tuple(sorted(losses)), frozenset(constant), tuple(sorted(differentiated)))
+
+
+def find_seeds(graph: Graph, dag: nx.DiGraph, data: nx.DiGraph, constant: set[str]) -> list[str]:
+    """Ones-valued, constant-derived tensors that reach a gradient op and are not forward values.
+
+    Only the last of a chain of such tensors counts (`Fill(shape, Const(1))` is the seed, not its
+    `Const(1)`).
+    """
+    found, by_gradients = anchors(graph, constant)
+    if not found:
+        return []
+    # By data edges only (`data`: those of `dag`): a rewritten graph's trigger makes a
+    # recomputed or swapped-in forward value wait on the gradient flow, which does not make the
+    # seed a forward value.
+    forward_values = reachable(data, _forward_value_inputs(graph), upstream=True)
+    reaches_anchor = reachable(dag, found, upstream=True)
+    candidates = {n for n in graph.nodes() if n in reaches_anchor and n not in forward_values
+                  and n in constant and _is_ones(graph, n)}
+    # Drop each candidate another is reachable from: one pass from the sinks up, not a walk
+    # over the whole backward pass per candidate.
+    above_candidate: set[str] = set()
+    readers = neighbours(dag)
+    for name in reversed(list(nx.topological_sort(dag))):
+        if any(s in candidates or s in above_candidate for s in readers[name]):
+            above_candidate.add(name)
+    candidates -= above_candidate
+    # A custom gradient's constants of ones (Keras swish's `1 + x * (1 - sigmoid)`) reach the
+    # gradient ops below them; the seed reaches them all. By data edges, as below.
+    reach = {n: frozenset(nx.descendants(data, n)) for n in candidates}
+    anchored = {n: reach[n].intersection(found) for n in candidates}
+    candidates = {n for n in candidates if not any(anchored[n] < anchored[o] for o in candidates)}
+    if not by_gradients:  # clipping's constants reach every update, as the seed does
+        candidates = _not_joining_a_flow(data, candidates, constant)
+    # A forward constant of ones (a fresh layer-norm scale, GELU's `1 + erf`) reaches the loss
+    # as well as every gradient; a seed reaches only gradients. Drop candidates that reach
+    # strictly more sinks than another candidate does. By data edges: a TF2 step's output
+    # `Identity` waits on every update by a control edge, so every node reaches it that way.
+    sinks = {n for n in graph.nodes() if data.out_degree(n) == 0 and n not in constant}
+    ends = {n: reach[n] & sinks for n in candidates}
+    return sorted(n for n in candidates if not any(ends[o] < ends[n] for o in candidates))
+
+
+def _not_joining_a_flow(data: nx.DiGraph, candidates: set[str], constant: set[str]) -> set[str]:
+    """Candidates that join no other candidate's flow midway: dropped is one whose reader
+    another's flow reaches while it is not in that flow itself. Anchored on the optimizer's
+    updates (a model without gradient ops), clipping's constants of ones reach them all as the
+    seed does, but their readers are in the seed's flow. A flow follows values, not shapes: it
+    does not pass from a computed value into a constant-valued node (`Shape(x)`), so the seed,
+    read beside shapes of forward values, stays, and so does an `OnesLike(loss)` seed beside a
+    forward constant of ones (which the last rule drops)."""
+    readers = neighbours(data)
+
+    def flow(start: str) -> set[str]:
+        seen, stack = {start}, [start]
+        while stack:
+            name = stack.pop()
+            for other in readers[name]:
+                if other not in seen and (name in constant or other not in constant):
+                    seen.add(other)
+                    stack.append(other)
+        return seen - {start}
+
+    flows = {n: flow(n) for n in candidates}
+    return {n for n in candidates
+            if not any(reader in flows[other] and n not in flows[other]
+                       for reader in readers[n] for other in candidates if other != n)}
+
+
+def reachable(graph: nx.DiGraph, sources, upstream: bool = False) -> set[str]:
+    """`sources` and every node reachable from them (downstream, or upstream), in linear time."""
+    seen = set(sources)
+    stack = list(seen)
+    adjacency = neighbours(graph, upstream)
+    while stack:
+        name = stack.pop()
+        try:
+            others = adjacency[name]
+        except KeyError:
+            raise nx.NetworkXError(f"The node {name} is not in the digraph.") from None
+        for other in others:
+            if other not in seen:
+                seen.add(other)
+                stack.append(other)
+    return seen
+
+
+def loop_frame_nodes(graph: Graph) -> set[str]:
+    """Nodes inside v1 while-loop frames: reachable from an Enter without passing an Exit."""
+    inside, stack = set(), [n for n in graph.nodes() if graph.op(n) in ("Enter", "RefEnter")]
+    while stack:
+        name = stack.pop()
+        if name in inside:
+            continue
+        inside.add(name)
+        if graph.op(name) not in ("Exit", "RefExit"):
+            stack.extend(v for v in graph.successors(name) if v not in inside)
+    return inside
+
+
+def _dag(graph: Graph) -> nx.DiGraph:
+    """Data and control dependencies between real nodes, loop back edges dropped."""
+    order = graph.topological_order()
+    position = {n: i for i, n in enumerate(order)}
+    dag = nx.DiGraph()
+    dag.add_nodes_from(order)
+    dag.add_edges_from((u, v) for u, v in graph.nx.edges()
+                       if u in position and v in position and position[u] < position[v])
+    return dag
+
+
+def _dependencies(graph: Graph) -> nx.DiGraph:
+    """Data and control dependencies between real nodes, loop back edges included."""
+    real = set(graph.nodes())
+    full = nx.DiGraph()
+    full.add_nodes_from(real)
+    full.add_edges_from((u, v) for u, v in graph.nx.edges() if u in real and v in real)
+    return full
+
+
+def _data_only(graph: Graph, edges: nx.DiGraph) -> nx.DiGraph:
+    """The data edges among `edges` (control edges dropped)."""
+    data = nx.DiGraph()
+    data.add_nodes_from(edges)
+    data.add_edges_from((u, v) for u, v, slot in graph.nx.edges(data="slot")
+                        if slot is not None and edges.has_edge(u, v))
+    return data
+
+
+def _forward_value_inputs(graph: Graph) -> set[str]:
+    nodes = set()
+    for name in graph.nodes():
+        indices = FORWARD_INPUTS.get(graph.op(name))
+        if indices:
+            inputs = graph.data_inputs(name)
+            nodes.update(inputs[i].node for i in indices if i < len(inputs))
+    return nodes
+
+
+def constant_valued(graph: Graph, dag: nx.DiGraph | None = None) -> set[str]:
+    """Nodes whose value does not depend on any input, variable or random draw (shapes of inputs
+    are fine: they are static)."""
+    dag = dag if dag is not None else _dag(graph)
+    constant = set()
+    for name in nx.topological_sort(dag):
+        op = graph.op(name)
+        if op in SOURCE_INPUT_OPS or (op != "Const" and ops.is_stateful(op)):
+            continue
+        inputs = graph.data_inputs(name)
+        if op == "Const" or op in SHAPE_OPS or (inputs and all(r.node in constant
+                                                               for r in inputs)):
+            constant.add(name)
+    return constant
+
+
+def _is_ones(graph: Graph, name: str) -> bool:
+    node = graph.node_def(name)
+    if node.op == "OnesLike":
+        return True
+    if node.op == "Fill":
+        value = graph.data_inputs(name)[1].node
+        return graph.op(value) == "Const" and _const_all_ones(graph.node_def(value))
+    return node.op == "Const" and _const_all_ones(node)
+
+
+def _const_all_ones(node) -> bool:
+    from tensorflow.python.framework import tensor_util
+
+    tensor = node.attr["value"].tensor
+    if not dtypes.is_floating(tensor.dtype):
+        return False
+    try:
+        values = tensor_util.MakeNdarray(tensor)
+    except (TypeError, ValueError):
+        return False
+    return values.size > 0 and bool(np.all(values == 1))
+
+
+def _differentiated(graph: Graph, data: nx.DiGraph, flow: set[str], sinks: set[str]) -> set[str]:
+    """The sinks outside the gradient flow whose values depend on the most of the activations
+    the flow reads: the loss, when its seed copies no shape from it (a scalar loss of static
+    shape gets `Fill(Const([]), 1)`). Metrics, unused model outputs and moving-average
+    updates depend on a part of those at most; initialisers on none (by data edges)."""
+    fed = [n for n in graph.nodes() if graph.op(n) in FED_OPS
+           and graph.node_def(n).attr["dtype"].type != dtypes.RESOURCE]
+    activations = reachable(data, fed)
+    reads = {r.node for n in flow for r in graph.data_inputs(n)
+             if r.node not in flow and r.node in activations}
+    covered = {n: len(reachable(data, [n], upstream=True) & reads) for n in sorted(sinks)
+               if n in data}
+    most = max(covered.values(), default=0)
+    return {n for n, count in covered.items() if count == most and most > 0}
+
+
+def _mirrored(graph: Graph, seeds) -> list[str]:
+    """The tensors a seed copies its shape from (`OnesLike(loss)`, `Fill(Shape(loss), 1)`)."""
+    found = []
+    for seed in seeds:
+        if graph.op(seed) == "OnesLike":
+            found.append(graph.data_inputs(seed)[0].node)
+        elif graph.op(seed) == "Fill":
+            dims = graph.data_inputs(seed)[0].node
+            if graph.op(dims) == "Shape":
+                found.append(graph.data_inputs(dims)[0].node)
+    return found
+

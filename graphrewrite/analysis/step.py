@@ -1,0 +1,178 @@
+"""Everything the planner and `inspect` know about a model: shapes, split, memory, FLOPs.
+
+Analyses only read the graph. `analyse` runs them in order, once.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from ..core import dtypes
+from ..core.errors import GraphRewriteError
+from ..core.graph import Graph
+from ..core.io import Model
+from ..core.names import PAD_PREFIX
+from . import bind
+from . import flops as flops_mod
+from . import memory, parameters, scratch
+from . import shapes as shapes_mod
+from . import split as split_mod
+
+__all__ = ["Analysis", "sinks", "default_fetches", "analyse", "SIZED_BY_DATA", "start_as_run",
+           "as_run", "as_run_step"]
+
+log = logging.getLogger(__name__)
+
+@dataclass
+class Analysis:
+    fetches: list[str]
+    shapes: shapes_mod.Shapes
+    split: split_mod.Split | None  # None (and `flops` 0) when analysed for the report alone
+    memory: memory.MemoryReport
+    flops: int
+
+
+def sinks(graph: Graph) -> list[str]:
+    """Nodes nothing reads (not even by a control edge): the graph's natural outputs. Fan-out
+    pads are hints for Grappler, not outputs."""
+    return [n for n in graph.nodes()
+            if graph.nx.out_degree(n) == 0 and not n.startswith(PAD_PREFIX)]
+
+
+def default_fetches(model: Model, graph: Graph | None = None,
+                    shapes: shapes_mod.Shapes | None = None,
+                    split: split_mod.Split | None = None) -> list[str]:
+    """What one training step fetches: a MetaGraphDef's `train_op` collection with its
+    `losses` (else the loss: what the gradient seeds differentiate, from `split` or found
+    here), a TF2 step's returned `Identity` nodes (they wait on its updates by control edges),
+    else the sinks of the graph that can be fetched: not inside a while-loop frame, and
+    (given `shapes`) holding a numeric tensor or nothing at all; of a graph with a backward
+    pass, only those the gradient flow ends in and the loss (not initialisers, savers,
+    metrics or a Keras model's unused outputs)."""
+    graph = graph or model.graph
+    meta = model.meta_graph
+    if meta is not None and "train_op" in meta.collection_def:
+        names = list(meta.collection_def["train_op"].node_list.value)
+        if "losses" in meta.collection_def:
+            names += list(meta.collection_def["losses"].node_list.value)
+        found = [n.split(":")[0].lstrip("^") for n in names]
+        if all(n in graph for n in found):
+            if "losses" not in meta.collection_def:
+                found += (split or split_mod.split(graph)).differentiated
+            return list(dict.fromkeys(found))
+    in_loop = split_mod.loop_frame_nodes(graph)
+    found = [n for n in sinks(graph) if n not in in_loop]
+    returned = [n for n in found if graph.op(n) == "Identity" and graph.control_inputs(n)]
+    if returned and bind.resource_placeholders(graph):
+        # A TF2 step: it returns these, and they wait on its updates; the other sinks are
+        # values the function computed and dropped (TensorFlow prunes them).
+        return returned
+    split = split or split_mod.split(graph)
+    if split.seeds:
+        found = [n for n in found if n in split.gradient_flow or n in split.differentiated]
+    if shapes is None:
+        return found
+    return [n for n in found if not shapes.outputs(n)
+            or dtypes.base(shapes[shapes.outputs(n)[0]].dtype) not in dtypes.HANDLES]
+
+
+def analyse(model: Model, graph: Graph | None = None, input_shapes: dict | None = None,
+            backward_scope: str | None = None, fetches: list[str] | None = None,
+            shapes: shapes_mod.Shapes | None = None, device: str | None = None,
+            planned: bool = True, report: memory.MemoryReport | None = None) -> Analysis:
+    """Shapes (unless given), forward/backward split, simulated step memory and FLOPs;
+    `device`: the kind the step runs on (`memory.simulate`). Without `planned`, no split and
+    no FLOPs: what a pipeline reports of the graph its last pass wrote (on a 100k-node graph
+    the split of the rewritten one took 5 s). `report`: the step already simulated with these
+    fetches and no `device` (by the pass that wrote the graph), not simulated again."""
+    graph = graph or model.graph
+    missing = [f for f in fetches or [] if f.split(":")[0] not in graph]
+    if missing:
+        raise GraphRewriteError(f"output '{missing[0]}' is not a node of the graph")
+    shapes = shapes or shapes_mod.infer(graph, input_shapes)
+    split = split_mod.split(graph, backward_scope) if planned else None
+    fetches = fetches or default_fetches(model, graph, shapes, split)
+    fetch_nodes = list(dict.fromkeys(f.split(":")[0] for f in fetches))
+    if report is None or device is not None:
+        report = memory.simulate(graph, shapes, fetch_nodes, device)
+    total = flops_mod.total_flops(graph, shapes, report.order) if planned else 0
+    blind = parameters.unknown_variables(graph, shapes)
+    if blind:
+        log.warning("%d captured variables have no recorded value shape and count 0 bytes "
+                    "(e.g. %s); %s", len(blind), blind[0], bind.export_hint(graph))
+    by_data = _sized_by_data(graph, report.unknown)
+    if by_data:
+        log.info("%d tensors have a size only the data decides (e.g. %s) and count 0 bytes",
+                 len(by_data), by_data[0])
+    unknown = [r for r in report.unknown if r not in by_data]
+    if unknown:
+        log.warning("%d tensors have an unknown size and count 0 bytes (e.g. %s); fix input "
+                    "dimensions with --input-shape", len(unknown),
+                    ", ".join(str(r) for r in unknown[:3]))
+    return Analysis(fetch_nodes, shapes, split, report, total)
+
+
+# Ops whose output size depends on the values they read, not on shapes (an embedding's sparse
+# gradient: the ids it saw, once each); no --input-shape can fix those.
+SIZED_BY_DATA = frozenset({"Unique", "UniqueV2", "UniqueWithCounts", "Where", "ListDiff",
+                           "SetDiff1D", "NonMaxSuppressionV3", "NonMaxSuppressionV4",
+                           "NonMaxSuppressionV5", "SparseFillEmptyRows", "DynamicPartition"})
+
+
+def _sized_by_data(graph: Graph, unknown: list) -> list:
+    """The unknown-size tensors produced by a SIZED_BY_DATA op or computed from one."""
+    names = {r.node for r in unknown}
+    found = {n for n in names if graph.op(n) in SIZED_BY_DATA}
+    grown = True
+    while grown:
+        more = {n for n in names - found
+                if any(r.node in found for r in graph.data_inputs(n))}
+        grown = bool(more)
+        found |= more
+    return [r for r in unknown if r.node in found]
+
+
+def start_as_run(model: Model, graph: Graph, found: Analysis) -> Future:
+    """`as_run`'s Grappler call, begun in the background (`grappler.as_run_soon`)."""
+    from . import grappler, inline
+
+    graph_def = graph.to_graph_def()
+    inlined = inline.inline_calls(graph_def)  # a TF2 Keras RNN's calls, as run
+    if inlined is None:
+        return grappler.as_run_soon(graph_def, found.fetches, model.meta_graph)
+    # The runtime runs a kept call's body whole, every result made: Grappler keeps them all.
+    returned = {n.name for n in graph_def.node if n.op in inline.CALL_OPS} & \
+        {n.name for n in inlined.node if n.op == "IdentityN"}
+    return grappler.as_run_soon(inlined, [*found.fetches, *sorted(returned)], model.meta_graph)
+
+
+def as_run(model: Model, graph: Graph, found: Analysis, input_shapes: dict | None = None,
+           device: str | None = None, started: Future | None = None) -> memory.MemoryReport | None:
+    """The simulated step of `graph` as TensorFlow runs it, after Grappler (see `grappler.py`);
+    None when Grappler cannot process the graph. `found` is `graph`'s analysis: the tensors
+    Grappler keeps under their names keep their shapes (its output records none, and a TF2
+    step's variable reads cannot be inferred without them). `started`: `start_as_run`'s
+    Grappler call for this graph, when it was begun earlier."""
+    step = as_run_step(model, graph, found, input_shapes, device, started)
+    return None if step is None else step[2]
+
+
+def as_run_step(model: Model, graph: Graph, found: Analysis, input_shapes: dict | None = None,
+                device: str | None = None, started: Future | None = None
+                ) -> tuple[Graph, shapes_mod.Shapes, memory.MemoryReport] | None:
+    """`as_run`, with the graph Grappler returned and its shapes beside the report."""
+    from . import grappler
+
+    optimized = grappler.finish(started or start_as_run(model, graph, found))
+    if optimized is None:
+        return None
+    for name in optimized.nodes():
+        if name in graph and graph.op(name) == optimized.op(name):
+            shapes_mod.record(optimized, name, found.shapes)
+    kept = [f for f in found.fetches if f.split(":")[0] in optimized]
+    if device is None and scratch.device_kind(graph) == "gpu":  # placement Grappler may drop
+        device = "gpu"
+    shapes = shapes_mod.infer(optimized, input_shapes)
+    return optimized, shapes, memory.simulate(optimized, shapes, kept, device)

@@ -1,0 +1,60 @@
+"""A MetaGraphDef's collections kept true to a rewritten graph.
+
+`import_meta_graph` rebuilds every variable from the `VariableDef`s of the variable collections
+(`variables`, `trainable_variables`, ...) and fails on one naming a node the graph lacks; a
+pass that removes variables (diet's dropped optimizer slots) would leave such entries, and one
+that adds variables must list them, or `global_variables_initializer()` never initialises them.
+
+So when a graph goes back into its container (`Model.with_graph`): entries naming nodes that the
+original graph had and the new one does not are dropped, and a new variable node carrying a
+serialized `VariableDef` in the attribute NEW_VARIABLE_ATTR is added to `variables`.
+Collections of untouched graphs are left exactly as they were.
+"""
+
+from __future__ import annotations
+
+from tensorflow.core.framework import variable_pb2
+
+__all__ = ["NEW_VARIABLE_ATTR", "VARIABLE_COLLECTIONS", "GLOBAL_VARIABLES", "sync"]
+
+NEW_VARIABLE_ATTR = "_graphrewrite_variable_def"
+VARIABLE_COLLECTIONS = frozenset({
+    "variables", "trainable_variables", "local_variables", "model_variables",
+    "moving_average_variables", "global_step", "metric_variables"})
+GLOBAL_VARIABLES = "variables"
+
+
+def _node(name: str) -> str:
+    return name.lstrip("^").split(":")[0]
+
+
+def sync(meta_graph, old_graph, new_graph) -> None:
+    """Drop entries of nodes `old_graph` had and `new_graph` lost; list new variables."""
+    gone = {n for n in old_graph.nodes() if n not in new_graph}
+    if gone:
+        for key, collection in meta_graph.collection_def.items():
+            if collection.HasField("node_list"):
+                kept = [v for v in collection.node_list.value if _node(v) not in gone]
+                if len(kept) != len(collection.node_list.value):
+                    del collection.node_list.value[:]
+                    collection.node_list.value.extend(kept)
+            elif collection.HasField("bytes_list") and key in VARIABLE_COLLECTIONS:
+                kept = [v for v in collection.bytes_list.value
+                        if _node(_variable_def(v).variable_name) not in gone]
+                if len(kept) != len(collection.bytes_list.value):
+                    del collection.bytes_list.value[:]
+                    collection.bytes_list.value.extend(kept)
+    listed = {_node(_variable_def(v).variable_name)
+              for v in meta_graph.collection_def[GLOBAL_VARIABLES].bytes_list.value} \
+        if GLOBAL_VARIABLES in meta_graph.collection_def else set()
+    for name in new_graph.nodes():
+        attr = new_graph.node_def(name).attr
+        if NEW_VARIABLE_ATTR in attr and name not in listed and name not in old_graph:
+            meta_graph.collection_def[GLOBAL_VARIABLES].bytes_list.value.append(
+                attr[NEW_VARIABLE_ATTR].s)
+
+
+def _variable_def(data: bytes) -> variable_pb2.VariableDef:
+    out = variable_pb2.VariableDef()
+    out.ParseFromString(data)
+    return out

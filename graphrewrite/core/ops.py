@@ -1,0 +1,42 @@
+"""What TensorFlow's op registry says about an op type (TensorFlow is imported on first use)."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+__all__ = ["PLACEHOLDER_OPS", "V1_LOOP_OPS", "FUNCTIONAL_CONTROL_OPS", "op_def", "is_known",
+           "is_stateful"]
+
+# Required feeds only: a PlaceholderWithDefault (a Saver's filename) need not be fed.
+PLACEHOLDER_OPS = frozenset({"Placeholder", "PlaceholderV2"})
+V1_LOOP_OPS = frozenset({"Enter", "RefEnter", "Exit", "RefExit", "Merge", "RefMerge", "Switch",
+                         "RefSwitch", "NextIteration", "RefNextIteration", "LoopCond"})
+FUNCTIONAL_CONTROL_OPS = frozenset({"While", "StatelessWhile", "If", "StatelessIf", "Case",
+                                    "StatelessCase"})
+
+
+@functools.lru_cache(maxsize=None)
+def _registry():
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow  # noqa: F401  (registers every op of the build)
+    from tensorflow.python.framework import op_def_registry
+
+    return op_def_registry
+
+
+@functools.lru_cache(maxsize=None)
+def op_def(op: str):
+    """The registered OpDef of `op`, or None for ops this TensorFlow build does not know."""
+    return _registry().get(op)
+
+
+def is_known(op: str, function_names=frozenset()) -> bool:
+    """True for registered ops and for functions of the graph's library (callable as ops)."""
+    return op in function_names or op_def(op) is not None
+
+
+def is_stateful(op: str) -> bool:
+    """Registry's `is_stateful`; unknown ops count as stateful (never safe to duplicate)."""
+    definition = op_def(op)
+    return definition is None or definition.is_stateful

@@ -1,0 +1,92 @@
+"""Why a rewritten graph's outputs differ from the original's: which Grappler optimizer splits them.
+
+Grappler rewrites each graph on its own, and some of its decisions depend on what a rewrite
+changes even when the arithmetic written in the graph is the same. The arithmetic optimizer's
+MinimizeBroadcasts regroups a chain of Mul (or Add) nodes (TF 2.15, arithmetic_optimizer.cc):
+common subgraph elimination has sorted the data inputs of every commutative op by name (as
+strings); nodes are visited in reverse topological order and the first Mul reached roots a
+group, which absorbs, depth first in input order, each input of the same op that has one data
+reader, the root's device and no control edge in or out; the group's leaves are stably sorted
+by shape size (scalars first) and paired front to back. So a copy whose name sorts elsewhere
+than its original's, or a control edge added to or removed from a chain member (the dependency
+optimizer removes an Identity only while its inputs times its readers are at most their sum,
+and forwards its control inputs to its readers), turns `s * (a * b)` into `(s * a) * b` in one
+graph and `(s * b) * a` in the other, which round differently: by one ulp on a constant such as
+sqrt(2/pi) (the GELU gradient), or only where a product falls below the smallest normal float
+and TensorFlow flushes it to zero for a power of two such as 0.5. Shapes matter as well: a group
+is only formed where Grappler can tell its operands' shapes are broadcast-compatible. The
+recompute pass avoids all three (copy names keep their originals' order, triggers wait past
+tf.tuple Identities, a Pack pad tells shape inference a copy has its original's shape); this
+module tells such a cause from a real difference when it happens anyway.
+
+`diagnose` first runs the original ORIGINAL_RUNS times: a step that differs from itself (a ViT
+with Keras AdamW did, in one run of three, by 2.8e-8 in the optimizer's updates; two runs that
+happened to agree once sent the diagnosis on to blame Grappler) cannot be matched bitwise by
+any rewrite. Then it runs both graphs with the arithmetic optimizer off, then with Grappler off,
+and names the first configuration under which they agree bitwise; an empty cause means they
+differ whatever Grappler does (a real difference).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from . import measure
+
+__all__ = ["ORIGINAL_RUNS", "ORIGINAL_CAUSE", "ARITHMETIC_CAUSE", "GRAPPLER_CAUSE",
+           "arithmetic_off_config", "grappler_off_config", "diagnose"]
+
+log = logging.getLogger(__name__)
+
+ORIGINAL_RUNS = 3  # runs of the original compared with each other before Grappler is blamed
+
+ORIGINAL_CAUSE = (
+    "the original step is not deterministic: run twice on the same inputs it differs from "
+    "itself, so no rewrite can be bitwise equal to it (compare within --rtol/--atol)")
+ARITHMETIC_CAUSE = (
+    "Grappler's arithmetic optimizer: with it off, both agree bitwise. It regroups chains of "
+    "Mul/Add by their operands' names and control edges (MinimizeBroadcasts), which the rewrite "
+    "changed, so the two graphs round differently (by an ulp, or where a product falls below "
+    "the smallest normal float and is flushed to zero)")
+GRAPPLER_CAUSE = (
+    "Grappler: with it off, both agree bitwise; it optimizes the two graphs differently (e.g. a "
+    "fusion made in one and not the other)")
+
+
+def arithmetic_off_config():
+    """TensorFlow's default configuration with only the arithmetic optimizer turned off."""
+    from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
+
+    config = config_pb2.ConfigProto()
+    config.graph_options.rewrite_options.arithmetic_optimization = (
+        rewriter_config_pb2.RewriterConfig.OFF)
+    return config
+
+
+def grappler_off_config():
+    """TensorFlow's default configuration with Grappler's meta optimizer off."""
+    from tensorflow.core.protobuf import config_pb2
+
+    config = config_pb2.ConfigProto()
+    config.graph_options.rewrite_options.disable_meta_optimizer = True
+    return config
+
+
+def diagnose(original, rewritten, feeds: dict, fetches: list[str], agree,
+             isolated: bool = True) -> str:
+    """The cause of a mismatch (see the module docstring), or "" when none was found.
+    `original` and `rewritten` are runnable messages (`Model.runnable()`); `agree(first,
+    second)` says whether two step measurements are bitwise equal (verify's comparison)."""
+    run = measure.run_step_isolated if isolated else measure.run_step
+    first = run(original, feeds, fetches, 0)
+    if not all(agree(first, run(original, feeds, fetches, 0)) for _ in range(ORIGINAL_RUNS - 1)):
+        log.warning("verify: %s", ORIGINAL_CAUSE)
+        return ORIGINAL_CAUSE
+    for cause, config in ((ARITHMETIC_CAUSE, arithmetic_off_config()),
+                          (GRAPPLER_CAUSE, grappler_off_config())):
+        first = run(original, feeds, fetches, 0, config)
+        second = run(rewritten, feeds, fetches, 0, config)
+        if agree(first, second):
+            log.warning("verify: the outputs differ only through %s", cause)
+            return cause
+    return ""

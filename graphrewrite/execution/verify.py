@@ -1,0 +1,517 @@
+"""`verify`: run the original and the rewritten model on the same inputs and compare.
+
+Both are imported into separate sessions with TensorFlow's default configuration, fed the same
+seeded inputs (MetaGraphDefs: variables initialised the same way, the `train_op` run; TF2 steps:
+each resource placeholder bound to a fresh variable holding the same seeded value, see
+`bind.py`), and run for two steps: every output of both steps and every variable after them
+(weights, optimizer slots, batch-norm statistics, step counters) is compared, bitwise by default,
+within `rtol`/`atol` when asked. Each model's peak memory is measured in a fresh process of its
+own; their step times in one more process that holds both and times their steps in turns (see
+`measure.py`).
+"""
+
+from __future__ import annotations
+
+import logging
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..analysis import bind
+from ..analysis import shapes as shapes_mod
+from ..analysis import step as analysis
+from ..core.errors import GraphRewriteError
+from ..core.io import Model
+from ..core.names import SLOT_OF_ATTR
+from ..core.tensor_ref import TensorRef
+from . import measure, mismatch
+
+__all__ = ["VARIABLE_PREFIX", "Comparison", "VerifyResult", "load_feeds", "load_data",
+           "data_batches", "verify", "without_saver", "training_schedule", "loss_trend",
+           "training_start", "LEARNING_RATE", "SCALE_READERS", "own_variables", "compare",
+           "GPU_ONLY_OPS"]
+
+log = logging.getLogger(__name__)
+
+
+VARIABLE_PREFIX = "variable:"
+
+
+@dataclass
+class Comparison:
+    name: str          # an output tensor, or `variable:<name>`
+    equal: bool
+    max_abs_diff: float
+    step: int | None = None  # which step's output (1, 2); None for a variable after the steps
+
+
+@dataclass
+class VerifyResult:
+    match: bool
+    comparisons: list[Comparison]
+    original: measure.StepMeasurement
+    rewritten: measure.StepMeasurement
+    fetches: list[str] = field(default_factory=list)
+    steps: int = 0
+    cause: str = ""  # why they differ, when a mismatch was traced to Grappler (mismatch.py)
+    curves: dict = field(default_factory=dict)  # --steps: {"loss", "original", "rewritten"}
+
+    @property
+    def max_abs_diff(self) -> float:
+        return max((c.max_abs_diff for c in self.comparisons), default=0.0)
+
+    def to_json(self) -> dict:
+        if self.curves:
+            return self._curves_json()
+        return {
+            "match": self.match,
+            "max_abs_diff": self.max_abs_diff,
+            "steps": self.steps,
+            "outputs_compared": len({c.name for c in self.comparisons if c.step is not None}),
+            "variables_compared": sum(c.step is None for c in self.comparisons),
+            "mismatched": list(dict.fromkeys(c.name for c in self.comparisons if not c.equal)),
+            "cause": self.cause or None,
+            "peak_bytes": {"original": self.original.peak_bytes,
+                           "rewritten": self.rewritten.peak_bytes},
+            "step_seconds": {"original": self.original.median_seconds,
+                             "rewritten": self.rewritten.median_seconds},
+            "device": self.original.device,
+        }
+
+
+    def _curves_json(self) -> dict:
+        """A lossy rewrite's report: the loss after each of the N steps, for both graphs."""
+        first, second = self.curves["original"], self.curves["rewritten"]
+        return {
+            "match": self.match,
+            "steps": self.steps,
+            "loss": self.curves["loss"],
+            "loss_curves": {"original": first, "rewritten": second},
+            "final_loss": {"original": first[-1], "rewritten": second[-1]},
+            "compared": self.curves.get("compared", {}),
+            "rtol": self.curves["rtol"],
+            "batches": self.curves.get("batches", 0),
+            "trend": self.curves.get("trend", {}),
+            "peak_bytes": {"original": self.original.peak_bytes,
+                           "rewritten": self.rewritten.peak_bytes},
+            "step_seconds": {"original": self.original.median_seconds,
+                             "rewritten": self.rewritten.median_seconds},
+            "device": self.original.device,
+        }
+
+
+def load_feeds(specs: dict[str, str]) -> dict[str, np.ndarray]:
+    """`{name: path.npy}` -> arrays; a missing or unreadable file is an input error."""
+    feeds = {}
+    for name, path in specs.items():
+        try:
+            feeds[name] = np.load(Path(path), allow_pickle=False)
+        except (OSError, ValueError) as err:
+            raise GraphRewriteError(f"${{feeds}} {name}: cannot read {path}: {err}") from None
+    return feeds
+
+
+def load_data(path: str | Path) -> dict[str, np.ndarray]:
+    """`--data FILE.npz`: a training set, one array per input placeholder (by node name), the
+    examples along the first axis."""
+    try:
+        archive = np.load(Path(path), allow_pickle=False)
+    except (OSError, ValueError, zipfile.BadZipFile) as err:
+        raise GraphRewriteError(f"${{data}}: cannot read {path}: {err}") from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise GraphRewriteError(f"${{data}}: {path} is one array, not an .npz archive of arrays "
+                                "named after the inputs (np.savez(FILE, x=..., labels=...))")
+    with archive:
+        try:
+            return {name: archive[name] for name in archive.files}
+        except (OSError, ValueError, zipfile.BadZipFile) as err:
+            raise GraphRewriteError(f"${{data}}: cannot read {path}: {err}") from None
+
+
+def data_batches(graph, shapes, data: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    """`data` cut into consecutive batches of the graph's batch size (a last partial batch is
+    dropped): the fixed set `--steps` trains on, in the placeholders' dtypes."""
+    import tensorflow as tf
+
+    if not data:
+        raise GraphRewriteError("${data}: the file holds no arrays")
+    cut = {}
+    for name, array in sorted(data.items()):
+        if name not in graph or graph.op(name) not in bind.PLACEHOLDERS:
+            raise GraphRewriteError(f"${{data}} names '{name}', which is not an input placeholder")
+        info = shapes[TensorRef(name)]
+        if info is None or not info.shape or None in info.shape:
+            raise GraphRewriteError(f"${{data}} {name}: the graph gives it no full shape (fix it "
+                                    "with ${input_shapes})")
+        dtype = tf.dtypes.as_dtype(info.dtype).as_numpy_dtype
+        if tuple(array.shape[1:]) != tuple(info.shape[1:]) or array.ndim != len(info.shape):
+            raise GraphRewriteError(f"${{data}} {name}: examples of shape {list(array.shape[1:])}, "
+                                    f"the graph takes {list(info.shape[1:])}")
+        if not np.can_cast(array.dtype, dtype, "same_kind"):
+            raise GraphRewriteError(f"${{data}} {name}: {array.dtype} values, the graph takes "
+                                    f"{np.dtype(dtype).name}")
+        batch = info.shape[0]
+        if len(array) < batch:
+            raise GraphRewriteError(f"${{data}} {name}: {len(array)} examples, fewer than one "
+                                    f"batch of {batch}")
+        cut[name] = [array[k * batch:(k + 1) * batch].astype(dtype)
+                     for k in range(len(array) // batch)]
+    counts = {name: len(batches) for name, batches in cut.items()}
+    if len(set(counts.values())) > 1:
+        raise GraphRewriteError(f"${{data}}: the arrays make different numbers of batches "
+                                f"({', '.join(f'{n}: {c}' for n, c in counts.items())})")
+    return [{name: batches[k] for name, batches in cut.items()}
+            for k in range(next(iter(counts.values())))]
+
+
+def verify(original: Model, rewritten: Model, fetches: list[str] | None = None,
+           input_shapes: dict | None = None, feeds: dict[str, np.ndarray] | None = None,
+           rtol: float = 0.0, atol: float = 0.0, runs: int = 5, seed: int = 0,
+           int_high: int = 10, isolated: bool = True, steps: int = 0,
+           batches: int = 0, data: dict[str, np.ndarray] | None = None,
+           progress: Callable[[str], None] | None = None) -> VerifyResult:
+    """Run both models on equal inputs for two steps; compare every fetched output of each step
+    and every variable after them, and measure both.
+
+    `steps` > 0 is for lossy rewrites (diet): both run that many training steps, step k on the
+    same seeded batch (seed + k), and match when their final losses agree within `rtol` (and
+    `atol`); the variables, of other dtypes now, are not compared. `batches` > 0 makes the
+    data a fixed small set instead: that many seeded batches, cycled over the steps, so a
+    model can learn it (random labels drawn afresh each step cannot be learned); then the mean
+    losses of the last pass over the set are compared, and the rewritten graph's loss must
+    also fall where the original's does. `data` (arrays by input name, examples first) is such
+    a set given by the user: its batches (the first `batches` of them, when given) are cycled,
+    inputs it does not name are seeded as before.
+
+    `isolated` runs each model in a fresh process, so both are measured from an empty allocator,
+    and times them in a third; otherwise all of it runs in this process (faster, for tests).
+    `progress` is told each stage as it begins (each takes seconds, even on a tiny graph).
+    """
+    stage = progress or (lambda text: None)
+    if batches and not steps or batches < 0:
+        raise GraphRewriteError("${batches} K (K >= 1) is for ${steps} N: the fixed data set the "
+                                "N steps cycle over")
+    if data is not None and not steps:
+        raise GraphRewriteError("${data} is for ${steps} N: the training set both graphs learn")
+    shapes = shapes_mod.infer(original.graph, input_shapes)
+    if not fetches:
+        fetches = without_saver(original, analysis.default_fetches(original, shapes=shapes))
+    missing = [f for f in fetches if f.split(":")[0] not in rewritten.graph]
+    if missing:
+        raise GraphRewriteError(f"the rewritten model has no node '{missing[0]}'")
+    given = feeds or {}
+    unknown = sorted(set(given) - set(original.graph.nodes()))
+    if unknown:
+        raise GraphRewriteError(f"${{feeds}} names '{unknown[0]}', which is not a node")
+    try:
+        inputs = {**measure.random_feeds(original.graph, shapes, seed, int_high, set(given),
+                                         fetches), **given}
+    except ValueError as err:
+        raise GraphRewriteError(str(err)) from None
+    _require_kernels(rewritten)
+    for caveat in measure.measurement_caveats():
+        log.warning("%s", caveat)
+    log.info("verify: %d inputs, %d outputs, %d timed runs each", len(inputs), len(fetches), runs)
+    run = measure.run_step_isolated if isolated else measure.run_step
+    if steps:
+        return _verify_steps(original, rewritten, fetches, shapes, given, inputs, rtol, atol,
+                             runs, seed, int_high, steps, run, batches, data, stage)
+    stage("running the original")
+    first = run(original.runnable(), inputs, fetches, 0)
+    stage("running the rewritten")
+    second = run(rewritten.runnable(), own_variables(rewritten, inputs, seed), fetches, 0)
+    if runs:
+        stage("timing both in turns")
+        first.step_seconds, second.step_seconds = measure.time_interleaved(
+            [(original.runnable(), None), (rewritten.runnable(), None)], inputs, fetches, runs,
+            isolated)
+    comparisons = compare(first, second, rtol, atol)
+    match = all(c.equal for c in comparisons)
+    if not (match or rtol or atol):
+        stage("looking for the cause of the mismatch")
+    # A bitwise mismatch is run again under other Grappler settings, to name its cause.
+    cause = "" if match or rtol or atol else mismatch.diagnose(
+        original.runnable(), rewritten.runnable(), inputs, fetches,
+        lambda a, b: all(c.equal for c in compare(a, b, 0.0, 0.0)), isolated)
+    return VerifyResult(match, comparisons, first, second, fetches, len(first.step_outputs),
+                        cause)
+
+
+def without_saver(model: Model, fetches: list[str]) -> list[str]:
+    """`fetches` less what saves or restores the model's checkpoint (a SavedModel's sinks): they
+    need its `saver_filename` fed, and are not part of a step. The variables are restored before
+    the step instead (`Model.runnable`)."""
+    meta = model.meta_graph
+    name = meta.saver_def.filename_tensor_name.split(":")[0] if meta is not None else ""
+    if not name or name not in model.graph:
+        return fetches
+    reached, todo = set(), [name]
+    while todo:
+        node = todo.pop()
+        if node not in reached:
+            reached.add(node)
+            todo.extend(model.graph.successors(node))
+    return [f for f in fetches if f.split(":")[0] not in reached] or fetches
+
+
+def training_schedule(graph, shapes, inputs: dict, steps: int, batches: int = 0,
+                      data: dict | None = None, seed: int = 0, int_high: int = 10,
+                      given: dict | None = None, fetches: list[str] | None = None
+                      ) -> tuple[list[dict], int]:
+    """The feeds of `steps` training steps (`inputs` the first's) and the size of the set they
+    cycle over (0: a fresh seeded batch each step): `batches` seeded batches, or the batches of
+    `data` (the first `batches` of them, when given), inputs it does not name seeded."""
+    given = given or {}
+    user = data_batches(graph, shapes, data) if data is not None else None
+    if user:
+        batches = min(batches or len(user), len(user))
+    count = min(batches, steps) if batches else steps
+    seeded = [inputs] + [{**measure.random_feeds(graph, shapes, seed + k, int_high, set(given),
+                                                  fetches), **given} for k in range(1, count)]
+    if user:
+        seeded = [{**feeds, **batch} for feeds, batch in zip(seeded, user)]
+    return [seeded[k % count] for k in range(steps)], batches
+
+
+def _verify_steps(original, rewritten, fetches, shapes, given, inputs, rtol, atol, runs, seed,
+                  int_high, steps, run, batches=0, data=None,
+                  stage=lambda text: None) -> VerifyResult:
+    loss = _loss_output(original, fetches, shapes)
+    schedule, batches = training_schedule(original.graph, shapes, inputs, steps, batches, data,
+                                          seed, int_high, given, fetches)
+    curves = {"loss": loss, "rtol": rtol, "batches": batches}
+    import tensorflow as tf
+
+    start = training_start(original, schedule[0], set(given))
+    for label, model in (("original", original), ("rewritten", rewritten)):
+        first = start if model is original else training_start(
+            model, own_variables(model, start, seed), set(given))
+        own = [first] + [{k: v for k, v in batch.items() if k in model.graph}
+                         for batch in schedule[1:]]
+        stage(f"training the {label} for {steps} steps")
+        try:
+            curves[label] = measure.loss_curve(model.runnable(), own, fetches, loss)
+        except tf.errors.OpError as err:
+            raise GraphRewriteError(f"${{steps}}: the {label} graph failed at a training step: "
+                                    f"{_first_cause(err.message)}") from None
+    stage("measuring both")
+    first = run(original.runnable(), inputs, fetches, runs)
+    second = run(rewritten.runnable(), own_variables(rewritten, inputs, seed), fetches, runs)
+    trends = {label: loss_trend(curves[label], batches) for label in ("original", "rewritten")}
+    curves["trend"] = trends
+    # On a fixed set the last pass's mean is compared: one batch's loss says as much about the
+    # batch as about the model (a model that memorised the set swings between near-0 values).
+    key = "end" if batches else None
+    a, b = ((trends[k]["end"] for k in ("original", "rewritten")) if key
+            else (curves[k][-1] for k in ("original", "rewritten")))
+    curves["compared"] = {"what": "end" if key else "final", "original": a, "rewritten": b,
+                          "atol": atol}
+    match = bool(np.isfinite(b) and abs(a - b) <= atol + rtol * abs(a))
+    if batches and trends["original"]["fell"] and not trends["rewritten"]["fell"]:
+        match = False  # on a set it can learn, the rewritten graph did not
+    return VerifyResult(match, [], first, second, fetches, steps, "", curves)
+
+
+def loss_trend(curve: list[float], batches: int) -> dict:
+    """Where a loss curve starts and ends, and whether it fell. On a fixed set of `batches`
+    cycled batches, start and end are the mean loss over the first and the last pass over the
+    set (one batch's loss says as much about the batch as about the model); otherwise the first
+    and the last step's loss."""
+    window = max(1, min(batches, len(curve) // 2)) if batches else 1
+    start = float(np.mean(curve[:window]))
+    end = float(np.mean(curve[-window:]))
+    return {"start": start, "end": end, "fell": bool(np.isfinite(end) and end < start),
+            "window": window}
+
+
+def training_start(model: Model, feeds: dict, given: set = frozenset()) -> dict:
+    """`feeds` with a TF2 step's captured optimizer state as a training run starts it, for
+    `--steps`: every optimizer slot (the updates' own and the diet pass's) zero, and a captured
+    learning-rate variable (a float scalar read by an update's rate) at LEARNING_RATE instead
+    of a seeded value (up to 0.1, too large a rate for Adam). Values the user `given` stay.
+    A MetaGraphDef starts from its own initialisers: nothing here applies to it."""
+    from ..analysis import optimizers
+
+    graph = model.graph
+    captured = set(bind.resource_placeholders(graph))
+    if not captured:
+        return feeds
+    updates = optimizers.updates(graph)
+    slots = optimizers.slots_of(updates)
+    slots |= {n for n in captured if SLOT_OF_ATTR in graph.node_def(n).attr}
+    out = dict(feeds)
+    for name in (slots & captured) - set(given):
+        if name in out:
+            out[name] = np.zeros_like(out[name])
+    weights = {u.var for u in updates} & captured  # as `slots`: the updates' own handles
+    for name in sorted(weights - slots - set(given)):
+        if name in out and np.issubdtype(out[name].dtype, np.floating):
+            out[name] = _initial_weight(graph, name, out[name])
+    for name in _learning_rates(graph, updates, captured) - set(given):
+        if name in out and out[name].shape == () and np.issubdtype(out[name].dtype, np.floating):
+            log.info("--steps: captured learning rate %s starts at %g (give another with "
+                     "--feed %s=FILE.npy)", name, LEARNING_RATE, name)
+            out[name] = np.asarray(LEARNING_RATE, out[name].dtype)
+    return out
+
+
+LEARNING_RATE = 1e-3  # Keras Adam's default; a TF2 step's captured rate holds no value
+# Ops that take a 1-D weight as a scale (a layer norm's or batch norm's gamma): it starts at one.
+SCALE_READERS = {"Mul": None, "FusedBatchNorm": 1, "FusedBatchNormV2": 1, "FusedBatchNormV3": 1}
+
+
+def _initial_weight(graph, name: str, seeded: np.ndarray) -> np.ndarray:
+    """A trainable weight's value at the start of training, as Keras's layers initialise it:
+    a kernel or embedding (2-D or more) Glorot-uniform, symmetric around zero; a 1-D or scalar
+    weight zero (a bias) or one where an op takes it as a scale (a norm's gamma). The seeded
+    value (all in [0, 0.1)) trains like no model a user has."""
+    import zlib
+
+    shape = seeded.shape
+    if seeded.ndim < 2:
+        return np.full(shape, 1.0 if _is_scale(graph, name) else 0.0, seeded.dtype)
+    receptive = int(np.prod(shape[:-2]))
+    limit = np.sqrt(6.0 / ((shape[-2] + shape[-1]) * receptive))
+    rng = np.random.RandomState(zlib.crc32(f"init:{name}".encode()))
+    return rng.uniform(-limit, limit, shape).astype(seeded.dtype)
+
+
+def _is_scale(graph, name: str) -> bool:
+    """Whether a read of the variable (through Identity and Cast) is taken as a scale."""
+    todo, seen = [name], set()
+    while todo:
+        node = todo.pop()
+        for user, slot in graph.consumers(TensorRef(node)):
+            if user in seen or slot is None or slot < 0:
+                continue
+            seen.add(user)
+            op = graph.op(user)
+            if op in SCALE_READERS and SCALE_READERS[op] in (None, slot):
+                return True
+            if op in ("ReadVariableOp", "Identity", "Cast"):
+                todo.append(user)
+    return False
+
+
+def _learning_rates(graph, updates, captured: set, depth: int = 8) -> set[str]:
+    """Captured variables read, within `depth` ops, by an update's rate term (Keras Adam's
+    `alpha`, SGD's `lr`)."""
+    found = set()
+    for update in updates:
+        todo = [(update.terms[k].node, 0) for k in ("rate_drop", "rate_keep", "lr")
+                if update.terms.get(k) is not None]
+        seen = set()
+        while todo:
+            name, level = todo.pop()
+            if name in seen or level > depth:
+                continue
+            seen.add(name)
+            if name in captured:
+                found.add(name)
+                continue
+            todo += [(ref.node, level + 1) for ref in graph.data_inputs(name)]
+    return found
+
+
+def own_variables(model: Model, inputs: dict, seed: int) -> dict:
+    """`inputs` (made for the original) for `model`: the TF2 step's captured variables that a
+    lossy rewrite removed, added or stored in another dtype (diet's slots and 16-bit weights)
+    get the model's own: a dieted weight the original's value in `inputs` quantized, a new
+    slot its seeded value (`bind.seeded_value`)."""
+    graph = model.graph
+    changed = [n for n in bind.resource_placeholders(graph)
+               if n not in inputs or bind.diet_mark(graph, n)]
+    if not changed and all(n in graph for n in inputs):
+        return inputs
+    shapes = shapes_mod.infer(graph)
+    own = {k: v for k, v in inputs.items() if k in graph}
+    for name in changed:
+        diet, given = bind.diet_mark(graph, name), inputs.get(name)
+        if given is None:
+            own[name] = bind.seeded_value(name, bind.value_spec(graph, shapes, name), seed, diet)
+        elif given.dtype == np.float32:  # the original's weight; else already stored as diet's
+            own[name] = bind.dieted(given, diet)
+    return own
+
+
+def _first_cause(message: str) -> str:
+    """The line of a TensorFlow error that says what went wrong (not where)."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    useful = [line for line in lines if not line.startswith(
+        ("Graph execution error", "Detected at", "File ", "[[", "Node:", "Original stack"))
+        and not line.endswith(":")]
+    return (useful or lines or ["unknown error"])[0]
+
+
+def _loss_output(model: Model, fetches: list[str], shapes) -> str:
+    """The loss: the first fetched float scalar (a MetaGraphDef's `losses`, a TF2 step's
+    returned value)."""
+    for name in fetches:
+        ref = TensorRef.parse(name)
+        info = shapes[ref]
+        if info is not None and info.shape == () and np.issubdtype(
+                _numpy_dtype(info.dtype), np.floating):
+            return str(ref) if ":" in name else f"{ref.node}:0"
+    raise GraphRewriteError("${steps} needs a scalar float loss among the fetched outputs "
+                            "(give it with ${fetches})")
+
+
+def _numpy_dtype(dtype: int):
+    import tensorflow as tf
+
+    return tf.dtypes.as_dtype(dtype).as_numpy_dtype
+
+
+def compare(first: measure.StepMeasurement, second: measure.StepMeasurement, rtol: float,
+            atol: float) -> list[Comparison]:
+    """Every output of every compared step, then every variable after them."""
+    comparisons = [_compare(name, a[name], b[name], rtol, atol, step)
+                   for step, (a, b) in enumerate(zip(first.step_outputs, second.step_outputs), 1)
+                   for name in a]
+    return comparisons + _compare_variables(first.variables, second.variables, rtol, atol)
+
+
+def _compare_variables(first: dict, second: dict, rtol: float, atol: float) -> list[Comparison]:
+    """Every variable of either model after the steps; one that only one model has differs."""
+    out = []
+    for name in sorted(set(first) | set(second)):
+        label = VARIABLE_PREFIX + name
+        if name in first and name in second:
+            out.append(_compare(label, first[name], second[name], rtol, atol))
+        else:
+            out.append(Comparison(label, False, float("inf")))
+    return out
+
+
+GPU_ONLY_OPS = ("_CopyFromGpuToHost", "_CopyFromHostToGpu")
+
+
+def _require_kernels(model: Model) -> None:
+    """Grappler's swap copies have GPU kernels only: say so rather than fail inside TensorFlow."""
+    found = sorted({model.graph.op(n) for n in model.graph.nodes()} & set(GPU_ONLY_OPS))
+    if found and "GPU" not in measure.compute_device():
+        raise GraphRewriteError(f"the rewritten graph uses {', '.join(found)} (swap form "
+                                "grappler), which have GPU kernels only, and there is no GPU "
+                                "here; verify the portable form on this machine")
+
+
+def _compare(name: str, a: np.ndarray, b: np.ndarray, rtol: float, atol: float,
+             step: int | None = None) -> Comparison:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return Comparison(name, False, float("inf"), step)
+    numeric = bool(np.issubdtype(a.dtype, np.number) and a.size)
+    diff = 0.0
+    if numeric:
+        delta = np.abs(a.astype(np.float64) - b.astype(np.float64))
+        both_nan = np.isnan(delta) & np.isnan(a.astype(np.float64)) & np.isnan(b.astype(np.float64))
+        delta = np.where(both_nan, 0.0, delta)
+        diff = float(np.max(delta)) if not np.isnan(delta).any() else float("inf")
+    if rtol or atol:
+        equal = bool(np.allclose(a, b, rtol=rtol, atol=atol, equal_nan=True)) if numeric \
+            else bool(np.array_equal(a, b))
+    else:
+        equal = a.tobytes() == b.tobytes()
+    return Comparison(name, equal, diff, step)

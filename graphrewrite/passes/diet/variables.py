@@ -1,0 +1,602 @@
+"""The diet rewrite of a graph's variables: each supported optimizer update, its readers and
+its slots (see the package's docstring)."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+from tensorflow.core.framework import attr_value_pb2, types_pb2, variable_pb2
+
+from ...analysis import bind, optimizers, parameters
+from ...analysis.split import reachable
+from ...core import ops
+from ...core.errors import GraphRewriteError
+from ...core.graph import Graph
+from ...core.metagraph import NEW_VARIABLE_ATTR
+from ...core.names import DIET_ATTR, SLOT_OF_ATTR
+from ...core.tensor_ref import TensorRef
+from .build import (PREFIX, SEED, Builder, bool_attr, dequantize, dequantize_attrs, int_attr,
+                    known_shape, quantize, shape_attr, type_attr)
+from .facts import (ancestors_in, escapes, initializer_groups, matrix_shape, record_shape,
+                    shapes_attr, through_identity_n)
+from .options import (APPLY_OPS, FORMATS, REF_READERS, REF_VARIABLES, RESOURCE_QUERIES,
+                      RESOURCE_READS, RESOURCE_VARIABLE, SLOT_USERS, SMALL, VIEW_OPS, DietOptions)
+from .saver import NewEntry, drop_control
+from .saver import edit as edit_saver
+
+__all__ = ["Diet"]
+
+log = logging.getLogger(__name__)
+
+
+class Diet:
+    """The rewrite of one graph's variables, one update op at a time, then the slots."""
+
+    def __init__(self, graph: Graph, options: DietOptions, split=None, shapes=None):
+        self.graph, self.options, self.split, self.shapes = graph, options, split, shapes
+        self.late_reads: list[str] = []      # backward reads of the variable being rewritten
+        self.fmt = FORMATS[options.format]
+        self.dieted: list[str] = []
+        self.removed: set[str] = set()       # slot variables to remove
+        self.added: list[NewEntry] = []      # new slot variables a Saver keeps
+        self.slots_added: list[str] = []     # every new slot (variables and placeholders)
+        self.slots_seen: set[str] = set()    # slots of rewritten updates, kept or not
+        self.unread: dict[str, str] = {}     # variable -> why its writes are not an update
+        self.orphans: set[str] = set()       # inputs of rewritten updates, maybe unused now
+        self.forward_reads: dict[str, str] = {}  # dequantized read -> its first op (to gate)
+        self.bytes_saved = 0
+
+    # ---------------------------------------------------------------- eligibility
+
+    def _spec(self, var: str) -> tuple[int | None, tuple | None]:
+        """(dtype, shape) of a variable or of a TF2 step's captured one."""
+        node = self.graph.node_def(var)
+        if node.op in bind.PLACEHOLDERS:
+            try:
+                spec = bind.value_spec(self.graph, self.shapes, var)
+            except GraphRewriteError:
+                return None, None
+            return spec.dtype, spec.shape
+        return node.attr["dtype"].type, known_shape(node)
+
+    def refusal(self, update: optimizers.Update) -> str | None:
+        """Why the variable `update` writes must stay float32, or None."""
+        graph, apply, var = self.graph, update.node, update.var
+        op = graph.op(apply)
+        node = graph.node_def(var)
+        captured = bind.is_resource_placeholder(node)
+        if node.op not in (RESOURCE_VARIABLE, *REF_VARIABLES) and not captured:
+            return f"{op} updates a {node.op}, not a variable"
+        dtype, shape = self._spec(var)
+        if dtype != types_pb2.DT_FLOAT:
+            return "not float32"
+        if shape is None:
+            return "unknown shape"
+        if int(np.prod(shape)) < self.options.min_size:
+            return f"{SMALL} min_size={self.options.min_size} elements"
+        if any(graph.op(u) in APPLY_OPS + optimizers.DECOMPOSED_WRITES
+               for u, s in graph.consumers(TensorRef(var)) if u != apply and s == 0):
+            return "updated by more than one optimizer op"
+        if graph.consumers(TensorRef(apply)):
+            return "the update's output is read"
+        resource = captured or node.op == RESOURCE_VARIABLE
+        for user, slot in graph.consumers(TensorRef(var)):
+            user_op = graph.op(user)
+            if user == apply or slot is None or slot < 0:
+                continue
+            if resource and not (user_op in RESOURCE_READS + RESOURCE_QUERIES
+                                 or (user_op == "AssignVariableOp" and slot == 0)):
+                return f"its handle is also used by {user_op}"
+            if not resource and not (user_op in REF_READERS
+                                     or (user_op == "Assign" and slot == 0)):
+                return f"also used by {user_op}"
+        for slot in update.slots.values():
+            if captured != bind.is_resource_placeholder(graph.node_def(slot)) or (
+                    not captured and graph.op(slot) not in (RESOURCE_VARIABLE, *REF_VARIABLES)):
+                return f"its optimizer slot {slot} is a {graph.op(slot)}"
+            if slot in self.slots_seen:
+                return f"its optimizer slot {slot} is shared"
+            if update.form == "tf1":
+                users = {u for u, _ in graph.consumers(TensorRef(slot))} - {apply}
+                if any(graph.op(u) not in SLOT_USERS for u in users) or any(
+                        graph.op(u) in APPLY_OPS for u in users):
+                    return f"its optimizer slot {slot} is shared or read elsewhere"
+        return None
+
+    # ---------------------------------------------------------------- rewriting
+
+    def rewrite(self, update: optimizers.Update) -> None:
+        graph, options = self.graph, self.options
+        apply, var = update.node, update.var
+        node = graph.node_def(var)
+        captured = bind.is_resource_placeholder(node)
+        resource = captured or node.op == RESOURCE_VARIABLE
+        _, shape = self._spec(var)
+        attrs = dict(graph.node_def(apply).attr)
+        controls = [TensorRef(c, -1) for c in graph.control_inputs(apply)]
+        self.orphans.update(r.node for r in graph.data_inputs(apply)[1:])
+        self.late_reads = []
+        self.shape, self.apply = shape, apply
+        if not captured:  # a captured variable's placeholder is a handle: its readers say int16
+            graph.set_attr(var, "dtype", type_attr(self.fmt))
+        mark = options.format + (f" {options.scale!r}" if options.format == "int16" else "")
+        graph.set_attr(var, DIET_ATTR, attr_value_pb2.AttrValue(s=mark.encode()))
+        for slot in update.slots.values():
+            graph.set_attr(slot, SLOT_OF_ATTR, attr_value_pb2.AttrValue(s=var.encode()))
+            self.slots_seen.add(slot)
+        if resource:
+            self._rewrite_resource_users(var, apply, shape)
+        else:
+            self._rewrite_ref_users(var, apply, shape)
+        b = Builder(graph, f"{apply}/{PREFIX}", graph.node_def(apply).device)
+        # Reads and random draws have no input from the step: gated on the gradient, they run
+        # when the update can, instead of at the step's start holding a float32 copy of
+        # every weight (and its noise) through the forward and backward passes.
+        b.gate = TensorRef(through_identity_n(graph, update.terms["grad"]), -1)
+        if "grad_indices" in update.terms:
+            update.terms["grad"] = self._dense_gradient(b, update.terms, shape)
+        step, slot_writes = getattr(self, "_" + update.kind)(b, update, shape, resource, var)
+        # The weight is read once the step exists, and the rounding noise drawn once the new
+        # value does: each update then holds two or three float32 tensors of the weight's size
+        # at a time, not five, while back-propagation goes on beside it.
+        b.gate = TensorRef(step.node, -1)
+        current = self._read(b, var, resource, shape)
+        new = b.binary("Sub", current, step, "new_value")
+        b.gate = TensorRef(new.node, -1)
+        stochastic = options.rounding == "stochastic"
+        value = quantize(b, new, shape, self.fmt, options.scale, stochastic, SEED)
+        writes = [TensorRef(w, -1) for w in slot_writes]
+        handle = graph.data_inputs(apply)[0]
+        if resource:
+            graph.redefine(apply, "AssignVariableOp", [handle, value, *controls, *writes],
+                           {"dtype": type_attr(self.fmt)})
+        else:
+            graph.redefine(apply, "Assign", [handle, value, *controls, *writes],
+                           {"T": type_attr(self.fmt), "use_locking": attrs.get("use_locking",
+                                                                           bool_attr(False)),
+                            "validate_shape": bool_attr(True)})
+        self._order_after_late_reads(apply)
+        self.dieted.append(var)
+        self.bytes_saved += int(np.prod(shape)) * 2
+
+    def _dense_gradient(self, b: Builder, terms: dict, shape: tuple) -> TensorRef:
+        """A sparse gradient's rows summed into a dense one (zero where no row is): the diet
+        update writes the whole variable, and its factored second moment's column means
+        need every row's. A float32 transient of the variable's size, as a dense weight's
+        gradient is."""
+        indices = terms["grad_indices"]
+        info = self.shapes[indices] if self.shapes is not None else None
+        index_type = info.dtype if info is not None and info.dtype else types_pb2.DT_INT32
+        dense = b.op("dense_gradient", "UnsortedSegmentSum",
+                     [terms["grad_values"], indices, b.const("rows", shape[0], np.int32)],
+                     T=type_attr(types_pb2.DT_FLOAT), Tindices=type_attr(index_type),
+                     Tnumsegments=type_attr(types_pb2.DT_INT32))
+        record_shape(self.graph, dense.node, shape)
+        return dense
+
+    def _read(self, b: Builder, var: str, resource: bool, shape: tuple) -> TensorRef:
+        """The variable's current value, dequantized, read where the update runs."""
+        if resource:
+            raw = b.gated("read", "ReadVariableOp", [TensorRef(var)], dtype=type_attr(self.fmt))
+        else:
+            raw = b.gated("read", "Identity", [TensorRef(var)], T=type_attr(self.fmt))
+        record_shape(self.graph, raw.node, shape)
+        op, args = dequantize(b, raw, self.fmt, self.options.scale)
+        return b.op("current", op, args, **dequantize_attrs(self.fmt))
+
+    def _rewrite_resource_users(self, var: str, apply: str, shape: tuple) -> None:
+        graph = self.graph
+        for user, slot in graph.consumers(TensorRef(var)):
+            if user == apply or slot < 0:
+                continue
+            op = graph.op(user)
+            node = graph.node_def(user)
+            b = Builder(graph, f"{user}/{PREFIX}", node.device)
+            inputs = graph.inputs(user)
+            if op in RESOURCE_READS:
+                attrs = dict(node.attr)  # `_output_shapes` stay: TF2 steps' reads need them
+                attrs["dtype"] = type_attr(self.fmt)
+                raw_name = graph.unique_name(f"{user}/{PREFIX}/raw")
+                graph.add_node(raw_name, op, inputs, attrs, node.device)
+                deq_op, args = dequantize(b, TensorRef(raw_name), self.fmt, self.options.scale)
+                recorded = attrs.get("_output_shapes")
+                graph.redefine(user, deq_op, args, dequantize_attrs(self.fmt))
+                self.forward_reads[user] = user if len(args) == 1 else args[0].node
+                if recorded is not None:  # a read's is the variable's, a gather's its rows'
+                    graph.set_attr(user, "_output_shapes", recorded)
+                self._shape_readers(user, TensorRef(raw_name))
+                self._backward_read(var, user, raw_name)
+            elif op == "AssignVariableOp":
+                self._quantize_write(b, user, inputs, shape, {"dtype": type_attr(self.fmt),
+                                                              "validate_shape": node.attr[
+                                                                  "validate_shape"]})
+
+    def _rewrite_ref_users(self, var: str, apply: str, shape: tuple) -> None:
+        graph = self.graph
+        readers = []
+        for user, slot in graph.consumers(TensorRef(var)):
+            if user == apply or slot < 0:
+                continue
+            op = graph.op(user)
+            node = graph.node_def(user)
+            if op == "Assign" and slot == 0:
+                b = Builder(graph, f"{user}/{PREFIX}", node.device)
+                self._quantize_write(b, user, graph.inputs(user), shape, {
+                    "T": type_attr(self.fmt), "use_locking": node.attr["use_locking"],
+                    "validate_shape": node.attr["validate_shape"]})
+            elif op == "IsVariableInitialized":
+                graph.set_attr(user, "dtype", type_attr(self.fmt))
+            else:
+                readers.append(user)
+        if readers:
+            b = Builder(graph, f"{var}/{PREFIX}", graph.node_def(var).device)
+            op, args = dequantize(b, TensorRef(var), self.fmt, self.options.scale)
+            value = b.op("value", op, args, **dequantize_attrs(self.fmt))
+            self.forward_reads[value.node] = value.node if len(args) == 1 else args[0].node
+            graph.replace_uses(TensorRef(var), value, readers)
+            self._shape_readers(value.node, TensorRef(var))
+            self._backward_read(var, value.node, None)
+
+    def _shape_readers(self, read: str, raw: TensorRef) -> None:
+        """Readers of the dequantized `read` (or of an Identity of it) that want only its shape
+        read the 16-bit `raw` value instead (Shape, Size, Rank) or a constant (ShapeN's entry:
+        its inputs share one dtype). A TF1 gradient's `ShapeN(input, kernel)` waits for every
+        batch-norm update of the forward pass, and held a float32 copy of each kernel until the
+        forward pass ended."""
+        graph = self.graph
+        same, todo = [], [read]
+        while todo:
+            node = todo.pop()
+            same.append(node)
+            todo.extend(u for u, slot in graph.consumers(TensorRef(node))
+                        if slot == 0 and graph.op(u) in ("Identity", "Snapshot"))
+        for node in same:
+            for user, slot in graph.consumers(TensorRef(node)):
+                op = graph.op(user)
+                if slot is None or slot < 0:
+                    continue
+                attrs = {k: v for k, v in graph.node_def(user).attr.items()
+                         if k != "_output_shapes"}
+                if op in ("Shape", "Size", "Rank"):
+                    attrs["T"] = type_attr(self.fmt)
+                    graph.redefine(user, op, [raw if r.node == node and r.port == 0 and
+                                              not r.is_control else r
+                                              for r in graph.inputs(user)], attrs)
+                elif op == "ShapeN" and self.shape is not None:
+                    self._drop_shape_n_entry(user, slot, attrs)
+
+    def _drop_shape_n_entry(self, user: str, slot: int, attrs: dict) -> None:
+        graph = self.graph
+        data = graph.data_inputs(user)
+        if len(data) < 2:
+            return
+        b = Builder(graph, f"{user}/{PREFIX}", graph.node_def(user).device)
+        out_type = attrs["out_type"].type if "out_type" in attrs else types_pb2.DT_INT32
+        const = b.const(f"shape_{slot}", self.shape,
+                        np.int64 if out_type == types_pb2.DT_INT64 else np.int32)
+        graph.replace_uses(TensorRef(user, slot), const)
+        controls = [TensorRef(c, -1) for c in graph.control_inputs(user)]
+        attrs["N"] = int_attr(len(data) - 1)
+        graph.redefine(user, "ShapeN", [r for i, r in enumerate(data) if i != slot] + controls,
+                       attrs)
+        for port in range(slot + 1, len(data)):
+            graph.replace_uses(TensorRef(user, port), TensorRef(user, port - 1))
+
+    def _backward_read(self, var: str, read: str, raw_read: str | None) -> None:
+        """Give the gradient-flow readers of dequantized `read` (and of the forward views of it:
+        Reshape, Identity, ...) a second dequantizing read of their own, made to wait for the
+        gradients those readers read. The original's read aliases the variable; a dequantized
+        one is a float32 copy, and shared by the forward and backward passes it would live
+        from a weight's forward use to its backward use: a whole float32 copy of the model at
+        the peak. The update must then wait for this read (`_order_after_late_reads`).
+        `raw_read` is a resource variable's 16-bit read behind `read`, copied as it is: a
+        `ResourceGather` (an embedding lookup) reads the same rows again, not the whole table
+        (None: a ref variable, read directly)."""
+        graph, split = self.graph, self.split
+        if split is None or not split.gradient_flow:
+            return
+        flow = split.gradient_flow
+        parent, order, moved = {read: None}, [read], []
+        for view in order:
+            for user, slot in graph.consumers(TensorRef(view)):
+                if slot is None or slot < 0:
+                    continue
+                if user in flow:
+                    moved.append((view, user))
+                elif graph.op(user) in VIEW_OPS and slot == 0 and user not in parent:
+                    parent[user] = view
+                    order.append(user)
+        if not moved:
+            return
+        readers = {u for _, u in moved}
+        downstream = reachable(graph.nx, readers)
+        gates = set()
+        for user in readers:
+            for ref in graph.data_inputs(user):
+                node = through_identity_n(graph, ref)
+                if node in flow and node not in downstream and node not in parent:
+                    gates.add(node)
+        if not gates:
+            return
+        device = graph.node_def(read).device
+        b = Builder(graph, f"{read}/{PREFIX}/backward", device)
+        if raw_read is not None:
+            node = graph.node_def(raw_read)
+            raw = b.op("raw", node.op, graph.inputs(raw_read), **dict(node.attr))
+            if "_output_shapes" not in node.attr:
+                record_shape(graph, raw.node, self.shape)
+        else:
+            raw = TensorRef(var)
+        deq_op, args = dequantize(b, raw, self.fmt, self.options.scale)
+        first = raw.node if raw_read is not None else args[0].node
+        for gate in sorted(gates):
+            graph.add_control(gate, first)
+        copies = {read: b.op("value", deq_op, args, **dequantize_attrs(self.fmt)).node}
+        # The value's shape is its read's: a gather's rows, else the variable's.
+        recorded = graph.node_def(raw.node).attr.get("_output_shapes") \
+            if raw_read is not None else None
+        if recorded is not None:
+            graph.set_attr(copies[read], "_output_shapes", recorded)
+        else:
+            record_shape(graph, copies[read], self.shape)
+
+        def copy(view: str) -> str:
+            if view not in copies:
+                source = copy(parent[view])
+                node = graph.node_def(view)
+                inputs = [TensorRef(source) if i == 0 else r
+                          for i, r in enumerate(graph.inputs(view))]
+                name = graph.unique_name(f"{view}/{PREFIX}/backward")
+                attrs = {k: v for k, v in node.attr.items()}
+                graph.add_node(name, node.op, inputs, attrs, node.device)
+                copies[view] = name
+            return copies[view]
+
+        for view, user in moved:
+            graph.replace_uses(TensorRef(view), TensorRef(copy(view)), [user])
+        self.late_reads.append(first)
+        self.orphans.update(order)
+
+    def _order_after_late_reads(self, update: str) -> None:
+        """The update writes the variable after its backward reads have read it (the weight
+        gradient a read waits on can come before the gradient the update waits on)."""
+        for read in self.late_reads:
+            self.graph.add_control(read, update)
+        self.late_reads = []
+
+    def _quantize_write(self, b: Builder, user: str, inputs: list[TensorRef], shape: tuple,
+                        attrs: dict) -> None:
+        """An initializer or restore writes its value quantized to nearest."""
+        data = [r for r in inputs if not r.is_control]
+        controls = [r for r in inputs if r.is_control]
+        value = quantize(b, data[1], shape, self.fmt, self.options.scale, False, 0)
+        self.graph.redefine(user, self.graph.op(user), [data[0], value, *controls], attrs)
+
+    # ---------------------------------------------------------------- updates
+
+    def _scalar(self, b: Builder, value: float, name: str) -> TensorRef:
+        return b.const(name, value)
+
+    def _adam(self, b, update, shape, resource, var):
+        """Adam without the first moment (unless kept) and with a factored second moment for
+        matrices and kernels; the same bias corrections as the optimizer's own."""
+        terms, slots = update.terms, update.slots
+        keras = update.form != "tf1"  # keras or sparse: decomposed, slots read after
+        grad = terms["grad"]
+        one = self._scalar(b, 1.0, "one")
+        squared = b.unary("Square", grad, "grad_squared")
+        if keras:
+            decay = terms["decay2"]
+            beta2 = b.binary("Sub", one, decay, "beta2")
+        else:
+            beta2 = terms["beta2"]
+            decay = b.binary("Sub", one, beta2, "one_minus_beta2")
+        writes = []
+        matrix = matrix_shape(shape)
+        if self.options.factored and matrix is not None:
+            rows = self._new_slot(var, "diet_rows", (matrix[0], 1), resource)
+            cols = self._new_slot(var, "diet_cols", (1, matrix[1]), resource)
+            if len(shape) != 2:  # a convolution kernel: (kh*kw*cin, cout)
+                squared = b.op("grad_squared_matrix", "Reshape",
+                               [squared, b.const("matrix_shape", matrix, np.int32)],
+                               T=type_attr(types_pb2.DT_FLOAT), Tshape=type_attr(types_pb2.DT_INT32))
+            row_mean = b.op("row_mean", "Mean", [squared, b.const("axis_1", 1, np.int32)],
+                            T=type_attr(types_pb2.DT_FLOAT), Tidx=type_attr(types_pb2.DT_INT32),
+                            keep_dims=bool_attr(True))
+            col_mean = b.op("col_mean", "Mean", [squared, b.const("axis_0", 0, np.int32)],
+                            T=type_attr(types_pb2.DT_FLOAT), Tidx=type_attr(types_pb2.DT_INT32),
+                            keep_dims=bool_attr(True))
+            r, w1 = self._accumulate(b, rows, beta2, decay, row_mean, resource, "rows",
+                                     (matrix[0], 1))
+            c, w2 = self._accumulate(b, cols, beta2, decay, col_mean, resource, "cols",
+                                     (1, matrix[1]))
+            writes += [w1, w2]
+            c_mean = b.op("cols_mean", "Mean", [c, b.const("axes", [0, 1], np.int32)],
+                          T=type_attr(types_pb2.DT_FLOAT), Tidx=type_attr(types_pb2.DT_INT32),
+                          keep_dims=bool_attr(False))
+            second = b.binary("RealDiv", b.binary("Mul", r, c, "outer"), c_mean, "second")
+            if len(shape) != 2:
+                second = b.op("second_kernel", "Reshape",
+                              [second, b.const("kernel_shape", shape, np.int32)],
+                              T=type_attr(types_pb2.DT_FLOAT), Tshape=type_attr(types_pb2.DT_INT32))
+            self.removed.add(slots["v"])
+        elif keras:  # Keras's own update of the full second moment stays; read after it
+            second = terms["v_new"]
+        else:
+            second, w = self._accumulate(b, slots["v"], beta2, decay, squared, resource,
+                                         "second", shape)
+            writes.append(w)
+        if keras:
+            rate = terms["rate_keep" if self.options.momentum == "keep" else "rate_drop"]
+        else:
+            power2 = b.binary("Sub", one, terms["beta2_power"], "one_minus_beta2_power")
+            rate = b.binary("Mul", terms["lr"], b.unary("Sqrt", power2, "correction"), "rate")
+        if self.options.momentum == "keep":
+            if keras:
+                first = terms["m_new"]
+            else:
+                beta1 = terms["beta1"]
+                first, w = self._accumulate(b, slots["m"], beta1,
+                                            b.binary("Sub", one, beta1, "one_minus_beta1"),
+                                            grad, resource, "first", shape)
+                writes.append(w)
+                power1 = b.binary("Sub", one, terms["beta1_power"], "one_minus_beta1_power")
+                rate = b.binary("RealDiv", rate, power1, "rate_corrected")
+        else:
+            first = grad
+            self.removed.add(slots["m"])
+        denominator = b.binary("AddV2", b.unary("Sqrt", second, "root"), terms["epsilon"],
+                               "denominator")
+        step = b.binary("Mul", rate, b.binary("RealDiv", first, denominator, "direction"),
+                        "step")
+        return step, writes
+
+    def _momentum(self, b, update, shape, resource, var):
+        """Momentum SGD; with the momentum dropped, steps of lr / (1 - momentum) (momentum's
+        steady state). Keras keeps `m = momentum m - lr g` and adds it; tf1 keeps
+        `accum = momentum accum + g` and subtracts lr times it."""
+        terms = update.terms
+        grad, lr, momentum = terms["grad"], terms["lr"], terms["momentum"]
+        if self.options.momentum == "keep":
+            if update.form == "keras":  # Keras's own update of m stays; read after it
+                return b.unary("Neg", terms["m_new"], "step"), []
+            one = self._scalar(b, 1.0, "one")
+            accum, w = self._accumulate(b, update.slots["accum"], momentum, one, grad, resource,
+                                        "accum", shape)
+            attr = self.graph.node_def(update.node).attr
+            nesterov = "use_nesterov" in attr and attr["use_nesterov"].b
+            if nesterov:
+                direction = b.binary("AddV2", grad, b.binary("Mul", momentum, accum), "nesterov")
+            else:
+                direction = accum
+            return b.binary("Mul", lr, direction, "step"), [w]
+        self.removed.add(update.slots["accum"])
+        one = self._scalar(b, 1.0, "one")
+        rate = b.binary("RealDiv", lr, b.binary("Sub", one, momentum, "one_minus_momentum"),
+                        "rate")
+        return b.binary("Mul", rate, grad, "step"), []
+
+    def _sgd(self, b, update, shape, resource, var):
+        return b.binary("Mul", update.terms["lr"], update.terms["grad"], "step"), []
+
+    def _accumulate(self, b, slot: str, keep: TensorRef, take: TensorRef, value: TensorRef,
+                    resource: bool, name: str, shape: tuple) -> tuple[TensorRef, str]:
+        """slot = keep * slot + take * value; returns (the new value, the write)."""
+        if resource:
+            old = b.gated(f"{name}_old", "ReadVariableOp", [TensorRef(slot)],
+                          dtype=type_attr(types_pb2.DT_FLOAT))
+        else:
+            old = b.gated(f"{name}_old", "Identity", [TensorRef(slot)],
+                          T=type_attr(types_pb2.DT_FLOAT))
+        record_shape(self.graph, old.node, shape)
+        new = b.binary("AddV2", b.binary("Mul", keep, old, f"{name}_kept"),
+                       b.binary("Mul", take, value, f"{name}_taken"), f"{name}_new")
+        if resource:
+            write = b.op(f"{name}_write", "AssignVariableOp", [TensorRef(slot), new],
+                         dtype=type_attr(types_pb2.DT_FLOAT))
+        else:
+            write = b.op(f"{name}_write", "Assign", [TensorRef(slot), new],
+                         T=type_attr(types_pb2.DT_FLOAT), use_locking=bool_attr(False),
+                         validate_shape=bool_attr(True))
+        return new, write.node
+
+    def _new_slot(self, var: str, suffix: str, shape: tuple, resource: bool) -> str:
+        """A zero-initialised float32 variable beside `var`, with its initializer, a read for
+        the Saver, and a VariableDef for the `variables` collection; beside a TF2 step's
+        captured variable, a captured one (a resource placeholder: whoever runs the step binds
+        it, see `bind`)."""
+        graph = self.graph
+        name = graph.unique_name(f"{var}/{suffix}")
+        device = graph.node_def(var).device
+        self.bytes_saved -= int(np.prod(shape)) * 4
+        self.slots_added.append(name)
+        if bind.is_resource_placeholder(graph.node_def(var)):
+            graph.add_node(name, "Placeholder", [], {
+                "dtype": type_attr(types_pb2.DT_RESOURCE), "shape": shape_attr(()),
+                "_output_shapes": shapes_attr([()])}, device)
+            graph.set_attr(name, SLOT_OF_ATTR, attr_value_pb2.AttrValue(s=var.encode()))
+            return name
+        b = Builder(graph, name, device)
+        zeros = b.const("Initializer/zeros", np.zeros(shape, np.float32))
+        flt = type_attr(types_pb2.DT_FLOAT)
+        if resource:
+            graph.add_node(name, RESOURCE_VARIABLE, [], {
+                "dtype": flt, "shape": shape_attr(shape), "container": attr_value_pb2.AttrValue(s=b""),
+                "shared_name": attr_value_pb2.AttrValue(s=name.encode())}, device)
+            init = b.op("Assign", "AssignVariableOp", [TensorRef(name), zeros], dtype=flt)
+            read = b.op("Read/ReadVariableOp", "ReadVariableOp", [TensorRef(name)], dtype=flt)
+        else:
+            graph.add_node(name, "VariableV2", [], {
+                "dtype": flt, "shape": shape_attr(shape), "container": attr_value_pb2.AttrValue(s=b""),
+                "shared_name": attr_value_pb2.AttrValue(s=b"")}, device)
+            init = b.op("Assign", "Assign", [TensorRef(name), zeros], T=flt,
+                        use_locking=bool_attr(True), validate_shape=bool_attr(True))
+            read = b.op("read", "Identity", [TensorRef(name)], T=flt)
+        for group in initializer_groups(graph, var, self.apply):
+            graph.add_control(init.node, group)
+        definition = variable_pb2.VariableDef(
+            variable_name=f"{name}:0", initial_value_name=f"{zeros.node}:0",
+            initializer_name=init.node, snapshot_name=f"{read.node}:0", is_resource=resource,
+            trainable=False)
+        graph.set_attr(name, NEW_VARIABLE_ATTR,
+                       attr_value_pb2.AttrValue(s=definition.SerializeToString()))
+        graph.set_attr(name, SLOT_OF_ATTR, attr_value_pb2.AttrValue(s=var.encode()))
+        self.added.append(NewEntry(name, read, name, types_pb2.DT_FLOAT, resource))
+        return name
+
+    # ---------------------------------------------------------------- slots
+
+    def finish(self) -> None:
+        """Saver entries follow the slots; removed slots go with everything that served only
+        them (reads, initializers, restores); inputs of the old updates nothing reads go too."""
+        graph = self.graph
+        edit_saver(graph, self.removed, self.added)
+        for slot in sorted(self.removed):
+            node = graph.node_def(slot)
+            shape = known_shape(node)
+            if shape is not None:
+                self.bytes_saved += int(np.prod(shape)) * 4
+            self._remove_variable(slot)
+        self._prune(self.orphans)
+
+    def _remove_variable(self, var: str) -> None:
+        graph = self.graph
+        doomed, todo = set(), [var]
+        while todo:
+            name = todo.pop()
+            if name in doomed:
+                continue
+            doomed.add(name)
+            todo.extend(u for u, slot in graph.consumers(name) if slot >= 0)
+        strangers = sorted(n for n in doomed - {var} if escapes(graph, n, doomed))
+        if strangers:  # its value flows further than its own reads and writes: keep it
+            log.warning("diet: slot %s is not removed: %s reads it", var, strangers[0])
+            self.removed.discard(var)
+            return
+        producers = {r.node for n in doomed for r in graph.data_inputs(n)} - doomed
+        for name in doomed:
+            for user in graph.successors(name):
+                if user not in doomed:
+                    drop_control(graph, user, name)
+        for name in sorted(doomed, key=lambda n: -len(ancestors_in(graph, n, doomed))):
+            graph.remove_node(name)
+        self._prune(producers)
+
+    def _prune(self, candidates) -> None:
+        """Remove candidates nothing reads that compute a value (no variables, no feeds, no
+        stateful ops other than reads), and then their inputs likewise."""
+        graph, todo = self.graph, list(candidates)
+        while todo:
+            name = todo.pop()
+            if name not in graph or graph.successors(name):
+                continue
+            op = graph.op(name)
+            node = graph.node_def(name)
+            if parameters.is_variable(graph, name) or bind.is_resource_placeholder(node) or \
+                    op in ("Placeholder", "PlaceholderWithDefault", "NoOp") or (
+                    op not in parameters.READ_OPS and ops.is_stateful(op)):
+                continue
+            inputs = [r.node for r in graph.inputs(name)]
+            graph.remove_node(name)
+            todo.extend(inputs)

@@ -1,0 +1,29 @@
+"""Modes: named rewrite pipelines. Kept apart from `pipeline` (which imports the passes, and so
+TensorFlow) so that `graphrewrite --help` can list them without loading TensorFlow."""
+
+__all__ = ["MODES", "MODE_HELP"]
+
+MODES: dict[str, str] = {
+    "none": "",
+    "memory": "inline rerun defer recompute(policy=memory)",
+    "speed": "inline defer recompute(policy=speed)",
+    "collection": "inline recompute(policy=collection)",
+    "manual": "recompute(policy=manual) swap(policy=manual)",
+    "swap": "inline swap",
+    "diet": "diet",
+}
+MODE_HELP = {
+    "none": "load, check and save; nothing rewritten",
+    "memory": "keep ~sqrt(N) bottleneck activations, recompute the rest (most memory saved); "
+              "optimizer arithmetic on the parameters alone waits for its gradient (defer); a "
+              "recurrent layer's forward pass run again before its backward pass (rerun)",
+    "speed": "keep outputs of MatMul/Conv/Einsum, recompute cheap ops (least slowdown); defer",
+    "collection": "keep what --checkpoints selects (or the 'checkpoints' collection)",
+    "manual": "recompute what _recompute_hint marks, swap what _swap_to_host marks (or --swap)",
+    "swap": "move long-lived activations to host memory and back (--swap-form, --budget)",
+    "diet": "16-bit variables dequantized where read, a lean Adam/momentum state (factored "
+            "second moment, no first moment), stochastic rounding; frozen graphs: 16-bit "
+            "constants. Lossy: check with verify --steps N --rtol R. Options: --passes "
+            "'diet(format=int16|bfloat16, scale=0.000305, momentum=drop|keep, factored=true, "
+            "rounding=stochastic|nearest, min_size=1024)'",
+}

@@ -1,0 +1,179 @@
+"""`optimize`: run a pipeline (text, `grammar`) on a loaded model.
+
+Analyses are recomputed between passes, so each pass sees the graph as the previous one left it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..analysis import step as analysis_mod
+from ..core.errors import GraphError, GraphRewriteError, PassError
+from ..core.graph import Graph
+from ..core.io import Model
+from ..passes import PASSES
+from ..passes.base import PassResult
+from ..planning.budget import parse_budget
+from ..planning.context import Context
+from . import importable
+from . import plan as plan_mod
+from .grammar import compose, parse_pipeline, pass_options
+
+__all__ = ["OptimizeResult", "AUTOMATIC_MODES", "optimize"]
+
+
+@dataclass
+class OptimizeResult:
+    graph: Graph
+    mode: str
+    pipeline: str
+    nodes_before: int
+    nodes_after: int
+    peak_before: int
+    peak_after: int
+    seconds: float
+    results: dict[str, PassResult] = field(default_factory=dict)  # pass -> what it did
+    run_reports: tuple = (None, None)  # (before, after) memory reports of the steps as
+    # TensorFlow runs them, after Grappler (None where Grappler failed)
+    reverted: str = ""  # why the passes' rewrite was dropped (it rose as run)
+
+    @functools.cached_property  # each replays two steps through the allocator's model
+    def run_peaks(self) -> tuple:
+        """(before, after) allocator peaks of `run_reports`."""
+        return tuple(None if r is None else r.allocated_peak() for r in self.run_reports)
+
+    @property
+    def predicted_peaks(self) -> tuple[int, int, str]:
+        """(before, after, model): the peaks `verify` should measure. The steps as run (after
+        Grappler, as TensorFlow's allocator counts them: model "as_run") where both were
+        modelled, else as written (what the passes plan on: "as_written")."""
+        before, after = self.run_peaks
+        if before and after is not None:
+            return before, after, "as_run"
+        return self.peak_before, self.peak_after, "as_written"
+
+    @property
+    def changed(self) -> bool:
+        """Whether any pass changed the graph."""
+        return any(r.modified for r in self.results.values())
+
+    def of(self, kind: type[PassResult]):
+        """The result of the pass that returns `kind` (its runs combined), else an empty one."""
+        return next((r for r in self.results.values() if isinstance(r, kind)), kind())
+
+
+# Modes whose passes choose what to rewrite: their rewrite is dropped if the step as run
+# (after Grappler, what `verify` measures) needs more memory. Not when it merely stays level:
+# as run on this machine's kind of device, a small step's peak is often a convolution's
+# scratch, which the same rewrite does lower on another device.
+AUTOMATIC_MODES = frozenset({"memory", "speed", "swap"})
+
+
+def _rises_as_run(run_reports: tuple) -> bool:
+    """Whether both steps were modelled as run and the rewrite's peak is higher."""
+    before, after = run_reports
+    if before is None or after is None:
+        return False
+    return after.allocated_peak() > before.allocated_peak()
+
+
+def optimize(model: Model, mode: str, input_shapes: dict | None = None,
+             backward_scope: str | None = None, fetches: list[str] | None = None,
+             composed: str | None = None, plan: dict | None = None,
+             device: str | None = None, as_run: bool = True,
+             progress: Callable[[str], None] | None = None, automatic: bool | None = None,
+             **options) -> OptimizeResult:
+    """Run the pipeline `composed` (by default `compose(mode, **options)`) on a copy of the
+    model's graph; with `as_run`, also model both steps as TensorFlow runs them (after
+    Grappler: about a third of the time on large graphs, for the report only). `progress` is
+    told each stage as it begins (a minute of work on a 100k-node graph). `automatic`: the
+    passes are the mode's (by default, when no `composed` text is given), so their rewrite is
+    dropped if the step as run models higher than the original's (`AUTOMATIC_MODES`).
+
+    A budget that is a share is of the original's modelled peak, for every pass alike. A pass
+    that raises (other than a GraphRewriteError about the input; a GraphError, a node looked up
+    or changed wrongly, is the pass's own) or leaves a graph
+    `check()` rejects is a PassError naming it and the passes before it."""
+    start = time.perf_counter()
+    text = compose(mode, **options) if composed is None else composed
+    if plan is not None:
+        text = plan_mod.pipeline_of(plan)
+    steps = [(name, pass_options(name, raw)) for name, raw in parse_pipeline(text)]
+    stage = progress or (lambda text: None)
+    graph = model.graph.copy()
+    stage("analysing the step")
+    found = analysis_mod.analyse(model, graph, input_shapes, backward_scope, fetches,
+                                 device=device)
+    if plan is not None:
+        plan_mod.check_recomputable(plan, Context.build(graph, found))
+    peak_before = found.memory.peak()
+    original = found
+    # No backward pass: nothing to rewrite, so no as-run model beside the passes (most of a
+    # minute at 100k nodes); it is made after them only if a pass changed the graph anyway.
+    backward = bool(found.split.seeds)
+    # Grappler on the original runs beside the passes (it releases the GIL).
+    grappled = (analysis_mod.start_as_run(model, model.graph, original)
+                if as_run and backward else None)
+    results: dict[str, PassResult] = {}
+    made = []  # (pass, the passes before it, its output graph), for `importable.check`
+    for index, (name, pass_opts) in enumerate(steps):
+        if getattr(pass_opts, "budget", None):
+            in_bytes = max(1, parse_budget(pass_opts.budget, peak_before))
+            pass_opts = dataclasses.replace(pass_opts, budget=str(in_bytes))
+        before = [n for n, _ in steps[:index]]
+        stage(f"pass {name}")
+        try:
+            result = PASSES[name].run(graph, found, pass_opts, model)
+        except GraphError as err:  # a node the pass looked up or changed wrongly: its bug
+            raise PassError(name, before, f"failed: {err}") from err
+        except GraphRewriteError:
+            raise
+        except Exception as err:  # noqa: BLE001  (anything else is a bug in the pass)
+            raise PassError(name, before, f"failed: {type(err).__name__}: {err}") from err
+        unchanged = result.graph is graph and not result.modified  # checked when loaded
+        problems = [] if unchanged else result.graph.check()
+        if problems:
+            raise PassError(name, before, f"left an invalid graph: {problems[0]}")
+        results[name] = results[name].then(result) if name in results else result
+        if result.modified:
+            graph = result.graph
+            made.append((name, before, graph))
+            found = analysis_mod.analyse(model, graph, input_shapes, backward_scope,
+                                         found.fetches, shapes=result.shapes, device=device,
+                                         planned=index < len(steps) - 1,  # a pass follows
+                                         report=result.memory)
+    if made:  # nothing is written that TensorFlow cannot import or its init ops initialise
+        stage("checking that TensorFlow imports the rewritten graph")
+        importable.check(model, made)
+    run_reports = (None, None)
+    changed = any(r.modified for r in results.values())  # else Grappler's run repeats
+    if as_run and (backward or changed):
+        stage("modelling both steps as run (after Grappler)")
+        grappled_after = analysis_mod.start_as_run(model, graph, found) if changed else None
+        run_before = analysis_mod.as_run(model, model.graph, original, input_shapes, device,
+                                         grappled)
+        run_reports = (run_before, analysis_mod.as_run(model, graph, found, input_shapes, device,
+                                                       grappled_after) if changed else run_before)
+    reverted = ""
+    automatic = composed is None if automatic is None else automatic
+    if automatic and plan is None and mode in AUTOMATIC_MODES and changed and \
+            _rises_as_run(run_reports):
+        before, after = (r.allocated_peak() for r in run_reports)
+        reverted = (f"the rewrite lowers the step as written ({peak_before / 2**20:.1f} -> "
+                    f"{found.memory.peak() / 2**20:.1f} MiB) but raises it as TensorFlow runs it "
+                    f"({before / 2**20:.1f} -> {after / 2**20:.1f} MiB after Grappler): "
+                    "graph left unchanged (--passes runs the same passes and keeps their "
+                    "rewrite)")
+        graph, found = model.graph.copy(), original
+        results = {name: type(r)(graph, False, note=r.note) for name, r in results.items()}
+        run_reports = (run_reports[0], run_reports[0])
+    result = OptimizeResult(graph, mode, text, len(model.graph), len(graph), peak_before,
+                            found.memory.peak(), time.perf_counter() - start, results,
+                            run_reports, reverted)
+    if plan is not None:
+        plan_mod.check_followed(plan, result)
+    return result

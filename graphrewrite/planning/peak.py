@@ -1,0 +1,62 @@
+"""What the modelled peak is made of, to say why a rewrite saved little, in terms a user acts on.
+
+Recomputation removes only activations the backward pass reads; swapping moves only those that
+wait long enough. When a training step is left alone or barely changes, the note names the
+share of the peak no checkpoint choice can touch (parameters and optimizer state, the backward
+pass's own values, values inside loops and function calls) and the option that reaches it.
+"""
+
+from __future__ import annotations
+
+from ..analysis.memory import DEVICE
+from ..analysis.memory import STATE as STATE_LIFETIME
+from .context import CALL_OPS, Context
+
+__all__ = ["composition", "why_so_little"]
+
+ACTIVATIONS, STATE, BACKWARD, CALLS = ("activations", "parameters and optimizer state",
+                                       "backward-pass values", "loops and function calls")
+
+
+def composition(ctx: Context, report) -> dict[str, int]:
+    """Bytes live at `report`'s device peak by kind (the four kinds above); `report` models
+    `ctx`'s graph or a rewrite of it."""
+    graph, split = ctx.graph, ctx.analysis.split
+    parts = dict.fromkeys((ACTIVATIONS, STATE, BACKWARD, CALLS), 0)
+    for ref, size in report.live_at_peak.get(DEVICE, []):
+        name = ref.node
+        if name not in graph:  # of a rewrite: a recomputed copy, a swapped-in value
+            parts[ACTIVATIONS] += size
+        elif name in ctx.in_loop_frame or graph.op(name) in CALL_OPS or \
+                graph.op(name) in ctx.functions:
+            parts[CALLS] += size
+        elif name in ctx.parameters or name in ctx.constant or \
+                getattr(report.buffer_of.get(ref), "lifetime", None) == STATE_LIFETIME:
+            parts[STATE] += size
+        elif name in split.forward:
+            parts[ACTIVATIONS] += size
+        else:
+            parts[BACKWARD] += size
+    return parts
+
+
+def why_so_little(ctx: Context, report) -> str:
+    """One sentence: what holds the peak, and which option reaches what recomputation cannot."""
+    parts = composition(ctx, report)
+    total = sum(parts.values()) or 1
+    shares = ", ".join(f"{kind} {size / total:.0%}" for kind, size in
+                       sorted(parts.items(), key=lambda item: -item[1]) if size)
+    top = max(parts, key=parts.get)
+    advice = {
+        ACTIVATIONS: "activations hold it, but none can be recomputed more cheaply than kept: "
+                     "try --mode swap, or --mode collection --checkpoints to choose them",
+        STATE: "recomputation cannot lower it: --mode diet stores parameters and optimizer "
+               "state in 16 bits (lossy)",
+        BACKWARD: "the backward pass's own values hold it (e.g. the logits' gradient): no "
+                  "checkpoint choice changes them",
+        CALLS: "values inside while loops and function calls hold it (an RNN's per-step "
+               "values); a loop is never copied in part, only a stacked RNN's earlier layers "
+               "run again whole (the rerun pass of --mode memory), and variant tensors are "
+               "never swapped",
+    }[top]
+    return f"at the modelled peak ({shares}) {advice}"

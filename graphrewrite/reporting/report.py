@@ -1,0 +1,98 @@
+"""The optimize report (plain data with stable keys) and `--explain`'s answer for one node."""
+
+from __future__ import annotations
+
+from ..core.graph import Graph
+from ..core.names import AHEAD_SUFFIX, COPY_SUFFIX, PAD_PREFIX, SWAP_OUT_SUFFIX, TRIGGER_PREFIX
+from ..core.tensor_ref import TensorRef
+from ..passes import PASSES
+from ..passes.base import EXAMPLES, merged
+from ..passes.recompute import RecomputeResult
+from ..passes.swap import SwapResult
+from ..pipeline.run import OptimizeResult
+
+__all__ = ["optimize_report", "explain"]
+
+
+
+def optimize_report(source, output, fmt, result: OptimizeResult) -> dict:
+    """The report's plain data: the run, its peaks, then every registered pass's section (an
+    empty one for passes that did not run, so the keys are the same for every mode)."""
+    sections = merged(result.results.get(name, entry.result()).section()
+                      for name, entry in PASSES.items())
+    return {
+        "input": str(source),
+        "output": str(output),
+        "format": str(fmt),
+        "mode": result.mode,
+        "pipeline": result.pipeline,
+        "nodes_before": result.nodes_before,
+        "nodes_after": result.nodes_after,
+        "nodes_added": result.nodes_after - result.nodes_before,
+        "peak_bytes": {"before": result.peak_before, "after": result.peak_after},
+        "peak_bytes_as_run": dict(zip(("before", "after"), result.run_peaks)),
+        "peak_bytes_predicted": dict(zip(("before", "after", "model"), result.predicted_peaks)),
+        **sections,
+        "note": _note(result),
+        "seconds": round(result.seconds, 3),
+    }
+
+
+def explain(result: OptimizeResult, original: Graph, name: str) -> str:
+    """One sentence on why `name`'s output was kept or recomputed."""
+    recompute, swap = result.of(RecomputeResult), result.of(SwapResult)
+    graph = result.graph
+    if name in recompute.recomputed:
+        copy = name + COPY_SUFFIX
+        readers = sorted({v for v, _ in graph.consumers(copy)
+                          if not v.endswith(COPY_SUFFIX) and not v.startswith(PAD_PREFIX)})
+        gate = next((n for n in graph.nodes() if n.startswith(TRIGGER_PREFIX)
+                     and n in graph.control_inputs(copy)), None)
+        when = f", after trigger {gate}" if gate else ""
+        return (f"{name}: recomputed as {copy}{when}; backward readers: "
+                f"{', '.join(readers[:EXAMPLES]) or 'none'}"
+                + (" ..." if len(readers) > EXAMPLES else ""))
+    if name in swap.swapped:
+        out = next(v for v, _ in graph.consumers(TensorRef(name)) if v.endswith(SWAP_OUT_SUFFIX))
+        back = next(w for w, _ in graph.consumers(TensorRef(out)))
+        gate = graph.control_inputs(back)
+        return (f"{name}: swapped to host memory as {out}, back as {back}"
+                + (f" after trigger {gate[0]}" if gate else ""))
+    if name in recompute.recomputed_ahead:
+        return (f"{name}: a checkpoint, computed again ({name}{AHEAD_SUFFIX}) when "
+                "back-propagation reaches the first segment that reads it, instead of held "
+                "from the forward pass")
+    if name in recompute.checkpoints:
+        return f"{name}: kept (a checkpoint chosen by mode {result.mode})"
+    if recompute.reuse_ahead and name + AHEAD_SUFFIX in graph:
+        return (f"{name}: recomputed ahead as {name}{AHEAD_SUFFIX}, with the checkpoints "
+                "recomputed ahead, and read from there by back-propagation")
+    for reason, nodes in recompute.kept_because.items():
+        if name in nodes:
+            return f"{name}: kept, it cannot be recomputed ({reason})"
+    for reason, tensors in swap.skipped.items():
+        if name in tensors:
+            return f"{name}: not swapped ({reason})"
+    if name not in original:
+        return f"{name}: not a node of the input graph"
+    if recompute.recomputed or swap.swapped:
+        return (f"{name}: left alone (the backward pass does not read it, or it is backward "
+                "itself)")
+    return f"{name}: left alone ({_note(result) or 'mode ' + result.mode + ' rewrote nothing'})"
+
+
+def _note(result: OptimizeResult) -> str:
+    """What the passes say they did not do, in the order they ran, and whether the rewrite is
+    kept although the step as run (what `verify` measures) needs more memory."""
+    notes = [r.note for r in result.results.values()] + [result.reverted]
+    before, after = result.run_peaks
+    if result.changed and before and after is not None and after > before:
+        notes.append(f"the rewrite is kept although its modelled peak as run rises "
+                     f"({_mib(before)} -> {_mib(after)}, after Grappler): the passes plan on "
+                     f"the step as written ({_mib(result.peak_before)} -> "
+                     f"{_mib(result.peak_after)})")
+    return "; ".join(filter(None, notes))
+
+
+def _mib(count: int) -> str:
+    return f"{count / 2**20:.1f} MiB"
