@@ -319,11 +319,11 @@ def verify(ctx, original_path, rewritten_path, rtol, atol, feeds, runs, steps, b
     stages("loading")
     original = io.load(original_path, tag=tag)
     rewritten = io.load(rewritten_path, tag=tag)
-    result = verify_mod.verify(original, rewritten, outputs, input_shapes,
-                               verify_mod.load_feeds(feeds), rtol, atol, runs, seed, int_high,
-                               steps=steps, batches=batches,
-                               data=verify_mod.load_data(data_path) if data_path else None,
-                               progress=stages)
+    options = verify_mod.VerifyOptions(
+        fetches=outputs, input_shapes=input_shapes, feeds=verify_mod.load_feeds(feeds),
+        rtol=rtol, atol=atol, runs=runs, seed=seed, int_high=int_high, steps=steps,
+        batches=batches, data=verify_mod.load_data(data_path) if data_path else None)
+    result = verify_mod.verify(original, rewritten, options, progress=stages)
     facts = result.to_json()
     if as_json:
         click.echo(json.dumps(facts, indent=2))

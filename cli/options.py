@@ -1,5 +1,6 @@
 """Options several commands share (analysis, device, tags, plots, modes) and logging to stderr.
-Only click and the standard library at import: TensorFlow loads inside the callbacks that need it."""
+Only click and the standard library at import: TensorFlow loads inside the callbacks that need
+it."""
 
 from __future__ import annotations
 

@@ -118,7 +118,8 @@ def _verified(model, output: str, line: dict) -> None:
     from .execution import verify
 
     try:
-        checked = verify.verify(model, io.load(output), runs=1, isolated=False)
+        checked = verify.verify(model, io.load(output), verify.VerifyOptions(runs=1),
+                                isolated=False)
         line["match"] = checked.match
         if not checked.match:
             raise _Mismatch(f"outputs differ (max |diff| {checked.max_abs_diff:.3g})")

@@ -50,5 +50,5 @@ def test_accumulated_sums_are_bitwise_equal(tmp_path):
     assert len(result.of(AccumulateResult).accumulated) == 4
     path = tmp_path / "accumulated.pb"
     io.save(model, result.graph, path)
-    outcome = verify.verify(model, io.load(path), runs=1, isolated=False)
+    outcome = verify.verify(model, io.load(path), verify.VerifyOptions(runs=1), isolated=False)
     assert outcome.match and outcome.max_abs_diff == 0.0

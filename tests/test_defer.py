@@ -45,7 +45,8 @@ def test_momentum_products_wait_for_their_gradients(momentum_step, tmp_path):
     assert after.peak() < before.peak()
     out = tmp_path / "deferred.pb"
     io.save(momentum_step, graph, out)
-    checked = verify.verify(momentum_step, io.load(out), runs=0, isolated=False)
+    checked = verify.verify(momentum_step, io.load(out), verify.VerifyOptions(runs=0),
+                            isolated=False)
     assert checked.match, checked.to_json()["mismatched"]
 
 

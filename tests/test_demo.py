@@ -45,7 +45,8 @@ def test_demo_measures_well_below_half_bitwise_as_the_readme_says(tmp_path):
     path, _ = _demo()
     out = tmp_path / path.name
     assert run_cli("optimize", path, "-o", out).exit_code == 0
-    checked = verify.verify(io.load(path), io.load(out), runs=0, isolated=False)
+    checked = verify.verify(io.load(path), io.load(out), verify.VerifyOptions(runs=0),
+                            isolated=False)
     assert checked.match, checked.to_json()["mismatched"]
     before, after = checked.original.peak_bytes / MiB, checked.rewritten.peak_bytes / MiB
     assert after < 0.4 * before, (before, after)

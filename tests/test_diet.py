@@ -372,8 +372,9 @@ def test_frozen_graph_constants_are_stored_in_16_bits(tmp_path):
     io.save(model, result.graph, tmp_path / "mlp.pbtxt")
     # the loss moves by the weights' quantization error (the gradients, of small magnitude
     # and sums of many terms, move more in relative terms)
-    checked = verify.verify(model, io.load(tmp_path / "mlp.pbtxt"), ["outputs/loss"], runs=0,
-                            isolated=False, rtol=1e-2)
+    checked = verify.verify(model, io.load(tmp_path / "mlp.pbtxt"),
+                            verify.VerifyOptions(fetches=["outputs/loss"], runs=0, rtol=1e-2),
+                            isolated=False)
     assert checked.match, checked.to_json()["mismatched"]
 
 
@@ -494,16 +495,18 @@ def test_verify_steps_compares_loss_curves_and_inspect_counts_bytes(graphs, tmp_
     from graphrewrite.execution import verify
 
     original, rewritten = io.load(graphs["adam_resource"]), io.load(out)
-    outcome = verify.verify(original, rewritten, rtol=0.5, runs=1, int_high=CLASSES,
-                            isolated=False, steps=12)
+    outcome = verify.verify(original, rewritten,
+                            verify.VerifyOptions(rtol=0.5, runs=1, int_high=CLASSES, steps=12),
+                            isolated=False)
     facts = outcome.to_json()
     curves = facts["loss_curves"]
     assert facts["match"] and facts["steps"] == 12 and facts["loss"] == "loss:0"
     assert len(curves["original"]) == len(curves["rewritten"]) == 12
     assert curves["original"][0] == pytest.approx(curves["rewritten"][0], rel=1e-2)
     assert curves["original"] != curves["rewritten"]  # lossy: the curves differ
-    strict = verify.verify(original, rewritten, rtol=1e-9, runs=0, int_high=CLASSES,
-                           isolated=False, steps=12)
+    strict = verify.verify(original, rewritten,
+                           verify.VerifyOptions(rtol=1e-9, runs=0, int_high=CLASSES, steps=12),
+                           isolated=False)
     shown = format_verify(strict.to_json())
     assert not strict.match and "MISMATCH" in shown and "rewritten" in shown
     import json
@@ -600,8 +603,9 @@ def test_tf2_keras_steps_are_dieted_and_train_like_the_original(tmp_path, optimi
     if optimizer == "adam":  # verify binds each graph's own captured variables
         from graphrewrite.execution import verify
 
-        checked = verify.verify(original, model, rtol=0.5, runs=0, int_high=CLASSES,
-                                isolated=False, steps=3)
+        checked = verify.verify(original, model,
+                                verify.VerifyOptions(rtol=0.5, runs=0, int_high=CLASSES, steps=3),
+                                isolated=False)
         assert checked.match and checked.rewritten.peak_bytes < checked.original.peak_bytes
     start = _tf2_losses(original, 30)
     dieted = _tf2_losses(model, 30)
@@ -618,8 +622,9 @@ def test_verify_steps_on_a_fixed_set_sees_learning_and_a_graph_that_does_not_lea
 
     original = io.load(graphs["adam_resource"])
     _diet(graphs["adam_resource"], tmp_path / "diet.meta")
-    learns = verify.verify(original, io.load(tmp_path / "diet.meta"), rtol=0.1, runs=0,
-                           int_high=CLASSES, isolated=False, steps=30, batches=2)
+    learns = verify.verify(original, io.load(tmp_path / "diet.meta"),
+                           verify.VerifyOptions(rtol=0.1, runs=0, int_high=CLASSES, steps=30, batches=2),
+                           isolated=False)
     facts = learns.to_json()
     trend = facts["trend"]
     assert facts["batches"] == 2 and trend["original"]["window"] == 2
@@ -638,8 +643,8 @@ def test_verify_steps_on_a_fixed_set_sees_learning_and_a_graph_that_does_not_lea
     # The same model with a learning rate of (almost) nothing: its loss does not fall, and that
     # alone fails the check, though its final loss is within the (loose) rtol.
     still = verify.verify(original, io.load(_build(tmp_path / "still.meta", lr=1e-30)),
-                          rtol=0.5, runs=0, int_high=CLASSES, isolated=False, steps=30,
-                          batches=2)
+                          verify.VerifyOptions(rtol=0.5, runs=0, int_high=CLASSES, steps=30, batches=2),
+                          isolated=False)
     facts = still.to_json()
     final = facts["final_loss"]
     assert abs(final["rewritten"] - final["original"]) <= 0.5 * final["original"]
@@ -658,16 +663,20 @@ def test_verify_data_trains_on_the_users_set(graphs, tmp_path):
     original = io.load(graphs["adam_resource"])
     _diet(graphs["adam_resource"], tmp_path / "diet.meta")
     dieted = io.load(tmp_path / "diet.meta")
-    run = dict(rtol=0.5, runs=0, int_high=CLASSES, isolated=False, steps=6)
-    seeded = verify.verify(original, dieted, batches=3, **run).to_json()
+    run = dict(rtol=0.5, runs=0, int_high=CLASSES, steps=6)
+    seeded = verify.verify(original, dieted, verify.VerifyOptions(batches=3, **run),
+                           isolated=False).to_json()
     shapes = shapes_mod.infer(original.graph)
     made = [measure.random_feeds(original.graph, shapes, k, CLASSES) for k in range(3)]
     data = {name: np.concatenate([batch[name] for batch in made]) for name in ("x", "labels")}
-    given = verify.verify(original, dieted, data=data, **run).to_json()
+    given = verify.verify(original, dieted, verify.VerifyOptions(data=data, **run),
+                          isolated=False).to_json()
     assert given["batches"] == 3
     assert given["loss_curves"] == seeded["loss_curves"]
     data["labels"] = (data["labels"] + 1) % CLASSES
-    other = verify.verify(original, dieted, data=data, batches=2, **run).to_json()
+    other = verify.verify(original, dieted,
+                          verify.VerifyOptions(data=data, batches=2, **run),
+                          isolated=False).to_json()
     assert other["batches"] == 2
     assert other["loss_curves"]["original"] != seeded["loss_curves"]["original"]
 
@@ -720,9 +729,9 @@ def test_verify_batches_needs_steps():
     from graphrewrite.execution import verify
 
     with pytest.raises(GraphRewriteError, match="batches K"):
-        verify.verify(None, None, batches=4)
+        verify.verify(None, None, verify.VerifyOptions(batches=4))
     with pytest.raises(GraphRewriteError, match="batches K"):
-        verify.verify(None, None, steps=5, batches=-1)
+        verify.verify(None, None, verify.VerifyOptions(steps=5, batches=-1))
 
 
 @pytest.mark.tf
@@ -751,8 +760,9 @@ def test_verify_steps_starts_a_tf2_step_with_zero_slots_and_a_sane_learning_rate
     new = [n for n in bind.resource_placeholders(model.graph)
            if SLOT_OF_ATTR in model.graph.node_def(n).attr]
     assert new and all(not ours[n].any() for n in new)
-    checked = verify.verify(original, model, rtol=0.1, runs=0, int_high=CLASSES,
-                            isolated=False, steps=20, batches=1)
+    checked = verify.verify(original, model,
+                            verify.VerifyOptions(rtol=0.1, runs=0, int_high=CLASSES, steps=20, batches=1),
+                            isolated=False)
     trend = checked.to_json()["trend"]
     assert checked.match and trend["original"]["fell"] and trend["rewritten"]["fell"], trend
 

@@ -173,7 +173,8 @@ def test_recompute_after_diet_with_batch_norm_is_bitwise_equal_to_diet_alone(tmp
         io.save(model, result.graph, tmp_path / f"{key}.meta")
         found[key] = io.load(tmp_path / f"{key}.meta")
     assert result.results["recompute"].modified
-    checked = verify.verify(found["diet"], found["both"], runs=0, isolated=False, int_high=4)
+    checked = verify.verify(found["diet"], found["both"], verify.VerifyOptions(runs=0, int_high=4),
+                            isolated=False)
     assert checked.match, checked.to_json()["mismatched"]
 
 
@@ -211,7 +212,8 @@ def test_recompute_after_diet_saves_about_what_it_saves_without_diet(rewritten):
 @pytest.mark.tf
 def test_recompute_after_diet_is_bitwise_equal_to_diet_alone(rewritten):
     diet_model, both_model = rewritten["diet"][1], rewritten["both"][1]
-    checked = verify.verify(diet_model, both_model, runs=0, isolated=False, int_high=4)
+    checked = verify.verify(diet_model, both_model, verify.VerifyOptions(runs=0, int_high=4),
+                            isolated=False)
     assert checked.match, checked.to_json()["mismatched"]
     assert checked.to_json()["variables_compared"] > 0
     assert np.isfinite(checked.to_json()["max_abs_diff"])

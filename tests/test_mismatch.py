@@ -32,7 +32,8 @@ def scaled_product(path, first_name, scale=SQRT_2_OVER_PI):
 def test_a_renamed_operand_mismatch_is_traced_to_the_arithmetic_optimizer(tmp_path):
     original = scaled_product(tmp_path / "original.pb", "a")
     renamed = scaled_product(tmp_path / "renamed.pb", "z")  # sorts after "b" now
-    outcome = verify.verify(original, renamed, ["out"], runs=0, isolated=False)
+    outcome = verify.verify(original, renamed, verify.VerifyOptions(fetches=["out"], runs=0),
+                            isolated=False)
     assert not outcome.match and 0 < outcome.max_abs_diff < 1e-6
     assert outcome.cause == mismatch.ARITHMETIC_CAUSE
     assert outcome.to_json()["cause"] == mismatch.ARITHMETIC_CAUSE
@@ -41,7 +42,8 @@ def test_a_renamed_operand_mismatch_is_traced_to_the_arithmetic_optimizer(tmp_pa
 def test_a_real_difference_gets_no_cause(tmp_path):
     original = scaled_product(tmp_path / "original.pb", "a")
     changed = scaled_product(tmp_path / "changed.pb", "a", scale=np.float32(0.8))
-    outcome = verify.verify(original, changed, ["out"], runs=0, isolated=False)
+    outcome = verify.verify(original, changed, verify.VerifyOptions(fetches=["out"], runs=0),
+                            isolated=False)
     assert not outcome.match and outcome.cause == ""
     assert outcome.to_json()["cause"] is None
 
@@ -49,7 +51,8 @@ def test_a_real_difference_gets_no_cause(tmp_path):
 def test_matching_graphs_are_not_run_again(tmp_path, monkeypatch):
     original = scaled_product(tmp_path / "original.pb", "a")
     monkeypatch.setattr(mismatch, "diagnose", lambda *a, **k: pytest.fail("diagnosed a match"))
-    outcome = verify.verify(original, original, ["out"], runs=0, isolated=False)
+    outcome = verify.verify(original, original, verify.VerifyOptions(fetches=["out"], runs=0),
+                            isolated=False)
     assert outcome.match and outcome.cause == ""
 
 
@@ -63,7 +66,8 @@ def test_an_original_that_differs_from_itself_is_named(tmp_path):
     path = tmp_path / "noisy.pb"
     path.write_bytes(graph.as_graph_def().SerializeToString())
     noisy = io.load(path)
-    outcome = verify.verify(noisy, noisy, ["out"], runs=0, isolated=False)
+    outcome = verify.verify(noisy, noisy, verify.VerifyOptions(fetches=["out"], runs=0),
+                            isolated=False)
     assert not outcome.match and outcome.cause == mismatch.ORIGINAL_CAUSE
 
 

@@ -122,8 +122,8 @@ def test_two_steps_are_bitwise_equal(name):
     entry, facts, out = rewritten(name)
     assert facts["checkpoints"] or facts["rerun"], "nothing was recomputed: " + facts["note"]
     fetches = entry["outputs"] if entry["kind"] == "tf1_meta" and entry["outputs"] else None
-    outcome = verify.verify(io.load(entry["path"]), io.load(out), fetches=fetches, runs=0,
-                            isolated=False)
+    outcome = verify.verify(io.load(entry["path"]), io.load(out),
+                            verify.VerifyOptions(fetches=fetches, runs=0), isolated=False)
     facts = outcome.to_json()
     assert outcome.match, (facts["mismatched"][:5], facts["max_abs_diff"], facts["cause"])
     assert facts["variables_compared"] > 0 and facts["steps"] == 2

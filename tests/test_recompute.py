@@ -341,8 +341,8 @@ def test_checkpoints_recomputed_ahead_run_bitwise_equal(tmp_path):
     model, _, _, rewrite = ahead_rewrite()
     path = tmp_path / "ahead.pb"
     io.save(model, rewrite.graph, path)
-    outcome = verify.verify(io.load(fixture_path("resnet_cnn")), io.load(path), runs=1,
-                            isolated=False)
+    outcome = verify.verify(io.load(fixture_path("resnet_cnn")), io.load(path),
+                            verify.VerifyOptions(runs=1), isolated=False)
     assert outcome.match and outcome.max_abs_diff == 0.0
 
 
@@ -388,8 +388,8 @@ def test_reuse_runs_bitwise_equal(tmp_path):
     model, _, _, _, reused = reuse_rewrites()
     path = tmp_path / "reuse.pb"
     io.save(model, reused.graph, path)
-    outcome = verify.verify(io.load(fixture_path("transformer_dropout")), io.load(path), runs=1,
-                            isolated=False)
+    outcome = verify.verify(io.load(fixture_path("transformer_dropout")), io.load(path),
+                            verify.VerifyOptions(runs=1), isolated=False)
     assert outcome.match and outcome.max_abs_diff == 0.0
 
 

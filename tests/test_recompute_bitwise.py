@@ -129,5 +129,6 @@ def test_recomputed_gelu_mlp_gradients_are_grouped_as_in_the_original(tmp_path, 
     copies = [n for n in result.graph.nodes() if n.endswith(COPY_SUFFIX)]
     assert "dense_0/Gelu/add" + COPY_SUFFIX in copies  # the first layer's Gelu, recomputed
     rewritten = dataclasses.replace(model, graph=result.graph)
-    outcome = verify.verify(model, rewritten, fetches, runs=0, isolated=False)
+    outcome = verify.verify(model, rewritten, verify.VerifyOptions(fetches=fetches, runs=0),
+                            isolated=False)
     assert outcome.match, outcome.to_json()

@@ -114,7 +114,8 @@ def test_swapped_graph_runs_bitwise_equal_on_the_cpu(name, tmp_path):
     model, result = swapped(name)
     path = tmp_path / fixture_path(name).name
     io.save(model, result.graph, path)
-    outcome = verify.verify(io.load(fixture_path(name)), io.load(path), runs=1, isolated=False)
+    outcome = verify.verify(io.load(fixture_path(name)), io.load(path),
+                            verify.VerifyOptions(runs=1), isolated=False)
     assert outcome.match and outcome.max_abs_diff == 0.0
 
 
@@ -238,7 +239,7 @@ def test_swapped_checkpoints_run_bitwise_equal(tmp_path):
     result = pipeline.optimize(model, "memory", swap_checkpoints=True)
     path = tmp_path / "rewritten.pb"
     io.save(model, result.graph, path)
-    outcome = verify.verify(model, io.load(path), runs=1, isolated=False)
+    outcome = verify.verify(model, io.load(path), verify.VerifyOptions(runs=1), isolated=False)
     assert outcome.match and outcome.max_abs_diff == 0.0
 
 

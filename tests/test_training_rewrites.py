@@ -22,7 +22,7 @@ def test_rewritten_training_step_is_bitwise_equal_over_two_steps(name, mode, tmp
     assert result.of(RecomputeResult).recomputed, "the fixture should be rewritten"
     out = tmp_path / fixture_path(name).name
     io.save(model, result.graph, out)
-    checked = verify.verify(model, io.load(out), runs=0, isolated=False)
+    checked = verify.verify(model, io.load(out), verify.VerifyOptions(runs=0), isolated=False)
     facts = checked.to_json()
     assert facts["steps"] == 2
     assert facts["variables_compared"] > 10

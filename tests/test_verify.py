@@ -36,7 +36,7 @@ def rewritten(name, mode, tmp_path):
 @pytest.mark.parametrize("name, mode", CASES)
 def test_rewritten_outputs_are_bitwise_equal(name, mode, tmp_path):
     original, new, result = rewritten(name, mode, tmp_path)
-    outcome = verify.verify(original, new, runs=1, isolated=False)
+    outcome = verify.verify(original, new, verify.VerifyOptions(runs=1), isolated=False)
     assert outcome.comparisons and outcome.match, [c for c in outcome.comparisons if not c.equal]
     assert outcome.max_abs_diff == 0.0
 
@@ -46,7 +46,7 @@ def test_metagraph_training_step_matches(tmp_path):
     result = pipeline.optimize(original, "collection", checkpoints="dense_0/MatMul")
     path = tmp_path / "adam_train.meta"
     io.save(original, result.graph, path)
-    outcome = verify.verify(original, io.load(path), runs=1, isolated=False)
+    outcome = verify.verify(original, io.load(path), verify.VerifyOptions(runs=1), isolated=False)
     # the loss, fetched with the train_op, at both steps; then every variable and Adam slot
     outputs = [(c.name, c.step) for c in outcome.comparisons if c.step is not None]
     assert outputs == [("loss:0", 1), ("loss:0", 2)]
@@ -180,8 +180,8 @@ def test_saved_models_verify_with_their_own_variables(tmp_path):
     saved = _tf1_train_saved_model(trained)
     for path, tag, variables in ((fixture_path("tiny_savedmodel"), None, {"w", "b"}),
                                  (trained, "train", {"d0/kernel"})):
-        outcome = verify.verify(io.load(path, tag=tag), io.load(path, tag=tag), runs=1,
-                                isolated=False)
+        outcome = verify.verify(io.load(path, tag=tag), io.load(path, tag=tag),
+                                verify.VerifyOptions(runs=1), isolated=False)
         assert outcome.match, [c for c in outcome.comparisons if not c.equal]
         assert {c.name for c in outcome.comparisons if c.step is None} == {
             verify.VARIABLE_PREFIX + v for v in variables}
@@ -210,6 +210,7 @@ def test_only_the_placeholders_the_step_needs_are_fed(tmp_path):
         meta = tf.compat.v1.train.export_meta_graph(graph=graph)
     path = tmp_path / "keras_graph_mode.meta"
     path.write_bytes(meta.SerializeToString())
-    outcome = verify.verify(io.load(path), io.load(path), runs=1, isolated=False)
+    outcome = verify.verify(io.load(path), io.load(path), verify.VerifyOptions(runs=1),
+                            isolated=False)
     assert outcome.match and [(c.name, c.step) for c in outcome.comparisons
                               if c.step is not None] == [("loss:0", 1), ("loss:0", 2)]

@@ -85,7 +85,8 @@ def _resource_input(graph, node):
 def test_tf2_step_matches_itself_over_two_steps_and_every_variable(keras_step):
     paths, keras_variables = keras_step
     model = io.load(paths[True])
-    outcome = verify.verify(model, io.load(paths[True]), runs=1, isolated=False)
+    outcome = verify.verify(model, io.load(paths[True]), verify.VerifyOptions(runs=1),
+                            isolated=False)
     facts = outcome.to_json()
     assert facts["match"] and facts["steps"] == 2 and facts["mismatched"] == []
     assert facts["variables_compared"] == keras_variables
@@ -117,7 +118,7 @@ def test_tf2_step_changed_moving_average_is_a_variable_mismatch(keras_step, tmp_
     original = io.load(paths[True])
     decay = "sequential/batch_normalization/AssignMovingAvg/decay"  # 1 - momentum, for the mean
     changed = _with_const(paths[True], tmp_path / "changed.pb", decay, 0.5)
-    outcome = verify.verify(original, changed, runs=1, isolated=False)
+    outcome = verify.verify(original, changed, verify.VerifyOptions(runs=1), isolated=False)
     moving_mean = _resource_input(original.graph, "sequential/batch_normalization/AssignMovingAvg")
     # training-mode batch norm normalises by the batch's statistics: no output differs, only
     # the moving mean the step leaves behind
@@ -129,7 +130,7 @@ def test_tf2_step_changed_optimizer_differs_from_the_second_step(keras_step, tmp
     paths, _ = keras_step
     original = io.load(paths[True])
     changed = _with_const(paths[True], tmp_path / "changed.pb", "Adam/add_1/y", 0.5)  # epsilon
-    outcome = verify.verify(original, changed, runs=1, isolated=False)
+    outcome = verify.verify(original, changed, verify.VerifyOptions(runs=1), isolated=False)
     outputs = {(c.name, c.step): c.equal for c in outcome.comparisons if c.step is not None}
     loss = _loss(original, outcome) + ":0"
     assert outputs[(loss, 1)] and not outputs[(loss, 2)]
@@ -168,7 +169,7 @@ def test_tf2_step_missing_shape_on_a_stripped_reader(keras_step, tmp_path):
     io.save(model, graph, tmp_path / "stripped.pb")
     stripped = io.load(tmp_path / "stripped.pb")
     with pytest.raises(verify.GraphRewriteError, match=f"'{unknown}'.*add_shapes=True"):
-        verify.verify(stripped, stripped, runs=0, isolated=False)
+        verify.verify(stripped, stripped, verify.VerifyOptions(runs=0), isolated=False)
 
 
 @pytest.fixture(scope="module")
@@ -200,14 +201,14 @@ def tf1_adam(tmp_path_factory):
 
 def test_tf1_adam_metagraph_compares_every_variable_after_two_steps(tf1_adam, tmp_path):
     path, names = tf1_adam
-    same = verify.verify(io.load(path), io.load(path), runs=1, isolated=False)
+    same = verify.verify(io.load(path), io.load(path), verify.VerifyOptions(runs=1), isolated=False)
     compared = {c.name for c in same.comparisons if c.step is None}
     assert same.match and compared == {verify.VARIABLE_PREFIX + n for n in names}
     assert {"global_step", "bn/moving_mean", "dense/kernel/Adam_1", "beta1_power"} <= set(names)
     assert int(same.original.variables["global_step"]) == 2
 
     changed = _with_const(path, tmp_path / "changed.meta", "Adam/epsilon", 0.5)
-    outcome = verify.verify(io.load(path), changed, runs=1, isolated=False)
+    outcome = verify.verify(io.load(path), changed, verify.VerifyOptions(runs=1), isolated=False)
     outputs = {(c.name, c.step): c.equal for c in outcome.comparisons if c.step is not None}
     assert outputs == {("loss:0", 1): True, ("loss:0", 2): False}
     mismatched = outcome.to_json()["mismatched"]

@@ -221,7 +221,8 @@ def _dims(shape: tuple, sep: str = ",") -> str:
 
 def _fix_placeholder(graph: Graph, graph_def, name: str, shape: tuple) -> None:
     if name not in graph:
-        raise GraphRewriteError(f"${{input_shapes}} names '{name}', which is not a node of the graph")
+        raise GraphRewriteError(f"${{input_shapes}} names '{name}', which is not a node of the "
+                                "graph")
     node = next(n for n in graph_def.node if n.name == name)
     if "shape" not in node.attr:
         raise GraphRewriteError(f"${{input_shapes}}: '{name}' is a {node.op}, not a placeholder")

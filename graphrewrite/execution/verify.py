@@ -12,6 +12,7 @@ own; their step times in one more process that holds both and times their steps 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import zipfile
 from collections.abc import Callable
@@ -29,7 +30,7 @@ from ..core.names import SLOT_OF_ATTR
 from ..core.tensor_ref import TensorRef
 from . import measure, mismatch
 
-__all__ = ["VARIABLE_PREFIX", "Comparison", "VerifyResult", "load_feeds", "load_data",
+__all__ = ["VARIABLE_PREFIX", "Comparison", "VerifyResult", "VerifyOptions", "load_feeds", "load_data",
            "data_batches", "verify", "without_saver", "training_schedule", "loss_trend",
            "training_start", "LEARNING_RATE", "SCALE_READERS", "own_variables", "compare",
            "GPU_ONLY_OPS"]
@@ -167,14 +168,14 @@ def data_batches(graph, shapes, data: dict[str, np.ndarray]) -> list[dict[str, n
             for k in range(next(iter(counts.values())))]
 
 
-def verify(original: Model, rewritten: Model, fetches: list[str] | None = None,
-           input_shapes: dict | None = None, feeds: dict[str, np.ndarray] | None = None,
-           rtol: float = 0.0, atol: float = 0.0, runs: int = 5, seed: int = 0,
-           int_high: int = 10, isolated: bool = True, steps: int = 0,
-           batches: int = 0, data: dict[str, np.ndarray] | None = None,
-           progress: Callable[[str], None] | None = None) -> VerifyResult:
-    """Run both models on equal inputs for two steps; compare every fetched output of each step
-    and every variable after them, and measure both.
+@dataclass(frozen=True)
+class VerifyOptions:
+    """What `verify` feeds, fetches and compares, and how many times it runs each model.
+
+    `fetches`: the outputs compared (default: the step's own, `analysis.default_fetches`);
+    `input_shapes` fixes unknown input dimensions; `feeds` (arrays by input name) replace the
+    seeded random inputs (`seed`; integer inputs drawn below `int_high`); `rtol`/`atol` allow a
+    difference (default: bitwise); `runs` timed steps of each.
 
     `steps` > 0 is for lossy rewrites (diet): both run that many training steps, step k on the
     same seeded batch (seed + k), and match when their final losses agree within `rtol` (and
@@ -184,31 +185,53 @@ def verify(original: Model, rewritten: Model, fetches: list[str] | None = None,
     losses of the last pass over the set are compared, and the rewritten graph's loss must
     also fall where the original's does. `data` (arrays by input name, examples first) is such
     a set given by the user: its batches (the first `batches` of them, when given) are cycled,
-    inputs it does not name are seeded as before.
+    inputs it does not name are seeded as before."""
+
+    fetches: list[str] | None = None
+    input_shapes: dict | None = None
+    feeds: dict[str, np.ndarray] | None = None
+    rtol: float = 0.0
+    atol: float = 0.0
+    runs: int = 5
+    seed: int = 0
+    int_high: int = 10
+    steps: int = 0
+    batches: int = 0
+    data: dict[str, np.ndarray] | None = None
+
+
+def verify(original: Model, rewritten: Model, options: VerifyOptions | None = None, *,
+           isolated: bool = True, progress: Callable[[str], None] | None = None
+           ) -> VerifyResult:
+    """Run both models on equal inputs for two steps (or `options.steps` training steps);
+    compare every fetched output of each step and every variable after them, and measure both.
 
     `isolated` runs each model in a fresh process, so both are measured from an empty allocator,
     and times them in a third; otherwise all of it runs in this process (faster, for tests).
     `progress` is told each stage as it begins (each takes seconds, even on a tiny graph).
     """
+    options = options or VerifyOptions()
+    fetches, runs, seed = options.fetches, options.runs, options.seed
+    rtol, atol, steps, batches = options.rtol, options.atol, options.steps, options.batches
     stage = progress or (lambda text: None)
     if batches and not steps or batches < 0:
         raise GraphRewriteError("${batches} K (K >= 1) is for ${steps} N: the fixed data set the "
                                 "N steps cycle over")
-    if data is not None and not steps:
+    if options.data is not None and not steps:
         raise GraphRewriteError("${data} is for ${steps} N: the training set both graphs learn")
-    shapes = shapes_mod.infer(original.graph, input_shapes)
+    shapes = shapes_mod.infer(original.graph, options.input_shapes)
     if not fetches:
         fetches = without_saver(original, analysis.default_fetches(original, shapes=shapes))
     missing = [f for f in fetches if f.split(":")[0] not in rewritten.graph]
     if missing:
         raise GraphRewriteError(f"the rewritten model has no node '{missing[0]}'")
-    given = feeds or {}
+    given = options.feeds or {}
     unknown = sorted(set(given) - set(original.graph.nodes()))
     if unknown:
         raise GraphRewriteError(f"${{feeds}} names '{unknown[0]}', which is not a node")
     try:
-        inputs = {**measure.random_feeds(original.graph, shapes, seed, int_high, set(given),
-                                         fetches), **given}
+        inputs = {**measure.random_feeds(original.graph, shapes, seed, options.int_high,
+                                         set(given), fetches), **given}
     except ValueError as err:
         raise GraphRewriteError(str(err)) from None
     _require_kernels(rewritten)
@@ -217,8 +240,8 @@ def verify(original: Model, rewritten: Model, fetches: list[str] | None = None,
     log.info("verify: %d inputs, %d outputs, %d timed runs each", len(inputs), len(fetches), runs)
     run = measure.run_step_isolated if isolated else measure.run_step
     if steps:
-        return _verify_steps(original, rewritten, fetches, shapes, given, inputs, rtol, atol,
-                             runs, seed, int_high, steps, run, batches, data, stage)
+        return _verify_steps(original, rewritten, dataclasses.replace(options, fetches=fetches),
+                             shapes, given, inputs, run, stage)
     stage("running the original")
     first = run(original.runnable(), inputs, fetches, 0)
     stage("running the rewritten")
@@ -276,12 +299,13 @@ def training_schedule(graph, shapes, inputs: dict, steps: int, batches: int = 0,
     return [seeded[k % count] for k in range(steps)], batches
 
 
-def _verify_steps(original, rewritten, fetches, shapes, given, inputs, rtol, atol, runs, seed,
-                  int_high, steps, run, batches=0, data=None,
-                  stage=lambda text: None) -> VerifyResult:
+def _verify_steps(original, rewritten, options: VerifyOptions, shapes, given, inputs, run,
+                  stage) -> VerifyResult:
+    fetches, runs, seed, steps = options.fetches, options.runs, options.seed, options.steps
+    rtol, atol = options.rtol, options.atol
     loss = _loss_output(original, fetches, shapes)
-    schedule, batches = training_schedule(original.graph, shapes, inputs, steps, batches, data,
-                                          seed, int_high, given, fetches)
+    schedule, batches = training_schedule(original.graph, shapes, inputs, steps, options.batches,
+                                          options.data, seed, options.int_high, given, fetches)
     curves = {"loss": loss, "rtol": rtol, "batches": batches}
     import tensorflow as tf
 

@@ -133,8 +133,8 @@ def compose(mode: str, passes: str | None = None, checkpoints: str | None = None
     if mode not in MODES:
         raise GraphRewriteError(f"unknown mode '{mode}' (modes: {', '.join(MODES)})")
     if passes is not None and not passes.strip():
-        raise GraphRewriteError(f"${{passes}} {passes!r} names no pass (use ${{mode}} none to rewrite "
-                                "nothing)")
+        raise GraphRewriteError(f"${{passes}} {passes!r} names no pass (use ${{mode}} none to "
+                                "rewrite nothing)")
     steps = parse_pipeline(MODES[mode] if passes is None else passes)
     names = [name for name, _ in steps]
     if swap_checkpoints:

@@ -100,7 +100,8 @@ def dequantize(b: Builder, raw: TensorRef, fmt: int, scale: float) -> tuple[str,
 
 def dequantize_attrs(fmt: int) -> dict:
     if fmt == types_pb2.DT_BFLOAT16:
-        return {"SrcT": type_attr(fmt), "DstT": type_attr(types_pb2.DT_FLOAT), "Truncate": bool_attr(False)}
+        return {"SrcT": type_attr(fmt), "DstT": type_attr(types_pb2.DT_FLOAT),
+                "Truncate": bool_attr(False)}
     return {"T": type_attr(types_pb2.DT_FLOAT)}
 
 
@@ -129,8 +130,8 @@ def quantize(b: Builder, value: TensorRef, shape: tuple, fmt: int, scale: float,
     scaled = b.binary("Mul", value, b.const("inverse_scale", 1.0 / scale), "scaled")
     if stochastic:
         noise = b.gated("noise", "RandomUniform", [b.const("shape", shape, np.int32)],
-                     T=type_attr(types_pb2.DT_INT32), dtype=type_attr(float_type), seed=int_attr(seed),
-                     seed2=int_attr(_seed2(b.prefix)))
+                     T=type_attr(types_pb2.DT_INT32), dtype=type_attr(float_type),
+                     seed=int_attr(seed), seed2=int_attr(_seed2(b.prefix)))
         rounded = b.unary("Floor", b.binary("AddV2", scaled, noise, "add_noise"), "rounded")
     else:
         rounded = b.unary("Round", scaled, "rounded")

@@ -3,14 +3,11 @@ its slots (see the package's docstring)."""
 
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 from tensorflow.core.framework import attr_value_pb2, types_pb2, variable_pb2
 
-from ...analysis import bind, optimizers, parameters
+from ...analysis import bind, optimizers
 from ...analysis.split import reachable
-from ...core import ops
 from ...core.errors import GraphRewriteError
 from ...core.graph import Graph
 from ...core.metagraph import NEW_VARIABLE_ATTR
@@ -18,16 +15,15 @@ from ...core.names import DIET_ATTR, SLOT_OF_ATTR
 from ...core.tensor_ref import TensorRef
 from .build import (PREFIX, SEED, Builder, bool_attr, dequantize, dequantize_attrs, int_attr,
                     known_shape, quantize, shape_attr, type_attr)
-from .facts import (ancestors_in, escapes, initializer_groups, matrix_shape, record_shape,
-                    shapes_attr, through_identity_n)
+from .facts import (initializer_groups, matrix_shape, record_shape, shapes_attr,
+                    through_identity_n)
 from .options import (APPLY_OPS, FORMATS, REF_READERS, REF_VARIABLES, RESOURCE_QUERIES,
                       RESOURCE_READS, RESOURCE_VARIABLE, SLOT_USERS, SMALL, VIEW_OPS, DietOptions)
-from .saver import NewEntry, drop_control
+from .prune import prune, remove_variable
+from .saver import NewEntry
 from .saver import edit as edit_saver
 
 __all__ = ["Diet"]
-
-log = logging.getLogger(__name__)
 
 
 class Diet:
@@ -400,7 +396,8 @@ class Diet:
             if len(shape) != 2:  # a convolution kernel: (kh*kw*cin, cout)
                 squared = b.op("grad_squared_matrix", "Reshape",
                                [squared, b.const("matrix_shape", matrix, np.int32)],
-                               T=type_attr(types_pb2.DT_FLOAT), Tshape=type_attr(types_pb2.DT_INT32))
+                               T=type_attr(types_pb2.DT_FLOAT),
+                               Tshape=type_attr(types_pb2.DT_INT32))
             row_mean = b.op("row_mean", "Mean", [squared, b.const("axis_1", 1, np.int32)],
                             T=type_attr(types_pb2.DT_FLOAT), Tidx=type_attr(types_pb2.DT_INT32),
                             keep_dims=bool_attr(True))
@@ -522,13 +519,15 @@ class Diet:
         flt = type_attr(types_pb2.DT_FLOAT)
         if resource:
             graph.add_node(name, RESOURCE_VARIABLE, [], {
-                "dtype": flt, "shape": shape_attr(shape), "container": attr_value_pb2.AttrValue(s=b""),
+                "dtype": flt, "shape": shape_attr(shape),
+                "container": attr_value_pb2.AttrValue(s=b""),
                 "shared_name": attr_value_pb2.AttrValue(s=name.encode())}, device)
             init = b.op("Assign", "AssignVariableOp", [TensorRef(name), zeros], dtype=flt)
             read = b.op("Read/ReadVariableOp", "ReadVariableOp", [TensorRef(name)], dtype=flt)
         else:
             graph.add_node(name, "VariableV2", [], {
-                "dtype": flt, "shape": shape_attr(shape), "container": attr_value_pb2.AttrValue(s=b""),
+                "dtype": flt, "shape": shape_attr(shape),
+                "container": attr_value_pb2.AttrValue(s=b""),
                 "shared_name": attr_value_pb2.AttrValue(s=b"")}, device)
             init = b.op("Assign", "Assign", [TensorRef(name), zeros], T=flt,
                         use_locking=bool_attr(True), validate_shape=bool_attr(True))
@@ -557,46 +556,6 @@ class Diet:
             shape = known_shape(node)
             if shape is not None:
                 self.bytes_saved += int(np.prod(shape)) * 4
-            self._remove_variable(slot)
-        self._prune(self.orphans)
-
-    def _remove_variable(self, var: str) -> None:
-        graph = self.graph
-        doomed, todo = set(), [var]
-        while todo:
-            name = todo.pop()
-            if name in doomed:
-                continue
-            doomed.add(name)
-            todo.extend(u for u, slot in graph.consumers(name) if slot >= 0)
-        strangers = sorted(n for n in doomed - {var} if escapes(graph, n, doomed))
-        if strangers:  # its value flows further than its own reads and writes: keep it
-            log.warning("diet: slot %s is not removed: %s reads it", var, strangers[0])
-            self.removed.discard(var)
-            return
-        producers = {r.node for n in doomed for r in graph.data_inputs(n)} - doomed
-        for name in doomed:
-            for user in graph.successors(name):
-                if user not in doomed:
-                    drop_control(graph, user, name)
-        for name in sorted(doomed, key=lambda n: -len(ancestors_in(graph, n, doomed))):
-            graph.remove_node(name)
-        self._prune(producers)
-
-    def _prune(self, candidates) -> None:
-        """Remove candidates nothing reads that compute a value (no variables, no feeds, no
-        stateful ops other than reads), and then their inputs likewise."""
-        graph, todo = self.graph, list(candidates)
-        while todo:
-            name = todo.pop()
-            if name not in graph or graph.successors(name):
-                continue
-            op = graph.op(name)
-            node = graph.node_def(name)
-            if parameters.is_variable(graph, name) or bind.is_resource_placeholder(node) or \
-                    op in ("Placeholder", "PlaceholderWithDefault", "NoOp") or (
-                    op not in parameters.READ_OPS and ops.is_stateful(op)):
-                continue
-            inputs = [r.node for r in graph.inputs(name)]
-            graph.remove_node(name)
-            todo.extend(inputs)
+            if not remove_variable(graph, slot):
+                self.removed.discard(slot)
+        prune(graph, self.orphans)
