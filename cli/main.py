@@ -25,8 +25,8 @@ import click  # noqa: E402
 from graphrewrite.planning.devices import PROFILES  # noqa: E402  (no TensorFlow import)
 
 from graphrewrite.cli.options import (FLAGS, analysis_options, device_option,  # noqa: E402
-                                      mode_option, parse_feeds, plot_option, setup_logging,
-                                      tag_option)
+                                      memory_option, mode_option, parse_feeds, plot_option,
+                                      setup_logging, tag_option)
 from graphrewrite.cli.tables import (Progress, Stages, format_optimize,  # noqa: E402
                                      format_summary, format_verify)
 
@@ -164,6 +164,7 @@ def main(ctx, debug, verbose, quiet):
                    "Not with --mode, --passes, --checkpoints, --swap, --swap-checkpoints or "
                    "--budget.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@memory_option
 @click.option("--no-as-run", "no_as_run", is_flag=True,
               help="Skip the report's model of both steps as TensorFlow runs them (after "
                    "Grappler's rewrites): about a third of the time on large graphs. The "
@@ -175,8 +176,8 @@ def main(ctx, debug, verbose, quiet):
 @click.pass_context
 def optimize(ctx, model_path, output, in_place, mode, checkpoints, swap_tensors,
              swap_checkpoints, swap_form, budget, bandwidth, device_profile, planner, passes,
-             report_path, explain, plot_path, plan_out, plan_path, as_json, no_as_run,
-             input_shapes, outputs, backward_scope, device, tag):
+             report_path, explain, plot_path, plan_out, plan_path, as_json, device_memory,
+             no_as_run, input_shapes, outputs, backward_scope, device, tag):
     """Rewrite model IN with MODE and write it to OUT in the same format.
 
     IN is a GraphDef (.pb, .pbtxt), a MetaGraphDef (.meta, .meta.txt) or a SavedModel directory;
@@ -237,6 +238,14 @@ def optimize(ctx, model_path, output, in_place, mode, checkpoints, swap_tensors,
     if made:
         io.write_atomic(Path(plan_out), made)
     facts = report.optimize_report(model_path, output, fmt, result)
+    if device_memory:
+        from graphrewrite.planning import fit
+
+        stages("finding the largest batch that fits, before and after")
+        facts["largest_batch"] = {
+            when: fit.largest_batch(model, device_memory, graph, fetches=outputs,
+                                    device=device or "gpu", input_shapes=input_shapes).to_json()
+            for when, graph in (("before", model.graph), ("after", result.graph))}
     if report_path:
         io.write_atomic(Path(report_path), (json.dumps(facts, indent=2) + "\n").encode())
     if as_json:
@@ -451,11 +460,12 @@ def dump(model_path, tag):
               help="How many tensors live at the peak to list.")
 @plot_option("the step's modelled memory over its schedule, the peak and its largest "
              "tensors labelled")
+@memory_option
 @analysis_options
 @device_option
 @tag_option
-def inspect(model_path, as_json, top, plot_path, input_shapes, outputs, backward_scope, device,
-            tag):
+def inspect(model_path, as_json, top, plot_path, device_memory, input_shapes, outputs,
+            backward_scope, device, tag):
     """Summarize model IN: nodes, ops, inputs, outputs, control flow, variables, and the modelled
     memory of one training step (peak, what is live at the peak), FLOPs, forward/backward split.
     """
@@ -472,6 +482,12 @@ def inspect(model_path, as_json, top, plot_path, input_shapes, outputs, backward
     from graphrewrite.analysis import state
 
     facts.update(state.parameter_facts(model.graph, found.shapes))
+    if device_memory:
+        from graphrewrite.planning import fit
+
+        facts["largest_batch"] = fit.largest_batch(
+            model, device_memory, fetches=found.fetches, device=device or "gpu",
+            input_shapes=input_shapes).to_json()
     if plot_path:
         from graphrewrite.reporting import plot
 

@@ -20,9 +20,10 @@ FLAGS = {
     "budget": "--budget", "planner": "--planner", "plan": "--plan", "plan_out": "--plan-out",
     "executor": "--executor", "force": "--force", "data": "--data", "steps": "--steps",
     "int_high": "--int-high", "feeds": "--feed", "batches": "--batches",
+    "device_memory": "--device-memory",
 }
 
-__all__ = ["FLAGS", "setup_logging", "plot_option", "tag_option", "analysis_options", "device_option",
+__all__ = ["FLAGS", "memory_option", "setup_logging", "plot_option", "tag_option", "analysis_options", "device_option",
            "mode_option", "parse_feeds"]
 
 
@@ -69,6 +70,29 @@ def _parse_input_shapes(ctx, param, values):
         return dict(parse_input_shape(v) for v in values)
     except ValueError as err:
         raise click.BadParameter(str(err)) from None
+
+
+def _parse_memory(ctx, param, value):
+    """`16GiB`, `80GB`, bytes: a device's memory (a share of a peak means nothing here)."""
+    if value is None:
+        return None
+    from graphrewrite.core.errors import GraphRewriteError
+    from graphrewrite.planning.budget import parse_budget
+
+    try:
+        if value.strip().endswith("%"):
+            raise GraphRewriteError("give the device's memory in bytes (16GiB, 80GB)")
+        return parse_budget(value, 0)
+    except GraphRewriteError as err:
+        raise click.BadParameter(str(err).replace("budget", "size")) from None
+
+
+def memory_option(command):
+    """`--device-memory SIZE`: the largest batch that fits (`planning.fit`)."""
+    return click.option(
+        "--device-memory", "device_memory", metavar="SIZE", callback=_parse_memory,
+        help="A device's memory (16GiB, 80GB): report the largest batch whose modelled step "
+             "fits it, for a graph whose inputs have an unknown batch dimension.")(command)
 
 
 def _parse_names(ctx, param, value):

@@ -140,9 +140,25 @@ def format_optimize(facts: dict) -> str:
             continue
         rows.append(("not rewritten", f"{info['count']} {reason} "
                                        f"(e.g. {', '.join(info['examples'])})"))
+    if facts.get("largest_batch"):
+        before, after = facts["largest_batch"]["before"], facts["largest_batch"]["after"]
+        rows.append(("largest batch", f"{before['batch']} -> {after['batch']} within "
+                                      f"{format_bytes(after['device_memory'])} (modelled as "
+                                      "written, on a GPU's allocator)"))
     if facts["note"]:
         rows.append(("note", facts["note"]))
     return "\n".join(f"{key:<15} {value}" for key, value in rows)
+
+
+def _fit_row(fit: dict) -> str:
+    """The largest batch within a device's memory (`planning.fit`), and the next one up."""
+    if not fit["batch"]:
+        return (f"none: one example already needs {format_bytes(fit['peak_bytes'])} of "
+                f"{format_bytes(fit['device_memory'])}")
+    following = (f"; {fit['batch'] + 1} needs {format_bytes(fit['next_peak_bytes'])}"
+                 if fit["next_peak_bytes"] else "; no larger batch tried")
+    return (f"{fit['batch']} in {format_bytes(fit['device_memory'])} "
+            f"({format_bytes(fit['peak_bytes'])} modelled as written{following})")
 
 
 def _diet_row(facts: dict) -> str:
@@ -224,6 +240,8 @@ def format_summary(facts: dict) -> str:
             rows.append(("unknown sizes", f"{unknown['count']} tensors count 0 bytes (e.g. "
                                           f"{', '.join(unknown['examples'][:3])}); use "
                                           "--input-shape"))
+    if facts.get("largest_batch"):
+        rows.append(("largest batch", _fit_row(facts["largest_batch"])))
     if facts["train_op"]:
         rows.append(("train_op", ", ".join(facts["train_op"])))
     if facts["signatures"]:
