@@ -165,6 +165,11 @@ def main(ctx, debug, verbose, quiet):
                    "--budget.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @memory_option
+@click.option("--tradeoff", "tradeoff_path", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Also write the trade-off curve: mode memory's modelled peak against its "
+                   "extra step time at budgets from the original's peak to the lowest found "
+                   "(and the exact planner's, on small graphs), each point with its plan "
+                   "(--plan replays it). FILE.json, or .png/.svg (the plot extra).")
 @click.option("--no-as-run", "no_as_run", is_flag=True,
               help="Skip the report's model of both steps as TensorFlow runs them (after "
                    "Grappler's rewrites): about a third of the time on large graphs. The "
@@ -177,7 +182,7 @@ def main(ctx, debug, verbose, quiet):
 def optimize(ctx, model_path, output, in_place, mode, checkpoints, swap_tensors,
              swap_checkpoints, swap_form, budget, bandwidth, device_profile, planner, passes,
              report_path, explain, plot_path, plan_out, plan_path, as_json, device_memory,
-             no_as_run, input_shapes, outputs, backward_scope, device, tag):
+             tradeoff_path, no_as_run, input_shapes, outputs, backward_scope, device, tag):
     """Rewrite model IN with MODE and write it to OUT in the same format.
 
     IN is a GraphDef (.pb, .pbtxt), a MetaGraphDef (.meta, .meta.txt) or a SavedModel directory;
@@ -203,6 +208,13 @@ def optimize(ctx, model_path, output, in_place, mode, checkpoints, swap_tensors,
     if no_as_run and plot_path:
         raise click.UsageError("--plot draws the steps as run; it cannot be given with "
                                "--no-as-run")
+    if tradeoff_path and Path(tradeoff_path).suffix.lower() != ".json":
+        from graphrewrite.reporting import plot
+
+        if Path(tradeoff_path).suffix.lower() not in plot.FORMATS:
+            raise click.BadParameter(f"the extension picks the format: .json or one of "
+                                     f"{', '.join(plot.FORMATS)}", param_hint="--tradeoff")
+        plot.check(tradeoff_path)  # matplotlib, before any work
     if not in_place:
         io.refuse_overwriting(model_path, output)
     text = grammar.compose(mode, passes, checkpoints=checkpoints, budget=budget,
@@ -246,6 +258,10 @@ def optimize(ctx, model_path, output, in_place, mode, checkpoints, swap_tensors,
             when: fit.largest_batch(model, device_memory, graph, fetches=outputs,
                                     device=device or "gpu", input_shapes=input_shapes).to_json()
             for when, graph in (("before", model.graph), ("after", result.graph))}
+    if tradeoff_path:
+        _write_tradeoff(Path(tradeoff_path), model, model_path, stages, device_profile,
+                        input_shapes=input_shapes, fetches=outputs,
+                        backward_scope=backward_scope, device=device)
     if report_path:
         io.write_atomic(Path(report_path), (json.dumps(facts, indent=2) + "\n").encode())
     if as_json:
@@ -262,6 +278,20 @@ def optimize(ctx, model_path, output, in_place, mode, checkpoints, swap_tensors,
         curves = [curve for label, found in zip(("original", "rewritten"), result.run_reports)
                   if found is not None for curve in plot.modelled(found, label, flow)]
         plot.draw(plot_path, curves, f"{model_path}: one step, modelled ({mode})")
+
+
+def _write_tradeoff(path: Path, model, model_path, stages, profile, **analysis) -> None:
+    from graphrewrite.core import io
+    from graphrewrite.pipeline import tradeoff
+
+    stages("the trade-off curve (mode memory at several budgets)")
+    found = tradeoff.curve(model, profile=profile or "default", progress=stages, **analysis)
+    if path.suffix.lower() == ".json":
+        io.write_atomic(path, (json.dumps(found, indent=1) + "\n").encode())
+    else:
+        from graphrewrite.reporting import plot
+
+        plot.tradeoff(path, found, f"{model_path}: modelled peak against extra step time")
 
 
 @main.command()

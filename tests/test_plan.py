@@ -85,3 +85,33 @@ def test_a_swap_plan_replays_to_the_same_bytes(tmp_path):
                        tmp_path / "plan.json")
     assert replayed.exit_code == 0, replayed.stderr
     assert (tmp_path / "replayed.pb").read_bytes() == (tmp_path / "searched.pb").read_bytes()
+
+
+def test_the_tradeoff_curve_falls_and_its_points_replay(tmp_path):
+    """`--tradeoff`: peaks fall as the extra compute grows, the exact planner recomputes no more
+    than the default at a budget both meet, and a point's plan replays to its stated peak."""
+    curve = tmp_path / "curve.json"
+    done = run_cli("optimize", fixture_path("mlp"), "-o", tmp_path / "out.pbtxt",
+                   "--tradeoff", curve, "--no-as-run")
+    assert done.exit_code == 0, done.stderr
+    found = json.loads(curve.read_text())
+    points = found["estimate"]
+    assert len(points) >= 3 and points[-1]["budget"] is None  # the lowest, last
+    peaks = [p["peak_bytes"] for p in points]
+    assert peaks[0] < found["original_peak_bytes"] and peaks[-1] == min(peaks)
+    assert all(p["peak_bytes"] <= p["budget"] for p in points[:-1] if p["modified"])
+    by_budget = {p["budget"]: p for p in points}
+    for exact in found.get("exact", []):
+        default = by_budget[exact["budget"]]
+        if default["peak_bytes"] <= exact["budget"]:
+            assert exact["extra_flops"] <= default["extra_flops"]
+    chosen = points[len(points) // 2]
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(chosen["plan"]))
+    replayed = run_cli("optimize", fixture_path("mlp"), "-o", tmp_path / "again.pbtxt",
+                       "--plan", plan_file, "--json", "--no-as-run")
+    assert replayed.exit_code == 0, replayed.stderr
+    assert json.loads(replayed.stdout)["peak_bytes"]["after"] == chosen["peak_bytes"]
+    refused = run_cli("optimize", fixture_path("mlp"), "-o", tmp_path / "x.pbtxt",
+                      "--tradeoff", tmp_path / "curve.gif")
+    assert refused.exit_code == 2 and "--tradeoff" in refused.stderr

@@ -16,7 +16,7 @@ from ..analysis.memory import MemoryReport
 from ..core import io
 from ..core.errors import GraphRewriteError
 
-__all__ = ["MIB", "FORMATS", "LABELLED", "Curve", "modelled", "measured", "gradient_flow", "check",
+__all__ = ["tradeoff", "MIB", "FORMATS", "LABELLED", "Curve", "modelled", "measured", "gradient_flow", "check",
            "draw"]
 
 MIB = 2**20
@@ -113,6 +113,33 @@ def draw(path, curves: list[Curve], title: str) -> Path:
     axes.set_ylim(bottom=0)
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8, loc="upper left")
+    figure.tight_layout()
+    data = _render(figure, path.suffix.lower()[1:])
+    pyplot.close(figure)
+    io.write_atomic(path, data)
+    return path
+
+
+def tradeoff(path, found: dict, title: str) -> Path:
+    """The trade-off curve (`pipeline.tradeoff.curve`): modelled peak against extra step time,
+    a line per planner, written to `path` atomically."""
+    path = Path(path)
+    check(path)
+    pyplot = _pyplot()
+    figure, axes = pyplot.subplots(figsize=(7, 5))
+    for planner in ("estimate", "exact"):
+        points = sorted(found.get(planner, []), key=lambda p: p["extra_seconds"])
+        if points:
+            axes.plot([p["extra_seconds"] * 1000 for p in points],
+                      [p["peak_bytes"] / 2**20 for p in points], marker="o", label=planner)
+    axes.axhline(found["original_peak_bytes"] / 2**20, color="grey", linestyle=":",
+                 label="original")
+    axes.set_xlabel(f"extra step time, ms (recomputed FLOPs on profile {found['profile']})")
+    axes.set_ylabel("modelled peak (MiB, as written)")
+    axes.set_title(title, fontsize=10)
+    axes.set_ylim(bottom=0)
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8)
     figure.tight_layout()
     data = _render(figure, path.suffix.lower()[1:])
     pyplot.close(figure)

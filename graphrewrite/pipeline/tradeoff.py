@@ -1,0 +1,69 @@
+"""The trade-off curve: modelled peak against extra step time over memory budgets, so a budget
+is chosen from data (`optimize --tradeoff FILE`).
+
+Mode memory runs once without a budget (the lowest peak it finds) and then at budgets spread
+evenly between the original's peak and that lowest one; each point is the rewrite's modelled
+peak (as written: what the passes plan on), its recomputed FLOPs and their time on a device
+profile (`planning.devices`, FP32), and its plan (`pipeline.plan`: `optimize --plan` replays it
+to the same peak). With the exact planner available and the graph small enough
+(`planning.exact.NODE_LIMIT`), its points at the same budgets are there too: how far the
+default planner is from the least recomputation at each peak.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from collections.abc import Callable
+
+from ..core.errors import GraphRewriteError
+from ..core.io import Model
+from ..planning import devices
+from . import plan as plan_mod
+from .run import optimize
+
+__all__ = ["POINTS", "curve"]
+
+log = logging.getLogger(__name__)
+
+POINTS = 6  # budgets between the original's peak and the lowest found
+
+
+def curve(model: Model, points: int = POINTS, profile: str = "default",
+          progress: Callable[[str], None] | None = None, **analysis) -> dict:
+    """The curve's plain data: the original's modelled peak and, per planner, points of
+    {budget, peak_bytes, extra_flops, extra_seconds, plan}, highest peak first. `analysis`:
+    optimize's input_shapes, fetches, backward_scope, device."""
+    stage = progress or (lambda text: None)
+    rate = devices.profile(profile).fp32_flops
+
+    original = 0
+
+    def point(planner: str, budget: int | None) -> dict | None:
+        nonlocal original
+        stage(f"planner {planner}, budget {'none' if budget is None else budget}")
+        try:
+            result = optimize(model, "memory", as_run=False, planner=planner,
+                              budget=None if budget is None else str(budget), **analysis)
+        except GraphRewriteError as err:  # the exact planner's own limits
+            log.info("tradeoff: planner %s at budget %s: %s", planner, budget, err)
+            return None
+        original = result.peak_before
+        flops = sum(getattr(r, "extra_flops", 0) for r in result.results.values())
+        return {"budget": budget, "peak_bytes": result.peak_after, "extra_flops": flops,
+                "extra_seconds": flops / rate, "modified": result.changed,
+                "plan": plan_mod.plan_of(result, model.graph)}
+
+    lowest = point("estimate", None)
+    budgets = sorted({int(original - (original - lowest["peak_bytes"]) * k / (points + 1))
+                      for k in range(1, points + 1)}, reverse=True)
+    found = {"original_peak_bytes": original, "profile": profile,
+             "estimate": [p for b in budgets if (p := point("estimate", b))] + [lowest]}
+    from ..planning import exact
+
+    if importlib.util.find_spec("highspy") and len(model.graph) <= exact.NODE_LIMIT:
+        found["exact"] = [p for b in budgets if (p := point("exact", b))]
+    else:
+        log.info("tradeoff: no exact planner's points (highspy missing or graph over %d nodes)",
+                 exact.NODE_LIMIT)
+    return found
