@@ -25,8 +25,8 @@ import click  # noqa: E402
 from graphrewrite.planning.devices import PROFILES  # noqa: E402  (no TensorFlow import)
 
 from graphrewrite.cli.options import (FLAGS, analysis_options, device_option,  # noqa: E402
-                                      memory_option, mode_option, parse_feeds, plot_option,
-                                      setup_logging, tag_option)
+                                      memory_option, mode_option, parse_feeds, parse_pins,
+                                      plot_option, setup_logging, tag_option)
 from graphrewrite.cli.tables import (Progress, Stages, format_optimize,  # noqa: E402
                                      format_summary, format_verify)
 
@@ -165,6 +165,10 @@ def main(ctx, debug, verbose, quiet):
                    "--budget.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @memory_option
+@click.option("--pin", "pins", multiple=True, metavar="KIND=SELECTORS", callback=parse_pins,
+              help="Mode memory: keep=SEL holds those nodes as checkpoints in every plan, "
+                   "recompute=SEL never holds them, never=SEL never copies them (selectors as "
+                   "--checkpoints); the report says what the pins cost. Repeatable.")
 @click.option("--tradeoff", "tradeoff_path", type=click.Path(dir_okay=False), metavar="FILE",
               help="Also write the trade-off curve: mode memory's modelled peak against its "
                    "extra step time at budgets from the original's peak to the lowest found "
@@ -182,7 +186,8 @@ def main(ctx, debug, verbose, quiet):
 def optimize(ctx, model_path, output, in_place, mode, checkpoints, swap_tensors,
              swap_checkpoints, swap_form, budget, bandwidth, device_profile, planner, passes,
              report_path, explain, plot_path, plan_out, plan_path, as_json, device_memory,
-             tradeoff_path, no_as_run, input_shapes, outputs, backward_scope, device, tag):
+             pins, tradeoff_path, no_as_run, input_shapes, outputs, backward_scope, device,
+             tag):
     """Rewrite model IN with MODE and write it to OUT in the same format.
 
     IN is a GraphDef (.pb, .pbtxt), a MetaGraphDef (.meta, .meta.txt) or a SavedModel directory;
@@ -220,7 +225,8 @@ def optimize(ctx, model_path, output, in_place, mode, checkpoints, swap_tensors,
     text = grammar.compose(mode, passes, checkpoints=checkpoints, budget=budget,
                             planner=planner, swap_checkpoints=swap_checkpoints,
                             swap_options={"form": swap_form, "bandwidth": bandwidth,
-                                          "profile": device_profile, "tensors": swap_tensors})
+                                          "profile": device_profile, "tensors": swap_tensors},
+                            pins=pins)
     stages = Stages(enabled=not ctx.find_root().params.get("quiet"))
     stages("loading")
     model = io.load(model_path, tag=tag)

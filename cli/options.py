@@ -20,11 +20,12 @@ FLAGS = {
     "budget": "--budget", "planner": "--planner", "plan": "--plan", "plan_out": "--plan-out",
     "executor": "--executor", "force": "--force", "data": "--data", "steps": "--steps",
     "int_high": "--int-high", "feeds": "--feed", "batches": "--batches",
-    "device_memory": "--device-memory",
+    "device_memory": "--device-memory", "pin_keep": "--pin keep",
+    "pin_recompute": "--pin recompute", "pin_never": "--pin never",
 }
 
-__all__ = ["FLAGS", "memory_option", "setup_logging", "plot_option", "tag_option", "analysis_options", "device_option",
-           "mode_option", "parse_feeds"]
+__all__ = ["FLAGS", "parse_pins", "memory_option", "setup_logging", "plot_option", "tag_option",
+           "analysis_options", "device_option", "mode_option", "parse_feeds"]
 
 
 class _StderrFormatter(logging.Formatter):
@@ -85,6 +86,19 @@ def _parse_memory(ctx, param, value):
         return parse_budget(value, 0)
     except GraphRewriteError as err:
         raise click.BadParameter(str(err).replace("budget", "size")) from None
+
+
+def parse_pins(ctx, param, values) -> dict[str, str]:
+    """`--pin keep=op:Conv2D --pin never=scope:embed` -> {kind: selectors} (one kind given
+    twice: both selector lists)."""
+    pins: dict[str, list[str]] = {}
+    for text in values:
+        kind, sep, selectors = text.partition("=")
+        if not sep or kind not in ("keep", "recompute", "never") or not selectors.strip():
+            raise click.BadParameter(f"expected keep=, recompute= or never= followed by "
+                                     f"selectors, not '{text}'")
+        pins.setdefault(kind, []).append(selectors)
+    return {kind: ",".join(lists) for kind, lists in pins.items()}
 
 
 def memory_option(command):

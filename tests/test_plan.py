@@ -115,3 +115,26 @@ def test_the_tradeoff_curve_falls_and_its_points_replay(tmp_path):
     refused = run_cli("optimize", fixture_path("mlp"), "-o", tmp_path / "x.pbtxt",
                       "--tradeoff", tmp_path / "curve.gif")
     assert refused.exit_code == 2 and "--tradeoff" in refused.stderr
+
+
+def test_pins_hold_what_they_keep_and_say_what_they_cost(tmp_path):
+    """`--pin keep=` nodes are checkpoints of the plan, `--pin recompute=` ones are not, and
+    the note prices the pins against the plan found without them."""
+    done = run_cli("optimize", fixture_path("mlp"), "-o", tmp_path / "o.pbtxt", "--json",
+                   "--no-as-run", "--pin", "keep=dense_1/Relu", "--pin", "recompute=dense_4/Relu")
+    assert done.exit_code == 0, done.stderr
+    facts = json.loads(done.stdout)
+    assert "dense_1/Relu" in facts["checkpoints"] and "dense_4/Relu" not in facts["checkpoints"]
+    assert facts["pinned"] == {"keep": ["dense_1/Relu"], "recompute": ["dense_4/Relu"]}
+    assert "pin_keep=dense_1/Relu" in facts["pipeline"] and "without them" in facts["note"]
+    free = json.loads(run_cli("optimize", fixture_path("mlp"), "-o", tmp_path / "f.pbtxt",
+                              "--json", "--no-as-run").stdout)
+    assert "dense_4/Relu" in free["checkpoints"]  # so the pin changed the plan
+    never = json.loads(run_cli("optimize", fixture_path("mlp"), "-o", tmp_path / "n.pbtxt",
+                               "--json", "--no-as-run", "--pin", "never=op:Relu").stdout)
+    assert not {r for r in never["recomputed"] if r.endswith("Relu")}
+    bad = run_cli("optimize", fixture_path("mlp"), "-o", tmp_path / "b.pbtxt", "--pin", "hold=x")
+    assert bad.exit_code == 2 and "keep=, recompute= or never=" in bad.stderr
+    speed = run_cli("optimize", fixture_path("mlp"), "-o", tmp_path / "s.pbtxt", "--mode",
+                    "speed", "--pin", "keep=dense_1/Relu")
+    assert speed.exit_code == 2 and "pins need policy memory" in speed.stderr

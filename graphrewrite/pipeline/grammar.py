@@ -32,6 +32,9 @@ OPTION_TARGETS = {
     "form": ("swap", "form"),
     "bandwidth": ("swap", "bandwidth"),
     "profile": ("swap", "profile"),
+    "pin_keep": ("recompute", "pin_keep"),
+    "pin_recompute": ("recompute", "pin_recompute"),
+    "pin_never": ("recompute", "pin_never"),
     "planner": ("recompute", "planner"),
 }
 
@@ -121,15 +124,17 @@ def pass_options(name: str, raw: dict[str, str]):
 
 def compose(mode: str, passes: str | None = None, checkpoints: str | None = None,
             swap_options: dict | None = None, swap_checkpoints: bool = False,
-            budget: str | None = None, planner: str | None = None) -> str:
+            budget: str | None = None, planner: str | None = None,
+            pins: dict | None = None) -> str:
     """The pipeline that `mode` (or the text `passes`, which replaces it) and the command line's
     options describe, with each option written into the passes it is for.
 
     `swap_checkpoints` adds a swap pass after recomputation, which then moves the checkpoints
     to host memory. `swap_options` holds the swap pass's `tensors`, `form` and `bandwidth`.
     `budget` (bytes, or a share of the original's modelled peak, resolved when the pipeline
-    runs) goes to the passes that search, `planner` to recompute. Every option is checked
-    here, before any work is done."""
+    runs) goes to the passes that search, `planner` to recompute, `pins` ({keep, recompute,
+    never}: selectors) to recompute as its `pin_` options. Every option is checked here, before
+    any work is done."""
     if mode not in MODES:
         raise GraphRewriteError(f"unknown mode '{mode}' (modes: {', '.join(MODES)})")
     if passes is not None and not passes.strip():
@@ -142,7 +147,8 @@ def compose(mode: str, passes: str | None = None, checkpoints: str | None = None
             raise GraphRewriteError(f"${{swap_checkpoints}} needs a recompute mode "
                                     f"(memory, speed, collection), not '{mode}'")
         steps.append(("swap", {}))
-    given = {"checkpoints": checkpoints, "planner": planner, **(swap_options or {})}
+    given = {"checkpoints": checkpoints, "planner": planner, **(swap_options or {}),
+             **{f"pin_{kind}": text for kind, text in (pins or {}).items()}}
     for key, value in given.items():
         target, option = OPTION_TARGETS[key]
         if value is None or value == "":

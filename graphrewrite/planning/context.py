@@ -187,6 +187,12 @@ class Context:
         return cls(graph, analysis, constant, loop_frame_nodes(graph), functions,
                    parameters.parameter_nodes(graph, constant))
 
+    def pin_never(self, names, reason: str) -> None:
+        """Never copy `names` (a user's pin): `reason` is their blocker, before any is asked."""
+        for name in names:
+            self._blockers[name] = reason
+        self._forward_blockers = None
+
     def blocker(self, name: str) -> str | None:
         """Why `name` must not be recomputed, or None when copying it is safe."""
         if name not in self._blockers:

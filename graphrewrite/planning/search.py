@@ -23,7 +23,7 @@ from . import plan_nodes
 from .context import Context
 from .estimate import PlanEstimator
 
-__all__ = ["MIN_GAIN", "PEAK_SLACK", "REFINE_ROUNDS", "REFINE_TRIES", "AHEAD_GAIN", "AHEAD_FLOPS",
+__all__ = ["Pins", "MIN_GAIN", "PEAK_SLACK", "REFINE_ROUNDS", "REFINE_TRIES", "AHEAD_GAIN", "AHEAD_FLOPS",
            "REUSE_TRIES", "FINALISTS", "STAGE_FINALISTS", "TRUST_ERROR", "TRUST_AFTER",
            "FREE_ROUNDS", "FREE_TRIES", "FREE_NODES", "Rewrite", "Simulate", "plan", "decide",
            "Pricer", "estimate", "choose", "add_free", "ahead_trials", "two_level_trials"]
@@ -141,6 +141,19 @@ def decide(attempts: list[Rewrite], trials: list[Rewrite], budget: int, step_flo
     return (choose(better) if better else best), ""
 
 
+@dataclass(frozen=True)
+class Pins:
+    """What a user requires of every plan (`--pin`): these nodes held as checkpoints (`keep`),
+    those never held (`recompute`: copied when the gradient flow reads them, if they may be)."""
+
+    keep: frozenset = frozenset()
+    recompute: frozenset = frozenset()
+
+    def apply(self, checkpoints, ahead=frozenset()) -> tuple[set[str], frozenset]:
+        """`checkpoints` and the checkpoints recomputed ahead, as the pins have them."""
+        return (set(checkpoints) | self.keep) - self.recompute, frozenset(ahead) - self.keep
+
+
 class Pricer:
     """Prices plans for policy memory's search. Planner `search`: `score` applies and simulates
     each plan, `keep` keeps them all. Planner `estimate`: `score` estimates (`estimate.py`),
@@ -156,8 +169,14 @@ class Pricer:
     final graph (`run`): should that miss its estimate, the search runs again without trust."""
 
     def __init__(self, ctx: Context, planner: str, budget: int, simulate: Simulate,
-                 trust: bool = True):
+                 trust: bool = True, pins: Pins | None = None):
+        if pins:  # every plan simulated, however it was made, as the pins have it
+            unpinned = simulate
+
+            def simulate(ctx, checkpoints, ahead=frozenset(), reuse=False):
+                return unpinned(ctx, *pins.apply(checkpoints, ahead), reuse)
         self.ctx, self.budget, self.trust, self.simulate = ctx, budget, trust, simulate
+        self.pins = pins
         self.estimator = PlanEstimator(ctx.graph, ctx.analysis) if planner == "estimate" else None
         self.evaluated: dict[tuple, Rewrite] = {}
         self.errors: list[float] = []  # |estimated / simulated - 1| of each plan simulated
@@ -167,6 +186,8 @@ class Pricer:
         return self.trust and len(self.errors) >= TRUST_AFTER and max(self.errors) <= TRUST_ERROR
 
     def score(self, checkpoints: set[str], ahead: frozenset = frozenset()) -> Rewrite:
+        if self.pins:
+            checkpoints, ahead = self.pins.apply(checkpoints, ahead)
         if self.estimator is None:
             return self.simulate(self.ctx, checkpoints, ahead)
         return estimate(self.estimator, self.ctx, checkpoints, ahead)

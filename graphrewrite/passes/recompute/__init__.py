@@ -79,6 +79,12 @@ class RecomputeOptions(PassOptions):
     budget: str | None = None       # policy memory: the least recomputation under this peak
     planner: str = "estimate"       # policy memory: estimate | search (see `run`)
     reuse: bool = False             # with ahead: the ahead pass serves a segment (`rewrite`)
+    # Pins (policy memory, planners estimate and search): selectors of nodes every plan holds
+    # as checkpoints, never holds, or never copies (as PyTorch's CheckpointPolicy MUST_SAVE /
+    # MUST_RECOMPUTE); the note says what they cost against the plan without them.
+    pin_keep: str | None = None
+    pin_recompute: str | None = None
+    pin_never: str | None = None
 
     def __post_init__(self):
         if self.planner not in PLANNERS:
@@ -96,6 +102,15 @@ class RecomputeOptions(PassOptions):
                                     f"'{self.policy}'")
         if self.reuse and not self.ahead:
             raise GraphRewriteError("recompute: 'reuse' needs 'ahead'")
+        if self.pinned() and (self.policy != "memory" or self.planner == "exact"):
+            raise GraphRewriteError("recompute: pins need policy memory and planner estimate "
+                                    "or search")
+
+    def pinned(self) -> dict[str, str]:
+        """kind -> selectors, of the pins given."""
+        return {kind: text for kind, text in (("keep", self.pin_keep),
+                                              ("recompute", self.pin_recompute),
+                                              ("never", self.pin_never)) if text}
 
     def takes_budget(self) -> bool:
         return self.policy == "memory"
@@ -112,6 +127,7 @@ class RecomputeResult(PassResult):
     fanout_pads: int = 0
     extra_flops: int = 0
     kept_because: dict[str, list[str]] = field(default_factory=dict)  # reason -> nodes
+    pinned: dict[str, list[str]] = field(default_factory=dict)  # kind -> nodes (`--pin`)
 
     def section(self) -> dict:
         found = super().section()
@@ -138,6 +154,7 @@ def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None)
     if not analysis.split.seeds:
         return RecomputeResult(graph, False, note="no backward pass found: nothing to do")
     ctx = Context.build(graph, analysis)
+    pins, pinned = _pins(ctx, options)
     if options.policy == "collection":
         candidates = policies.collection_policy(ctx, options.checkpoints,
                                                 model.meta_graph if model else None)
@@ -156,15 +173,15 @@ def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None)
         chosen, note = exact.plan(ctx, budget)
         best = evaluate(ctx, chosen)
     elif options.policy == "memory":
-        pricer = search.Pricer(ctx, options.planner, budget, evaluate)
+        pricer = search.Pricer(ctx, options.planner, budget, evaluate, pins=pins)
         best, note = search.plan(ctx, candidates, budget, pricer)
     else:
         best = search.choose([evaluate(ctx, checkpoints, ahead, options.reuse)
-                        for checkpoints in candidates])
+                              for checkpoints in candidates])
     automatic = options.policy in ("memory", "speed")  # hints and selectors are obeyed as given
     unchanged = RecomputeResult(graph, False, note=(
-        f"no checkpoint choice lowers the modelled peak by {search.MIN_GAIN:.0%} or more: nothing "
-        "recomputed; " + why_so_little(ctx, analysis.memory)))
+        f"no checkpoint choice lowers the modelled peak by {search.MIN_GAIN:.0%} or more: "
+        "nothing recomputed; " + why_so_little(ctx, analysis.memory)), pinned=pinned)
     if automatic and best.peak > analysis.memory.peak() * (1 - search.MIN_GAIN):
         return unchanged
     final = finish(ctx, best)
@@ -174,14 +191,42 @@ def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None)
                  "planned again, every finalist simulated", best.peak, final.report.peak())
         best, note = search.plan(ctx, candidates, budget,
                                   search.Pricer(ctx, options.planner, budget, evaluate,
-                                                trust=False))
+                                                trust=False, pins=pins))
         if best.peak > analysis.memory.peak() * (1 - search.MIN_GAIN):
             return unchanged
         final = finish(ctx, best)
     if automatic and final.report.peak() > analysis.memory.peak() * (1 - SMALL_GAIN):
         note = " ".join(filter(None, (note, f"it saves under {SMALL_GAIN:.0%}: "
                                       + why_so_little(ctx, final.report))))
-    return _result(final, note)
+    if pins is not None:
+        note = " ".join(filter(None, (note, _pins_cost(graph, analysis, options, budget,
+                                                       final))))
+    result = _result(final, note)
+    result.pinned = pinned
+    return result
+
+
+def _pins(ctx: Context, options: RecomputeOptions) -> tuple[search.Pins | None, dict]:
+    """The pins the options select (never-copied nodes given to `ctx` as blockers), and the
+    nodes of each kind for the report."""
+    pinned = {kind: select(ctx.graph, text) for kind, text in options.pinned().items()}
+    if not pinned:
+        return None, {}
+    ctx.pin_never(pinned.get("never", ()), "pinned: never copied (--pin never)")
+    return search.Pins(frozenset(pinned.get("keep", ())),
+                       frozenset(pinned.get("recompute", ()))), pinned
+
+
+def _pins_cost(graph: Graph, analysis: Analysis, options: RecomputeOptions, budget: int,
+               pinned: search.Rewrite) -> str:
+    """What the pins cost: the plan found without them, on its own context, beside it."""
+    free_ctx = Context.build(graph, analysis)
+    free, _ = search.plan(free_ctx, policies.POLICIES["memory"](free_ctx), budget,
+                          search.Pricer(free_ctx, options.planner, budget, evaluate))
+    mib = 2**20
+    return (f"pins: modelled peak {pinned.report.peak() / mib:.1f} MiB and "
+            f"{pinned.extra_flops / 1e9:.3f} GFLOP recomputed, against "
+            f"{free.peak / mib:.1f} MiB and {free.extra_flops / 1e9:.3f} GFLOP without them")
 
 
 def finish(ctx: Context, best: search.Rewrite) -> search.Rewrite:
