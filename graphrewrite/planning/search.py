@@ -23,8 +23,8 @@ from . import plan_nodes
 from .context import Context
 from .estimate import PlanEstimator
 
-__all__ = ["Pins", "MIN_GAIN", "PEAK_SLACK", "REFINE_ROUNDS", "REFINE_TRIES", "AHEAD_GAIN", "AHEAD_FLOPS",
-           "REUSE_TRIES", "FINALISTS", "STAGE_FINALISTS", "TRUST_ERROR", "TRUST_AFTER",
+__all__ = ["Pins", "MIN_GAIN", "PEAK_SLACK", "REFINE_ROUNDS", "REFINE_TRIES", "AHEAD_GAIN",
+           "AHEAD_FLOPS", "REUSE_TRIES", "FINALISTS", "STAGE_FINALISTS", "TRUST_ERROR", "TRUST_AFTER",
            "FREE_ROUNDS", "FREE_TRIES", "FREE_NODES", "Rewrite", "Simulate", "plan", "decide",
            "Pricer", "estimate", "choose", "add_free", "ahead_trials", "two_level_trials"]
 
