@@ -126,20 +126,15 @@ def format_optimize(facts: dict) -> str:
             rows.append((key, f"{len(facts[key])} {what} ({_shorten(facts[key], 3)})"))
     if facts["dieted"] or facts["constants"]:
         rows.append(("diet", _diet_row(facts)))
-    for reason, info in facts["kept_float"].items():
-        rows.append(("kept float32", f"{info['count']} variables: {reason} "
-                                      f"(e.g. {', '.join(info['examples'])})"))
+    rows += _by_reason("kept float32", facts["kept_float"], "variables: ")
     if facts["relaxed_assigns"]:
         rows.append(("relaxed", f"{len(facts['relaxed_assigns'])} Assigns may ignore allocator "
                                 "constraints"))
     if facts["ungated_segments"]:
         rows.append(("ungated", f"{facts['ungated_segments']} segments had no safe trigger "
                                 "(their copies may run early)"))
-    for reason, info in facts["skipped"].items():
-        if reason in EXPECTED_SKIPS:
-            continue
-        rows.append(("not rewritten", f"{info['count']} {reason} "
-                                       f"(e.g. {', '.join(info['examples'])})"))
+    rows += _by_reason("not rewritten", {reason: info for reason, info in facts["skipped"].items()
+                                         if reason not in EXPECTED_SKIPS})
     if facts.get("largest_batch"):
         before, after = facts["largest_batch"]["before"], facts["largest_batch"]["after"]
         rows.append(("largest batch", f"{before['batch']} -> {after['batch']} within "
@@ -148,6 +143,12 @@ def format_optimize(facts: dict) -> str:
     if facts["note"]:
         rows.append(("note", facts["note"]))
     return "\n".join(f"{key:<15} {value}" for key, value in rows)
+
+
+def _by_reason(key: str, found: dict, what: str = "") -> list[tuple[str, str]]:
+    """A row per reason of a report's {reason: {count, examples}}."""
+    return [(key, f"{info['count']} {what}{reason} (e.g. {', '.join(info['examples'])})")
+            for reason, info in found.items()]
 
 
 def _fit_row(fit: dict) -> str:
