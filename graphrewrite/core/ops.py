@@ -1,4 +1,5 @@
-"""What TensorFlow's op registry says about an op type (TensorFlow is imported on first use)."""
+"""Facts about op types: the sets several layers ask about, and what TensorFlow's op registry
+says of an op (TensorFlow is imported on first use)."""
 
 from __future__ import annotations
 
