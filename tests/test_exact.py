@@ -2,7 +2,8 @@
 exhaustive search, and the default planner held to it (issue 15: on graphs up to 300 nodes the
 default planner's extra FLOPs at equal modelled peak within 5% of the exact planner's).
 
-`python tests/test_exact.py` prints the table BENCHMARKS.md gives ("The default planner against the exact one").
+`python tests/test_exact.py` prints the table BENCHMARKS.md gives ("The default planner against
+the exact one").
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ LARGER_FIXTURES = ["transformer_dropout", "keras_step_tf2", "keras_train"]
 RESIDUAL_MLPS = [(8, 512), (16, 64), (31, 512)]
 KERAS_CNN_BATCHES = [8, 32]
 # Where the default planner is more than 5% off (the default's plans never add a checkpoint
-# away from the peak: see BENCHMARKS.md, "The default planner against the exact one"). Strict: a default that
-# closes the gap fails here until the mark goes.
+# away from the peak: see BENCHMARKS.md, "The default planner against the exact one"). Strict:
+# a default that closes the gap fails here until the mark goes.
 @dataclass
 class Row:
     """One graph: the default planner's single-level plan against the exact planner's at the
