@@ -222,10 +222,15 @@ def optimize(ctx, model_path, output, in_place, mode, checkpoints, swap_tensors,
         plot.check(tradeoff_path)  # matplotlib, before any work
     if not in_place:
         io.refuse_overwriting(model_path, output)
+    from graphrewrite.pipeline.modes import MODES
+
+    # The profile times swap passes, and the trade-off curve's extra compute.
+    swaps = swap_checkpoints or "swap" in (passes if passes is not None else MODES[mode])
     text = grammar.compose(mode, passes, checkpoints=checkpoints, budget=budget,
                             planner=planner, swap_checkpoints=swap_checkpoints,
                             swap_options={"form": swap_form, "bandwidth": bandwidth,
-                                          "profile": device_profile, "tensors": swap_tensors},
+                                          "profile": device_profile if swaps or not
+                                          tradeoff_path else None, "tensors": swap_tensors},
                             pins=pins)
     stages = Stages(enabled=not ctx.find_root().params.get("quiet"))
     stages("loading")

@@ -115,6 +115,12 @@ def test_the_tradeoff_curve_falls_and_its_points_replay(tmp_path):
     refused = run_cli("optimize", fixture_path("mlp"), "-o", tmp_path / "x.pbtxt",
                       "--tradeoff", tmp_path / "curve.gif")
     assert refused.exit_code == 2 and "--tradeoff" in refused.stderr
+    on_h200 = run_cli("optimize", fixture_path("mlp"), "-o", tmp_path / "h.pbtxt", "--no-as-run",
+                      "--tradeoff", tmp_path / "h200.json", "--device-profile", "h200")
+    assert on_h200.exit_code == 0, on_h200.stderr  # the profile times the curve, no swap pass
+    faster = json.loads((tmp_path / "h200.json").read_text())
+    assert faster["profile"] == "h200"
+    assert faster["estimate"][-1]["extra_seconds"] < points[-1]["extra_seconds"]
 
 
 def test_pins_hold_what_they_keep_and_say_what_they_cost(tmp_path):
