@@ -135,6 +135,9 @@ def test_a_second_run_of_a_pass_adds_to_the_first():
         RecomputeResult(checkpoints=["b"], triggers=2, kept_because={"x": ["q"], "y": ["r"]}))
     assert (combined.checkpoints, combined.triggers, combined.note) == (["a", "b"], 3, "one")
     assert combined.kept_because == {"x": ["p", "q"], "y": ["r"]}
+    swaps = SwapResult(device_profile="h200", note="a").then(SwapResult(device_profile="h200",
+                                                                        note="b"))
+    assert (swaps.device_profile, swaps.note) == ("h200", "a b")  # a repeated value stays one
 
 
 def broken(graph, analysis, options, model=None):

@@ -102,8 +102,9 @@ class PassResult:
                 combined[f.name] = second
             elif isinstance(first, bool):
                 combined[f.name] = first or second
-            elif isinstance(first, str):
-                combined[f.name] = " ".join(filter(None, (first, second)))
+            elif isinstance(first, str):  # notes join; a repeated value stays one
+                combined[f.name] = first if first == second else " ".join(
+                    filter(None, (first, second)))
             elif isinstance(first, dict):
                 combined[f.name] = {k: first.get(k, []) + second.get(k, [])
                                     for k in {**first, **second}}
