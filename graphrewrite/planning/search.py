@@ -186,10 +186,10 @@ class Pricer:
         return self.trust and len(self.errors) >= TRUST_AFTER and max(self.errors) <= TRUST_ERROR
 
     def score(self, checkpoints: set[str], ahead: frozenset = frozenset()) -> Rewrite:
+        if self.estimator is None:  # `simulate` applies the pins
+            return self.simulate(self.ctx, checkpoints, ahead)
         if self.pins:
             checkpoints, ahead = self.pins.apply(checkpoints, ahead)
-        if self.estimator is None:
-            return self.simulate(self.ctx, checkpoints, ahead)
         return estimate(self.estimator, self.ctx, checkpoints, ahead)
 
     def keep(self, scored: list[Rewrite], count: int) -> list[Rewrite]:
