@@ -146,8 +146,13 @@ def main(ctx, debug, verbose, quiet):
                    "options: e.g. 'recompute(policy=memory) accumulate relax_assign', "
                    "'recompute(policy=collection, checkpoints=\"op:Conv2D,scope:stem\")' "
                    "(quote a value holding a comma, space or parenthesis). Passes: recompute, "
-                   "swap, defer, accumulate, relax_assign, diet. The report's pipeline replays "
-                   "a run.")
+                   "swap, defer, accumulate, relax_assign, diet, chunk_loss (lossy). The "
+                   "report's pipeline replays a run.")
+@click.option("--lossy", is_flag=True,
+              help="Also use the levers that change the numbers to rounding: the loss's final "
+                   "projection and softmax cross entropy computed a block of rows at a time "
+                   "(chunk_loss: the logits and their gradient never exist whole; the weight's "
+                   "gradient is summed in another order). Check with verify --steps N --rtol R.")
 @click.option("--report", "report_path", type=click.Path(),
               help="Also write the report as JSON to this file.")
 @click.option("--explain", metavar="NODE", multiple=True,
@@ -186,8 +191,8 @@ def main(ctx, debug, verbose, quiet):
 def optimize(ctx, model_path, output, in_place, mode, checkpoints, swap_tensors,
              swap_checkpoints, swap_form, budget, bandwidth, device_profile, planner, passes,
              report_path, explain, plot_path, plan_out, plan_path, as_json, device_memory,
-             pins, tradeoff_path, no_as_run, input_shapes, outputs, backward_scope, device,
-             tag):
+             pins, tradeoff_path, no_as_run, lossy, input_shapes, outputs, backward_scope,
+             device, tag):
     """Rewrite model IN with MODE and write it to OUT in the same format.
 
     IN is a GraphDef (.pb, .pbtxt), a MetaGraphDef (.meta, .meta.txt) or a SavedModel directory;
@@ -203,7 +208,7 @@ def optimize(ctx, model_path, output, in_place, mode, checkpoints, swap_tensors,
     if plan_path:
         given = [flag for flag, value in (("--passes", passes), ("--checkpoints", checkpoints),
                                           ("--swap", swap_tensors), ("--budget", budget),
-                                          ("--planner", planner),
+                                          ("--planner", planner), ("--lossy", lossy),
                                           ("--swap-checkpoints", swap_checkpoints)) if value]
         if ctx.get_parameter_source("mode") != click.core.ParameterSource.DEFAULT:
             given.insert(0, "--mode")
@@ -231,7 +236,7 @@ def optimize(ctx, model_path, output, in_place, mode, checkpoints, swap_tensors,
                             swap_options={"form": swap_form, "bandwidth": bandwidth,
                                           "profile": device_profile if swaps or not
                                           tradeoff_path else None, "tensors": swap_tensors},
-                            pins=pins)
+                            pins=pins, lossy=lossy)
     stages = Stages(enabled=not ctx.find_root().params.get("quiet"))
     stages("loading")
     model = io.load(model_path, tag=tag)

@@ -127,6 +127,11 @@ def format_optimize(facts: dict) -> str:
     if facts["dieted"] or facts["constants"]:
         rows.append(("diet", _diet_row(facts)))
     rows += _by_reason("kept float32", facts["kept_float"], "variables: ")
+    if facts["chunked"]:
+        rows.append(("chunked loss", f"{len(facts['chunked'])} cross entropies in "
+                                     f"{facts['chunks']} blocks of rows (lossy: their weight "
+                                     "gradients summed in another order)"))
+    rows += _by_reason("not chunked", facts["not_chunked"], "cross entropies: ")
     if facts["relaxed_assigns"]:
         rows.append(("relaxed", f"{len(facts['relaxed_assigns'])} Assigns may ignore allocator "
                                 "constraints"))

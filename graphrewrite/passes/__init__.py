@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from . import accumulate, defer, diet, inline, recompute, relax_assign, rerun, swap
+from . import accumulate, chunk_loss, defer, diet, inline, recompute, relax_assign, rerun, swap
 
 __all__ = ["Pass", "PASSES"]
 
@@ -28,4 +28,5 @@ PASSES = {
     "inline": Pass(inline.InlineOptions, inline.run, inline.InlineResult),
     "rerun": Pass(rerun.RerunOptions, rerun.run, rerun.RerunResult),
     "diet": Pass(diet.DietOptions, diet.run, diet.DietResult),
+    "chunk_loss": Pass(chunk_loss.ChunkLossOptions, chunk_loss.run, chunk_loss.ChunkLossResult),
 }

@@ -125,7 +125,7 @@ def pass_options(name: str, raw: dict[str, str]):
 def compose(mode: str, passes: str | None = None, checkpoints: str | None = None,
             swap_options: dict | None = None, swap_checkpoints: bool = False,
             budget: str | None = None, planner: str | None = None,
-            pins: dict | None = None) -> str:
+            pins: dict | None = None, lossy: bool = False) -> str:
     """The pipeline that `mode` (or the text `passes`, which replaces it) and the command line's
     options describe, with each option written into the passes it is for.
 
@@ -133,8 +133,9 @@ def compose(mode: str, passes: str | None = None, checkpoints: str | None = None
     to host memory. `swap_options` holds the swap pass's `tensors`, `form` and `bandwidth`.
     `budget` (bytes, or a share of the original's modelled peak, resolved when the pipeline
     runs) goes to the passes that search, `planner` to recompute, `pins` ({keep, recompute,
-    never}: selectors) to recompute as its `pin_` options. Every option is checked here, before
-    any work is done."""
+    never}: selectors) to recompute as its `pin_` options. `lossy` allows the levers that change
+    the numbers to rounding: `chunk_loss`, after the calls are inlined. Every option is checked
+    here, before any work is done."""
     if mode not in MODES:
         raise GraphRewriteError(f"unknown mode '{mode}' (modes: {', '.join(MODES)})")
     if passes is not None and not passes.strip():
@@ -142,6 +143,16 @@ def compose(mode: str, passes: str | None = None, checkpoints: str | None = None
                                 "rewrite nothing)")
     steps = parse_pipeline(MODES[mode] if passes is None else passes)
     names = [name for name, _ in steps]
+    if lossy:
+        if passes is not None:
+            raise GraphRewriteError("${lossy} adds passes to a mode's; with ${passes}, name "
+                                    "them there (chunk_loss)")
+        if not steps or names == ["diet"]:
+            raise GraphRewriteError(f"${{lossy}} needs mode memory, speed, collection or "
+                                    f"swap, not '{mode}'")
+        at = names.index("inline") + 1 if "inline" in names else 0
+        steps.insert(at, ("chunk_loss", {}))
+        names.insert(at, "chunk_loss")
     if swap_checkpoints:
         if "recompute" not in names or "swap" in names:
             raise GraphRewriteError(f"${{swap_checkpoints}} needs a recompute mode "

@@ -1,0 +1,114 @@
+"""The chunk_loss pass (lossy, `--lossy`): a tagger's projection to 2,048 classes and its sparse
+softmax cross entropy, trained with Adam in a TF1 graph, computed four blocks of rows at a time:
+no tensor of the whole logits' shape is left, the modelled peak falls by about the logits and
+their gradient, and two training steps agree with the original's to rounding."""
+
+import pytest
+import tensorflow as tf
+
+from graphrewrite.analysis import memory
+from graphrewrite.analysis import step as analysis
+from graphrewrite.core import io
+from graphrewrite.core.errors import GraphRewriteError
+from graphrewrite.execution import verify
+from graphrewrite.passes import chunk_loss
+from graphrewrite.pipeline import grammar
+from graphrewrite.pipeline import run as pipeline
+
+ROWS, TOKENS, CLASSES = 64, 16, 2048  # logits of 1,024 x 2,048 floats: 8 MiB
+LOGITS_BYTES = ROWS * TOKENS * CLASSES * 4
+BLOCKS = "chunk_loss(max_bytes=2097152)"  # 2 MiB blocks: four of them
+
+
+def tagger(path, read_logits=False, classes=CLASSES):
+    """A TF1 MetaGraphDef: two dense layers over [rows, tokens, 32] features (the second,
+    the projection, through `tensordot`), the mean sparse cross entropy, Adam; with
+    `read_logits`, an accuracy also reads the logits."""
+    v1 = tf.compat.v1
+    graph = tf.Graph()
+    with graph.as_default():
+        v1.set_random_seed(1)
+        x = v1.placeholder(tf.float32, [ROWS, TOKENS, 32], name="x")
+        labels = v1.placeholder(tf.int32, [ROWS, TOKENS], name="labels")
+        hidden = v1.layers.dense(x, 64, activation=tf.nn.relu, name="hidden")
+        logits = v1.layers.dense(hidden, classes, name="projection")
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=labels, logits=logits), name="loss")
+        fetched = [v1.train.AdamOptimizer(1e-3).minimize(loss)]
+        if read_logits:
+            fetched.append(tf.reduce_mean(tf.cast(tf.equal(
+                tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32)))
+        v1.add_to_collection("train_op", tf.group(*fetched, name="train"))
+        v1.add_to_collection("losses", loss)
+        v1.train.export_meta_graph(str(path), graph=graph)
+    return io.load(path)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return tagger(tmp_path_factory.mktemp("chunk") / "tagger.meta")
+
+
+def test_finds_the_projection_and_its_gradients(model):
+    found, skipped = chunk_loss.find(model.graph, analysis.analyse(model))
+    assert not skipped and len(found) == 1
+    match = found[0]
+    assert (match.rows, match.classes) == (ROWS * TOKENS, CLASSES)
+    assert match.bias is not None and match.grad_b is not None
+    graph = model.graph
+    assert graph.op(match.grad_x) == graph.op(match.grad_w) == "MatMul"
+    assert match.w in graph.data_inputs(match.grad_x)
+    assert match.x in graph.data_inputs(match.grad_w)
+
+
+def test_blocks_replace_the_whole_logits(model):
+    result = pipeline.optimize(model, "none", passes=BLOCKS)
+    done = result.of(chunk_loss.ChunkLossResult)
+    assert done.modified and done.chunks == 4 and len(done.chunked) == 1
+    graph = result.graph
+    assert done.chunked[0] not in graph
+    xents = [n for n in graph.nodes() if graph.op(n) in chunk_loss.XENT_OPS]
+    assert len(xents) == 8  # a forward and a backward one per block
+    found = analysis.analyse(model, graph)
+    whole = [n for n in graph.nodes() for r in found.shapes.outputs(n)
+             if found.shapes[r] is not None and found.shapes[r].shape == (ROWS * TOKENS, CLASSES)]
+    assert not whole
+    before = analysis.analyse(model).memory.peak(memory.DEVICE)
+    after = found.memory.peak(memory.DEVICE)
+    # the whole logits (their gradient takes their buffer) give way to a block's: 8 -> 2 MiB
+    assert after < before - LOGITS_BYTES // 2, (before, after)
+
+
+def test_left_alone_where_it_cannot_or_need_not(tmp_path):
+    read = tagger(tmp_path / "read.meta", read_logits=True)
+    result = pipeline.optimize(read, "none", passes=BLOCKS).of(chunk_loss.ChunkLossResult)
+    assert not result.modified
+    assert list(result.not_chunked) == ["logits read by more than the loss"]
+    assert "logits read by more than the loss" in result.note
+    small = tagger(tmp_path / "small.meta", classes=10)
+    result = pipeline.optimize(small, "none", passes="chunk_loss").of(
+        chunk_loss.ChunkLossResult)
+    assert not result.modified and "logits smaller than min_bytes" in result.not_chunked
+
+
+def test_lossy_puts_the_pass_after_inlining():
+    assert grammar.compose("memory", lossy=True).split()[:2] == ["inline", "chunk_loss"]
+    assert grammar.compose("manual", lossy=True).startswith("chunk_loss ")
+    assert "chunk_loss" not in grammar.compose("memory")
+    for mode, passes in (("none", None), ("diet", None), ("memory", "recompute")):
+        with pytest.raises(GraphRewriteError, match="lossy"):
+            grammar.compose(mode, passes, lossy=True)
+
+
+@pytest.mark.tf
+def test_chunked_steps_train_as_the_original_to_rounding(model, tmp_path):
+    result = pipeline.optimize(model, "memory", composed=grammar.compose("memory", lossy=True))
+    assert result.of(chunk_loss.ChunkLossResult).chunked
+    out = tmp_path / "chunked.meta"
+    io.save(model, result.graph, out)
+    exact = verify.verify(model, io.load(out), verify.VerifyOptions(runs=0), isolated=False)
+    close = verify.verify(model, io.load(out), verify.VerifyOptions(runs=0, rtol=1e-4,
+                                                                    atol=1e-6), isolated=False)
+    assert close.match, close.to_json()["mismatched"]
+    # the projection's weight and bias gradients are sums in another order: Adam's slots differ
+    assert not exact.match and any("projection" in m for m in exact.to_json()["mismatched"])
