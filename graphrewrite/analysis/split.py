@@ -333,17 +333,30 @@ def _const_all_ones(node) -> bool:
 def _differentiated(graph: Graph, data: nx.DiGraph, flow: set[str], sinks: set[str]) -> set[str]:
     """The sinks outside the gradient flow whose values depend on the most of the activations
     the flow reads: the loss, when its seed copies no shape from it (a scalar loss of static
-    shape gets `Fill(Const([]), 1)`). Metrics, unused model outputs and moving-average
-    updates depend on a part of those at most; initialisers on none (by data edges)."""
+    shape gets `Fill(Const([]), 1)`, a GradientTape's `ones`). Metrics, unused model outputs
+    and moving-average updates depend on a part of those at most; initialisers on none (by data
+    edges). A value that is no sink may cover more: a Keras `train_step`'s loss is read by its
+    loss tracker's update, a write that waits (by control edges) before the optimizer's and
+    returns nothing. Then the value written, of all the writes outside the flow the one that
+    covers the most, is the loss."""
     fed = [n for n in graph.nodes() if graph.op(n) in FED_OPS
            and graph.node_def(n).attr["dtype"].type != dtypes.RESOURCE]
     activations = reachable(data, fed)
     reads = {r.node for n in flow for r in graph.data_inputs(n)
              if r.node not in flow and r.node in activations}
-    covered = {n: len(reachable(data, [n], upstream=True) & reads) for n in sorted(sinks)
-               if n in data}
-    most = max(covered.values(), default=0)
-    return {n for n, count in covered.items() if count == most and most > 0}
+
+    def covered(names) -> dict[str, int]:
+        return {n: len(reachable(data, [n], upstream=True) & reads) for n in sorted(names)
+                if n in data}
+
+    by_sink = covered(sinks)
+    most = max(by_sink.values(), default=0)
+    writes = {n for n in activations - flow - set(sinks)
+              if data.out_degree(n) == 0 and graph.op(n) in VARIABLE_WRITES}
+    written = covered({r.node for n in writes for r in graph.data_inputs(n)[1:]})
+    if written and max(written.values()) > most:
+        by_sink, most = written, max(written.values())
+    return {n for n, count in by_sink.items() if count == most and most > 0}
 
 
 def _mirrored(graph: Graph, seeds) -> list[str]:
