@@ -1,5 +1,7 @@
 """What holds the modelled peak, and the note that says why a rewrite saved little."""
 
+import dataclasses
+
 from graphrewrite.analysis import step as analysis
 from graphrewrite.analysis.memory import DEVICE
 from graphrewrite.core import io
@@ -39,3 +41,18 @@ def test_parameter_state_at_the_peak_points_to_diet():
     only_state = type(report)(**{**report.__dict__, "live_at_peak": {
         DEVICE: [(ref, size) for ref, size in report.live_at_peak[DEVICE] if ref in state]}})
     assert "--mode diet" in peak.why_so_little(ctx, only_state)
+
+
+def test_no_candidates_says_why():
+    """A step whose loss the analysis could not find (as a Keras train_step's was: the values
+    it took for the losses were metrics computed from no activation): the note says so, and
+    how to name it."""
+    model = io.load(fixture_path("adam_train"))
+    found = analysis.analyse(model)
+    metric = "beta1_power/Read/ReadVariableOp"  # a value computed from no activation
+    blind = dataclasses.replace(found, fetches=["train_op", metric], split=dataclasses.replace(
+        found.split, differentiated=(), losses=(metric,)))
+    result = recompute.run(model.graph, blind, recompute.RecomputeOptions(policy="memory"))
+    assert not result.modified
+    assert result.note.startswith("no checkpoint candidates found: no loss found"), result.note
+    assert "--outputs" in result.note

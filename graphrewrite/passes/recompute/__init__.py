@@ -161,7 +161,8 @@ def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None)
     else:
         candidates = policies.POLICIES[options.policy](ctx)
     if not candidates:
-        return RecomputeResult(graph, False, note="no checkpoint candidates found")
+        return RecomputeResult(graph, False, note="no checkpoint candidates found: "
+                               + policies.why_no_candidates(ctx))
     budget = parse_budget(options.budget, analysis.memory.peak())
     if budget >= analysis.memory.peak():
         return RecomputeResult(graph, False, note=(
