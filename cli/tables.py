@@ -182,19 +182,23 @@ def _diet_row(facts: dict) -> str:
 
 def _peak_rows(facts: dict) -> list[tuple[str, str]]:
     """The headline peaks, those `verify` should measure (as run, after Grappler, when both
-    steps were modelled so), then the peaks as written that the passes plan on."""
+    steps were modelled so: the allocator's, kernel scratch included), then the peaks as
+    written that the passes plan on (the most bytes of tensors live at once: what
+    recomputation and swapping can change)."""
     def peaks(before: int, after: int, how: str) -> str:
         ratio = f"{after / before:.2f}x, " if before else ""
         return f"{format_bytes(before)} -> {format_bytes(after)} ({ratio}{how})"
 
     predicted, written = facts["peak_bytes_predicted"], facts["peak_bytes"]
     if predicted["model"] != "as_run":
-        return [("modelled peak", peaks(written["before"], written["after"], "as written"))]
+        return [("modelled peak", peaks(written["before"], written["after"],
+                                        "live tensors as written"))]
     return [("modelled peak", peaks(predicted["before"], predicted["after"],
                                     "as run, after Grappler")),
             ("as written", peaks(written["before"], written["after"],
-                                 "the step the passes plan on" if not facts.get("rerun") else
-                                 "a call or loop as one node: rerun is priced as run"))]
+                                 "live tensors, the step the passes plan on"
+                                 if not facts.get("rerun") else "live tensors, a call or loop "
+                                 "as one node: rerun is priced as run"))]
 
 
 def format_summary(facts: dict) -> str:
@@ -246,6 +250,11 @@ def format_summary(facts: dict) -> str:
             rows.append(("unknown sizes", f"{unknown['count']} tensors count 0 bytes (e.g. "
                                           f"{', '.join(unknown['examples'][:3])}); use "
                                           "--input-shape"))
+        by_data = facts["sized_by_data"]
+        if by_data["count"]:
+            rows.append(("sized by data", f"{by_data['count']} tensors count 0 bytes: only "
+                                          "their values decide their size (e.g. "
+                                          f"{', '.join(by_data['examples'][:3])})"))
     if facts.get("largest_batch"):
         rows.append(("largest batch", _fit_row(facts["largest_batch"])))
     if facts["train_op"]:

@@ -57,7 +57,7 @@ def test_the_headline_is_the_step_as_run_when_it_was_modelled():
     lines = human(result(as_run=(36 * MIB, 35 * MIB))).splitlines()
     headline = [line for line in lines if line.startswith("modelled peak")]
     assert headline == ["modelled peak   36.0 MiB -> 35.0 MiB (0.97x, as run, after Grappler)"]
-    assert "as written      3.0 MiB -> 2.0 MiB (0.67x, the step the passes plan on)" in lines
+    assert "as written      3.0 MiB -> 2.0 MiB (0.67x, live tensors, the step the passes plan on)" in lines
     assert not any(line.startswith("as run") for line in lines)  # no second headline
 
 
@@ -67,7 +67,7 @@ def test_without_the_step_as_run_the_headline_is_as_written(as_run):
     optimized = result(as_run=as_run)
     assert optimized.predicted_peaks == (3 * MIB, 2 * MIB, "as_written")
     lines = human(optimized).splitlines()
-    assert "modelled peak   3.0 MiB -> 2.0 MiB (0.67x, as written)" in lines
+    assert "modelled peak   3.0 MiB -> 2.0 MiB (0.67x, live tensors as written)" in lines
     assert not any(line.startswith(("as written", "as run")) for line in lines)
 
 

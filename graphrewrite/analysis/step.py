@@ -32,6 +32,7 @@ class Analysis:
     split: split_mod.Split | None  # None (and `flops` 0) when analysed for the report alone
     memory: memory.MemoryReport
     flops: int
+    sized_by_data: tuple = ()  # unknown sizes no --input-shape can fix (`SIZED_BY_DATA`, strings)
 
 
 def sinks(graph: Graph) -> list[str]:
@@ -102,7 +103,7 @@ def analyse(model: Model, graph: Graph | None = None, input_shapes: dict | None 
     if blind:
         log.warning("%d captured variables have no recorded value shape and count 0 bytes "
                     "(e.g. %s); %s", len(blind), blind[0], bind.export_hint(graph))
-    by_data = _sized_by_data(graph, report.unknown)
+    by_data = _sized_by_data(graph, shapes, report.unknown)
     if by_data:
         log.info("%d tensors have a size only the data decides (e.g. %s) and count 0 bytes",
                  len(by_data), by_data[0])
@@ -111,7 +112,7 @@ def analyse(model: Model, graph: Graph | None = None, input_shapes: dict | None 
         log.warning("%d tensors have an unknown size and count 0 bytes (e.g. %s); fix input "
                     "dimensions with --input-shape", len(unknown),
                     ", ".join(str(r) for r in unknown[:3]))
-    return Analysis(fetch_nodes, shapes, split, report, total)
+    return Analysis(fetch_nodes, shapes, split, report, total, tuple(by_data))
 
 
 # Ops whose output size depends on the values they read, not on shapes (an embedding's sparse
@@ -121,17 +122,20 @@ SIZED_BY_DATA = frozenset({"Unique", "UniqueV2", "UniqueWithCounts", "Where", "L
                            "NonMaxSuppressionV5", "SparseFillEmptyRows", "DynamicPartition"})
 
 
-def _sized_by_data(graph: Graph, unknown: list) -> list:
-    """The unknown-size tensors produced by a SIZED_BY_DATA op or computed from one."""
+def _sized_by_data(graph: Graph, shapes: shapes_mod.Shapes, unknown: list) -> list:
+    """The unknown-size tensors produced by a SIZED_BY_DATA op or computed from one, and the
+    strings (an assertion's message: its bytes are its text)."""
     names = {r.node for r in unknown}
     found = {n for n in names if graph.op(n) in SIZED_BY_DATA}
+    strings = {r for r in unknown if shapes[r] is not None
+               and dtypes.base(shapes[r].dtype) == dtypes.STRING}
     grown = True
     while grown:
         more = {n for n in names - found
                 if any(r.node in found for r in graph.data_inputs(n))}
         grown = bool(more)
         found |= more
-    return [r for r in unknown if r.node in found]
+    return [r for r in unknown if r.node in found or r in strings]
 
 
 def start_as_run(model: Model, graph: Graph, found: Analysis) -> Future:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from tensorflow.core.framework import types_pb2 as t
 
-__all__ = ["REF_OFFSET", "FLOATING", "PLAIN", "HANDLES", "RESOURCE", "base", "is_ref",
+__all__ = ["REF_OFFSET", "FLOATING", "PLAIN", "HANDLES", "RESOURCE", "STRING", "base", "is_ref",
            "is_floating"]
 
 REF_OFFSET = 100  # DT_<TYPE>_REF = DT_<TYPE> + REF_OFFSET
@@ -21,6 +21,7 @@ PLAIN = FLOATING | frozenset({
 # No numpy value to fetch: a handle or an opaque container.
 HANDLES = frozenset({t.DT_RESOURCE, t.DT_VARIANT})
 RESOURCE = t.DT_RESOURCE
+STRING = t.DT_STRING  # its bytes are its values' lengths: no shape tells them
 
 
 def base(dtype: int) -> int:

@@ -44,7 +44,7 @@ def memory_facts(analysis: Analysis, top: int = 10, as_run=None) -> dict:
     graph after Grappler) when given, else as written; `peak_bytes_as_written` either way. Peaks
     are the allocator's (`MemoryReport.allocated_peak`); `live_peak_bytes` is the tensors'."""
     report = as_run or analysis.memory
-    unknown = analysis.memory.unknown
+    unknown = [r for r in analysis.memory.unknown if r not in set(analysis.sized_by_data)]
     return {
         "peak_bytes": report.allocated_peak(DEVICE),
         "live_peak_bytes": report.peak(DEVICE),
@@ -65,6 +65,8 @@ def memory_facts(analysis: Analysis, top: int = 10, as_run=None) -> dict:
         "flops": analysis.flops,
         "fetches": analysis.fetches,
         "unknown_shapes": {"count": len(unknown), "examples": [str(r) for r in unknown[:5]]},
+        "sized_by_data": {"count": len(analysis.sized_by_data),
+                          "examples": [str(r) for r in analysis.sized_by_data[:5]]},
     }
 
 
