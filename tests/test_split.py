@@ -167,3 +167,28 @@ def test_a_custom_gradients_constants_of_ones_are_not_seeds():
     assert len(found.seeds) == 1 and graph.op(found.seeds[0]) in ("Const", "Fill", "OnesLike")
     convolutions = [n for n in graph.nodes() if graph.op(n) == "Conv2D"]
     assert len(convolutions) == 2 and all(n in found.forward for n in convolutions)
+
+
+def test_a_second_optimizer_under_the_first_ones_control_dependencies():
+    """A GAN's habit: the generator's step built under `control_dependencies([d_train])`, so
+    its seed and every gradient op wait on the discriminator's update. That control edge does
+    not make the first seed the second's ancestor: both seeds are found, both flows backward."""
+    v1 = tf.compat.v1
+    graph = tf.Graph()
+    with graph.as_default():
+        z = v1.placeholder(tf.float32, [16, 8], name="z")
+        real = v1.placeholder(tf.float32, [16, 8], name="real")
+        fake = v1.layers.dense(z, 8, name="gen")
+        critic = v1.layers.Dense(1, name="disc")
+        d_loss = tf.reduce_mean(tf.square(critic(real) - 1.0) + tf.square(critic(fake)))
+        g_loss = tf.reduce_mean(tf.square(critic(fake) - 1.0))
+        d_train = v1.train.GradientDescentOptimizer(0.1).minimize(
+            d_loss, var_list=critic.trainable_variables)
+        with tf.control_dependencies([d_train]):
+            v1.train.GradientDescentOptimizer(0.1).minimize(
+                g_loss, var_list=v1.trainable_variables("gen"))
+    imported = Graph.from_graph_def(graph.as_graph_def())
+    result = split(imported)
+    assert result.seeds == ("gradients/grad_ys_0", "gradients_1/grad_ys_0")
+    assert named_backward(imported, "gradients/") <= result.backward
+    assert named_backward(imported, "gradients_1/") <= result.backward

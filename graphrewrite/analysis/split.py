@@ -172,10 +172,13 @@ def find_seeds(graph: Graph, dag: nx.DiGraph, data: nx.DiGraph, constant: set[st
     candidates = {n for n in graph.nodes() if n in reaches_anchor and n not in forward_values
                   and n in constant and _is_ones(graph, n)}
     # Drop each candidate another is reachable from: one pass from the sinks up, not a walk
-    # over the whole backward pass per candidate.
+    # over the whole backward pass per candidate. By data edges: a second optimizer's
+    # gradients built under `control_dependencies([first_train_op])` (a GAN's generator step
+    # after its discriminator's) wait on the first, seed and all, without being computed from
+    # its seed.
     above_candidate: set[str] = set()
-    readers = neighbours(dag)
-    for name in reversed(list(nx.topological_sort(dag))):
+    readers = neighbours(data)
+    for name in reversed(list(nx.topological_sort(data))):
         if any(s in candidates or s in above_candidate for s in readers[name]):
             above_candidate.add(name)
     candidates -= above_candidate
