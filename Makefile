@@ -54,6 +54,9 @@ bench: install $(ZOO)/manifest.json
 	$(BIN)/python fixtures/bench.py --zoo $(ZOO) --mode swap --runs 3 \
 		--only resnet50,deep_mlp,transformer_encoder,mobilenetv2,densenet121,mlp,resnet_cnn,transformer_dropout \
 		--swap-table out/bench/swap.md
+	$(BIN)/python fixtures/bench.py --zoo $(ZOO) --runs 3 \
+		--only transformer_adam_meta,transformer_adam_tf2,transformer_dropout \
+		--lossy-table out/bench/lossy.md
 	$(BIN)/python fixtures/scaling.py --depths 128,1111,4096,11000 --planners none,estimate \
 		--no-as-run --as-run-depths 1111 --out out/scaling --markdown out/bench/scaling.md
 	cd tests && (echo 'Produced by `python tests/test_exact.py`.'; echo; ../$(BIN)/python test_exact.py) > ../out/bench/planners.md
