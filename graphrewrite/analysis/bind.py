@@ -31,7 +31,7 @@ from ..core.names import DIET_ATTR
 from ..core.tensor_ref import TensorRef
 
 __all__ = ["PLACEHOLDERS", "HANDLE_FORWARDERS", "VALUE_ARGS", "SCALE", "EXPORT_HINT", "BIND_SCOPE",
-           "INT16_MAX", "ValueSpec", "is_resource_placeholder", "resource_placeholders",
+           "INT16_MAX", "ValueSpec", "is_resource_placeholder", "resource_placeholders", "ITERATOR_OPS", "iterators",
            "value_spec", "export_hint", "seeded_value", "dieted", "seeded_values", "diet_mark",
            "users", "DENSE_WRITES", "BRANCHES", "CALLS", "through_forwarders", "Bound",
            "resource_placeholder_names", "fed_copy", "bind"]
@@ -60,14 +60,26 @@ class ValueSpec:
     shape: tuple
 
 
+ITERATOR_OPS = frozenset({"IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional"})
+
+
 def is_resource_placeholder(node) -> bool:
     """A NodeDef that is a placeholder of dtype resource: a TF2 step's captured variable."""
     return node.op in PLACEHOLDERS and node.attr["dtype"].type == dtypes.RESOURCE
 
 
 def resource_placeholders(graph: Graph) -> list[str]:
-    """Names of the graph's placeholders of dtype resource, sorted."""
-    return sorted(n for n in graph.nodes() if is_resource_placeholder(graph.node_def(n)))
+    """Names of the graph's placeholders of dtype resource that hold variables, sorted: not a
+    `tf.data` iterator's (what Keras's `model.train_function` reads its batches from)."""
+    return sorted(n for n in graph.nodes() if is_resource_placeholder(graph.node_def(n))
+                  and n not in iterators(graph))
+
+
+def iterators(graph: Graph) -> set[str]:
+    """The resource placeholders only iterator ops read: a `tf.data` iterator's handle."""
+    return {n for n in graph.nodes() if is_resource_placeholder(graph.node_def(n))
+            and graph.successors(n)
+            and all(graph.op(r) in ITERATOR_OPS for r in graph.successors(n))}
 
 
 def value_spec(graph: Graph, shapes, name: str) -> ValueSpec:

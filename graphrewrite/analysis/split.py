@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import networkx as nx
 import numpy as np
+from tensorflow.core.framework import attr_value_pb2
 
 from ..core import dtypes, ops
 from ..core.graph import Graph, neighbours
@@ -333,6 +334,9 @@ def _const_all_ones(node) -> bool:
     return values.size > 0 and bool(np.all(values == 1))
 
 
+_NO_TYPE = attr_value_pb2.AttrValue()  # read, never stored: `attr[key]` would add the key
+
+
 def _differentiated(graph: Graph, data: nx.DiGraph, flow: set[str], sinks: set[str]) -> set[str]:
     """The sinks outside the gradient flow whose values depend on the most of the activations
     the flow reads: the loss, when its seed copies no shape from it (a scalar loss of static
@@ -342,8 +346,8 @@ def _differentiated(graph: Graph, data: nx.DiGraph, flow: set[str], sinks: set[s
     loss tracker's update, a write that waits (by control edges) before the optimizer's and
     returns nothing. Then the value written, of all the writes outside the flow the one that
     covers the most, is the loss."""
-    fed = [n for n in graph.nodes() if graph.op(n) in FED_OPS
-           and graph.node_def(n).attr["dtype"].type != dtypes.RESOURCE]
+    fed = [n for n in graph.nodes() if graph.op(n) in FED_OPS  # (an iterator has no dtype)
+           and graph.node_def(n).attr.get("dtype", _NO_TYPE).type != dtypes.RESOURCE]
     activations = reachable(data, fed)
     reads = {r.node for n in flow for r in graph.data_inputs(n)
              if r.node not in flow and r.node in activations}

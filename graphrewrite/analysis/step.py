@@ -123,12 +123,14 @@ SIZED_BY_DATA = frozenset({"Unique", "UniqueV2", "UniqueWithCounts", "Where", "L
 
 
 def _sized_by_data(graph: Graph, shapes: shapes_mod.Shapes, unknown: list) -> list:
-    """The unknown-size tensors produced by a SIZED_BY_DATA op or computed from one, and the
-    strings (an assertion's message: its bytes are its text)."""
+    """The unknown-size tensors produced by a SIZED_BY_DATA op or computed from one, the
+    strings (an assertion's message: its bytes are its text) and a `tf.data` iterator's
+    handle."""
     names = {r.node for r in unknown}
     found = {n for n in names if graph.op(n) in SIZED_BY_DATA}
     strings = {r for r in unknown if shapes[r] is not None
                and dtypes.base(shapes[r].dtype) == dtypes.STRING}
+    strings |= {r for r in unknown if r.node in bind.iterators(graph)}  # its elements' bytes
     grown = True
     while grown:
         more = {n for n in names - found

@@ -225,6 +225,13 @@ def verify(original: Model, rewritten: Model, options: VerifyOptions | None = No
     missing = [f for f in fetches if f.split(":")[0] not in rewritten.graph]
     if missing:
         raise GraphRewriteError(f"the rewritten model has no node '{missing[0]}'")
+    read = sorted(r for r in bind.iterators(original.graph) if r in measure.upstream(
+        original.graph, fetches))
+    if read:
+        raise GraphRewriteError(
+            f"the step reads its batches from a tf.data iterator ('{read[0]}', as Keras's "
+            "model.train_function does); verify feeds placeholders: export a step over tensors "
+            "(a tf.function with an input_signature calling model.train_step((x, y)))")
     given = options.feeds or {}
     unknown = sorted(set(given) - set(original.graph.nodes()))
     if unknown:

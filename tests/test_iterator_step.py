@@ -1,0 +1,55 @@
+"""A step that reads its batches from a `tf.data` iterator, as Keras's `model.train_function`
+does: the iterator's handle is a resource placeholder but no variable, the analyses leave its
+`IteratorGetNext` as it was, and `verify` (which feeds placeholders) says in one line what to
+export instead."""
+
+import pytest
+import tensorflow as tf
+
+from graphrewrite.analysis import bind
+from graphrewrite.analysis import step as analysis
+from graphrewrite.core import io
+from graphrewrite.core.errors import GraphRewriteError
+from graphrewrite.execution import verify
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    weights = tf.Variable(tf.ones([8, 4]), name="weights")
+    data = tf.data.Dataset.from_tensors((tf.ones([16, 8]), tf.zeros([16], tf.int32))).repeat()
+
+    @tf.function
+    def train_function(iterator):
+        x, labels = next(iterator)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                labels=labels, logits=tf.nn.relu(x @ weights)))
+        weights.assign_sub(0.1 * tape.gradient(loss, weights))
+        return loss
+
+    concrete = train_function.get_concrete_function(iter(data))
+    path = tmp_path_factory.mktemp("iterator") / "step.pb"
+    path.write_bytes(concrete.graph.as_graph_def(add_shapes=True).SerializeToString())
+    return io.load(path)
+
+
+def test_the_iterator_is_no_variable(model):
+    graph = model.graph
+    handles = bind.iterators(graph)
+    assert len(handles) == 1
+    assert not handles & set(bind.resource_placeholders(graph))
+    assert len(bind.resource_placeholders(graph)) == 1  # the weights
+    found = analysis.analyse(model)
+    assert [r.node for r in found.sized_by_data] == sorted(handles)
+    assert found.split.seeds and found.split.differentiated
+
+
+def test_the_analyses_leave_the_iterator_op_as_it_was(model):
+    analysis.analyse(model)
+    nexts = [n for n in model.graph.nodes() if model.graph.op(n) in bind.ITERATOR_OPS]
+    assert nexts and all("dtype" not in model.graph.node_def(n).attr for n in nexts)
+
+
+def test_verify_says_what_to_export_instead(model):
+    with pytest.raises(GraphRewriteError, match="tf.data iterator .*model.train_step"):
+        verify.verify(model, model, verify.VerifyOptions(runs=0), isolated=False)
