@@ -3,6 +3,9 @@ softmax cross entropy, trained with Adam in a TF1 graph, computed four blocks of
 no tensor of the whole logits' shape is left, the modelled peak falls by about the logits and
 their gradient, and two training steps agree with the original's to rounding."""
 
+import sys
+from pathlib import Path
+
 import pytest
 import tensorflow as tf
 
@@ -112,3 +115,16 @@ def test_chunked_steps_train_as_the_original_to_rounding(model, tmp_path):
     assert close.match, close.to_json()["mismatched"]
     # the projection's weight and bias gradients are sums in another order: Adam's slots differ
     assert not exact.match and any("projection" in m for m in exact.to_json()["mismatched"])
+
+
+def test_an_inlined_forward_call_is_chunked():
+    """A TF2 step whose forward pass is a nested tf.function: once inlined, its logits reach
+    the loss through the call's result Identity, which waits on the body's side effects; the
+    first block waits on them instead."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fixtures"))
+    import recipes
+
+    model = io.load(recipes.ensure("tf2n_mlp_adam")["path"])
+    result = pipeline.optimize(model, "none", passes="inline chunk_loss(min_bytes=0)",
+                               as_run=False)
+    assert result.of(chunk_loss.ChunkLossResult).chunked, result.note

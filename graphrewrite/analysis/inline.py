@@ -48,11 +48,12 @@ def inline_gradient_calls(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef |
     backward = backward_functions(graph_def.library)
 
     def inlinable(node) -> bool:
+        if node.op not in CALL_OPS:  # `attr[key]` of another node would add the key to it
+            return False
         function = library.get(node.attr["f"].func.name)
-        return (node.op in CALL_OPS and function is not None
-                and "api_implements" not in function.attr
-                and not node.attr["_XlaMustCompile"].b
-                and not function.attr["_XlaMustCompile"].b)
+        return (function is not None and "api_implements" not in function.attr
+                and not any("_XlaMustCompile" in attrs and attrs["_XlaMustCompile"].b
+                            for attrs in (node.attr, function.attr)))
 
     calls = {n.name: n for n in graph_def.node if inlinable(n)}
     chosen = {name for name, n in calls.items() if n.attr["f"].func.name in backward}

@@ -76,14 +76,15 @@ class Match:
     bias: TensorRef | None       # BiasAdd's bias between the MatMul and the cross entropy
     bias_node: str | None
     labels: TensorRef
-    upstream: TensorRef          # the loss vector's gradient, [rows, 1]
+    upstream: TensorRef          # the loss vector's gradient, [rows] or [rows, 1]
     scale: str                   # Mul(upstream, backprop)
     grad_x: str                  # MatMul giving x's gradient [rows, depth]
     grad_w: str                  # MatMul giving w's gradient
     grad_b: str | None           # BiasAddGrad giving the bias's gradient
     rows: int
     classes: int
-    removed: list[str]           # every matched node: unread once the blocks replace them
+    forward: list[str]           # the cross entropy and what makes its logits: replaced
+    backward: list[str]          # what reads its gradient up to the projection's: replaced
 
 
 def run(graph: Graph, analysis: Analysis, options: ChunkLossOptions, model=None):
@@ -133,51 +134,49 @@ def _match(graph: Graph, shapes, xent: str) -> Match | str:
     if info is None or info.shape is None or len(info.shape) != 2 or None in info.shape:
         return "logits of unknown or not two-dimensional shape"
     rows, classes = info.shape
-    removed, bias, bias_node = [xent], None, None
+    if shapes[labels] is None or not shapes[labels].shape or shapes[labels].shape[0] != rows:
+        return "labels not one row per logits row"
+    forward, bias, bias_node = [xent], None, None
     ref = logits
     while graph.op(ref.node) != "MatMul":  # up from the cross entropy to the projection
         op = graph.op(ref.node)
-        if len(graph.successors(ref.node)) != 1 or graph.control_inputs(ref.node):
+        if len(_data_readers(graph, ref.node)) != 1:
             return "logits read by more than the loss"
         if op == "BiasAdd" and bias is None and _attr_s(graph, ref.node, "data_format") \
                 in (b"", b"NHWC"):
             bias, bias_node = graph.data_inputs(ref.node)[1], ref.node
         elif not (op in ROW_KEEPING_OPS and _keeps_rows(shapes, graph, ref.node, classes)):
             return f"logits made by a {op}, not a MatMul"
-        removed.append(ref.node)
+        forward.append(ref.node)
         ref = graph.data_inputs(ref.node)[0]
     matmul = ref.node
     if ref.port != 0 or _attr_b(graph, matmul, "transpose_a") or \
-            len(graph.successors(matmul)) != 1 or graph.control_inputs(matmul):
+            len(_data_readers(graph, matmul)) != 1:
         return "logits read by more than the loss"
-    removed.append(matmul)
+    forward.append(matmul)
     x, w = graph.data_inputs(matmul)[:2]
-    readers = [v for v in graph.successors(xent)]
-    backprop = [v for v, slot in graph.consumers(TensorRef(xent, 1))]
+    backprop = sorted({v for v, _ in graph.consumers(TensorRef(xent, 1))})
     if not backprop:
         return "no backward pass reads the cross entropy's gradient"
-    scale = [v for v in backprop if graph.op(v) == "Mul"]
-    dead = [v for v in backprop if v not in scale and not graph.successors(v)]
-    if len(scale) != 1 or len(scale) + len(dead) != len(set(backprop)):
+    scales = [v for v in backprop if graph.op(v) == "Mul"]
+    dead = [v for v in backprop if v not in scales and not graph.successors(v)]
+    if len(scales) != 1 or len(scales) + len(dead) != len(backprop) \
+            or graph.control_inputs(scales[0]):
         return "its gradient read other than by one Mul"
-    scale = scale[0]
+    scale = scales[0]
     upstream = [r for r in graph.data_inputs(scale) if r != TensorRef(xent, 1)]
-    if len(upstream) != 1 or graph.control_inputs(scale):
-        return "its gradient read other than by one Mul"
-    removed += dead + [scale]
-    if any(v in removed for v in readers if v not in dead and v != scale):
-        return "logits read by more than the loss"
-    grads, frontier = {}, [scale]
+    info = shapes[upstream[0]] if len(upstream) == 1 else None
+    if info is None or not info.shape or info.shape[0] != rows:
+        return "its gradient scaled by other than one value per row"
+    backward, grads, frontier = dead + [scale], {}, [scale]
     while frontier:  # down from the scaled gradient, through row-keeping ops
         node = frontier.pop()
         for reader in graph.successors(node):
             op = graph.op(reader)
-            if reader in removed:
-                continue
-            if TensorRef(node, 0) not in graph.data_inputs(reader):
+            if reader in backward or TensorRef(node, 0) not in graph.data_inputs(reader):
                 continue  # a control edge (a gradient tuple's group): moved to the blocks
             if op in ROW_KEEPING_OPS and _keeps_rows(shapes, graph, reader, classes):
-                removed.append(reader)
+                backward.append(reader)
                 frontier.append(reader)
             elif op == "BiasAddGrad" and bias is not None and "b" not in grads:
                 grads["b"] = reader
@@ -190,14 +189,8 @@ def _match(graph: Graph, shapes, xent: str) -> Match | str:
                 return f"its gradient read by a {op} ({reader})"
     if "x" not in grads or "w" not in grads or (bias is not None) != ("b" in grads):
         return "not every gradient of the projection found"
-    for node in removed[1:]:
-        outside = [v for v in graph.successors(node) if v not in removed
-                   and v not in grads.values() and TensorRef(node, 0) in graph.data_inputs(v)]
-        if outside and node != xent:
-            return f"{node} read outside the loss and its gradient"
-    removed += list(grads.values())
     return Match(xent, matmul, x, w, bias, bias_node, labels, upstream[0], scale, grads["x"],
-                 grads["w"], grads.get("b"), rows, classes, removed)
+                 grads["w"], grads.get("b"), rows, classes, forward, backward)
 
 
 def _gradient_kind(graph: Graph, node: str, grad: TensorRef, matmul: str, x: TensorRef,
@@ -214,6 +207,12 @@ def _gradient_kind(graph: Graph, node: str, grad: TensorRef, matmul: str, x: Ten
     if forward_tb and a == grad and b == x and ta and not tb:
         return "w"  # dY^T @ x
     return None
+
+
+def _data_readers(graph: Graph, node: str) -> set[str]:
+    """The nodes reading an output of `node` (waiting on it by a control edge is no read: such
+    waits move to the blocks)."""
+    return {v for v, slot in graph.consumers(node) if slot >= 0}
 
 
 def _keeps_rows(shapes, graph: Graph, node: str, classes: int) -> bool:
@@ -250,7 +249,9 @@ def _rewrite(graph: Graph, shapes, m: Match, count: int) -> None:
                               [ref, labels[i]], _attrs(graph, m.xent))
         return TensorRef(xent, 0)
 
-    losses, after = [], []
+    # The first block waits on what the replaced forward nodes waited on (an inlined call's
+    # result Identity waits on its body's side effects).
+    losses, after = [], sorted({c for n in m.forward for c in graph.control_inputs(n)})
     for i in range(count):
         loss = logits(i, "forward", after)
         losses.append(loss)
@@ -262,10 +263,8 @@ def _rewrite(graph: Graph, shapes, m: Match, count: int) -> None:
                         for r in graph.data_inputs(m.scale)]
         scaled = TensorRef(graph.add_node(f"{prefix}/backward_{i}/scaled", "Mul",
                                           scale_inputs, _attrs(graph, m.scale)), 0)
-        gx = _like(graph, m.grad_x, f"{prefix}/backward_{i}/grad_x",
-                   {m.grad_x: scaled}, m, xs[i])
-        gw = _like(graph, m.grad_w, f"{prefix}/backward_{i}/grad_w",
-                   {m.grad_w: scaled}, m, xs[i])
+        gx = _like(graph, m, m.grad_x, f"{prefix}/backward_{i}/grad_x", scaled, xs[i])
+        gw = _like(graph, m, m.grad_w, f"{prefix}/backward_{i}/grad_w", scaled, xs[i])
         grads_x.append(gx)
         sum_w = gw if sum_w is None else _add(graph, shapes, f"{prefix}/backward_{i}/sum_w",
                                               sum_w, gw, m.grad_w)
@@ -285,28 +284,23 @@ def _rewrite(graph: Graph, shapes, m: Match, count: int) -> None:
             graph.redefine(node, "Identity", [value, *(r for r in graph.inputs(node)
                                                       if r.is_control)],
                            {"T": _dtype(shapes, TensorRef(node, 0))})
-    removed = set(m.removed) - {m.grad_x, m.grad_w, m.grad_b}
-    for node in removed:  # control readers (a gradient tuple's group) wait on the blocks
+    # What waited on a replaced node waits on the blocks that replace it: the forward's last
+    # for the forward's nodes (a later wait could close a circle), the backward's last else.
+    last_forward, removed = losses[-1].node, set(m.forward) | set(m.backward)
+    for node in sorted(removed):
         for reader in graph.successors(node):
             if reader not in removed:
-                _move_control(graph, node, after[-1], reader)
+                _move_control(graph, node, last_forward if node in m.forward else after[-1],
+                              reader)
     for node in reversed([n for n in graph.topological_order() if n in removed]):
         graph.remove_node(node)
 
 
-def _like(graph: Graph, original: str, name: str, replace: dict, m: Match,
-          x_block: TensorRef) -> TensorRef:
-    """A copy of gradient MatMul `original` reading the block's gradient and rows."""
-    inputs = []
-    for ref in graph.data_inputs(original):
-        if ref == m.x:
-            inputs.append(x_block)
-        elif ref == m.w:
-            inputs.append(ref)
-        else:
-            inputs.append(replace[original])
-    return TensorRef(graph.add_node(name, "MatMul", inputs, _attrs(graph, original)),
-                     0)
+def _like(graph: Graph, m: Match, original: str, name: str, scaled: TensorRef,
+          rows: TensorRef) -> TensorRef:
+    """A copy of gradient MatMul `original` reading a block's scaled gradient and its rows."""
+    inputs = [rows if r == m.x else r if r == m.w else scaled for r in graph.data_inputs(original)]
+    return TensorRef(graph.add_node(name, "MatMul", inputs, _attrs(graph, original)), 0)
 
 
 def _add(graph: Graph, shapes, name: str, a: TensorRef, b: TensorRef, like: str) -> TensorRef:
