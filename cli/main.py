@@ -10,6 +10,7 @@ commands that need them, so `--help` and `--version` are quick.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import logging
@@ -200,6 +201,7 @@ def optimize(ctx, model_path, output, in_place, mode, checkpoints, swap_tensors,
     graph passed its structural checks: on any failure nothing is written. Check the result
     with `graphrewrite verify IN OUT`.
     """
+    from graphrewrite.analysis.step import AnalysisOptions
     from graphrewrite.core import io
     from graphrewrite.pipeline import grammar, plan
     from graphrewrite.pipeline import run as pipeline
@@ -238,6 +240,7 @@ def optimize(ctx, model_path, output, in_place, mode, checkpoints, swap_tensors,
                                           tradeoff_path else None, "tensors": swap_tensors},
                             pins=pins, lossy=lossy)
     stages = Stages(enabled=not ctx.find_root().params.get("quiet"))
+    analysis = AnalysisOptions(input_shapes, outputs, backward_scope, device)
     stages("loading")
     model = io.load(model_path, tag=tag)
     # TensorFlow's objects live as long as the process; the rewrite allocates and drops many
@@ -249,9 +252,7 @@ def optimize(ctx, model_path, output, in_place, mode, checkpoints, swap_tensors,
     # frees the graphs it drops itself (`recompute.evaluate`).
     gc.disable()
     try:
-        result = pipeline.optimize(model, mode, input_shapes=input_shapes,
-                                   backward_scope=backward_scope, fetches=outputs,
-                                   composed=text, plan=chosen, device=device,
+        result = pipeline.optimize(model, mode, analysis, composed=text, plan=chosen,
                                    as_run=not no_as_run, progress=stages,
                                    automatic=passes is None)
     finally:
@@ -271,13 +272,11 @@ def optimize(ctx, model_path, output, in_place, mode, checkpoints, swap_tensors,
 
         stages("finding the largest batch that fits, before and after")
         facts["largest_batch"] = {
-            when: fit.largest_batch(model, device_memory, graph, fetches=outputs,
-                                    device=device or "gpu", input_shapes=input_shapes).to_json()
+            when: fit.largest_batch(model, device_memory, graph, analysis).to_json()
             for when, graph in (("before", model.graph), ("after", result.graph))}
     if tradeoff_path:
         _write_tradeoff(Path(tradeoff_path), model, model_path, stages, device_profile,
-                        input_shapes=input_shapes, fetches=outputs,
-                        backward_scope=backward_scope, device=device)
+                        analysis)
     if report_path:
         io.write_atomic(Path(report_path), (json.dumps(facts, indent=2) + "\n").encode())
     if as_json:
@@ -296,12 +295,13 @@ def optimize(ctx, model_path, output, in_place, mode, checkpoints, swap_tensors,
         plot.draw(plot_path, curves, f"{model_path}: one step, modelled ({mode})")
 
 
-def _write_tradeoff(path: Path, model, model_path, stages, profile, **analysis) -> None:
+def _write_tradeoff(path: Path, model, model_path, stages, profile, analysis) -> None:
     from graphrewrite.core import io
     from graphrewrite.pipeline import tradeoff
 
     stages("the trade-off curve (mode memory at several budgets)")
-    found = tradeoff.curve(model, profile=profile or "default", progress=stages, **analysis)
+    found = tradeoff.curve(model, profile=profile or "default", progress=stages,
+                           analysis=analysis)
     if path.suffix.lower() == ".json":
         io.write_atomic(path, (json.dumps(found, indent=1) + "\n").encode())
     else:
@@ -520,10 +520,10 @@ def inspect(model_path, as_json, top, plot_path, device_memory, input_shapes, ou
     from graphrewrite.reporting import summary
 
     model = io.load(model_path, tag=tag)
-    found = analysis.analyse(model, input_shapes=input_shapes, backward_scope=backward_scope,
-                             fetches=outputs, device=device)
+    found = analysis.analyse(model, options=analysis.AnalysisOptions(
+        input_shapes, outputs, backward_scope, device))
     facts = summary.summarize(model, found.fetches)
-    as_run = analysis.as_run(model, model.graph, found, input_shapes, device)
+    as_run = analysis.as_run(model, model.graph, found)
     facts.update(summary.memory_facts(found, top, as_run))
     from graphrewrite.analysis import state
 
@@ -532,8 +532,8 @@ def inspect(model_path, as_json, top, plot_path, device_memory, input_shapes, ou
         from graphrewrite.planning import fit
 
         facts["largest_batch"] = fit.largest_batch(
-            model, device_memory, fetches=found.fetches, device=device or "gpu",
-            input_shapes=input_shapes).to_json()
+            model, device_memory, analysis=dataclasses.replace(found.options,
+                                                               fetches=found.fetches)).to_json()
     if plot_path:
         from graphrewrite.reporting import plot
 

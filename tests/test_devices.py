@@ -7,6 +7,7 @@ import statistics
 import pytest
 import tensorflow as tf
 
+from graphrewrite.analysis.step import AnalysisOptions
 from graphrewrite.core import io
 from graphrewrite.core.errors import GraphRewriteError
 from graphrewrite.pipeline import run as pipeline
@@ -77,7 +78,7 @@ def test_swap_plans_follow_the_profile(tmp_path):
     fetches = ["loss"] + [f"grad{i}" for i in range(6)]
 
     def swapped(profile):
-        result = pipeline.optimize(model, "swap", fetches=fetches, as_run=False,
+        result = pipeline.optimize(model, "swap", AnalysisOptions(fetches=fetches), as_run=False,
                                    composed=f"swap(profile={profile})")
         return result.results["swap"]
 

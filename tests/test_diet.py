@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from graphrewrite.analysis import optimizers
+from graphrewrite.analysis.step import AnalysisOptions
 from graphrewrite.core import io, names
 from graphrewrite.core.errors import GraphRewriteError
 from graphrewrite.core.names import SLOT_OF_ATTR
@@ -441,7 +442,8 @@ def test_diet_keeps_the_order_of_forward_reads_that_peaks_lower_as_run(tmp_path,
     model, at the --input-shape given); the kept graph is the lower one, and the report's
     as-run peak is its price."""
     model = _frozen(tmp_path / "frozen.pb", build)
-    result = pipeline.optimize(model, "diet", composed="diet", input_shapes={"x": (rows, 512)})
+    result = pipeline.optimize(model, "diet", AnalysisOptions(input_shapes={"x": (rows, 512)}),
+                               composed="diet")
     dieted = result.results["diet"]
     gated, ungated = dieted.read_peaks
     assert dieted.forward_reads == kept, (gated / 2**20, ungated / 2**20)

@@ -5,6 +5,7 @@ import json
 import pytest
 import tensorflow as tf
 
+from graphrewrite.analysis.step import AnalysisOptions
 from graphrewrite.core import io
 from graphrewrite.core.errors import GraphRewriteError
 from graphrewrite.planning import fit
@@ -70,7 +71,7 @@ def test_the_predicted_batch_fits_as_measured_and_the_next_does_not(tmp_path):
     from graphrewrite.execution import verify
 
     model = _mlp_meta(tmp_path / "mlp.meta")
-    found = fit.largest_batch(model, 64 * MIB, device="cpu")
+    found = fit.largest_batch(model, 64 * MIB, analysis=AnalysisOptions(device="cpu"))
 
     def measured(batch):
         options = verify.VerifyOptions(input_shapes={"x": (batch, 256), "y": (batch,)}, runs=0)

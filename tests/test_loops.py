@@ -156,7 +156,7 @@ def test_modelled_peak_is_within_ten_percent_of_the_measured_one(control_flow, t
     path = tmp_path / "rnn.pb"
     path.write_bytes(graph.to_graph_def().SerializeToString())
     model = io.load(path)
-    found = analysis.analyse(model, fetches=["loss", "grad"])
+    found = analysis.analyse(model, options=analysis.AnalysisOptions(fetches=["loss", "grad"]))
     report = analysis.as_run(model, model.graph, found)
     feeds = measure.random_feeds(model.graph, found.shapes)
     measured = measure.run_step_isolated(model.runnable(), feeds, found.fetches, 0).peak_bytes

@@ -72,7 +72,8 @@ def test_an_embedding_lookup_through_a_variable_starts_the_activations(tmp_path,
     path.write_bytes(build(embed_and_classify).to_graph_def().SerializeToString())
     model = io.load(path)
     graph = model.graph
-    chain = bottlenecks(Context.build(graph, analysis.analyse(model, fetches=["train"])))
+    chain = bottlenecks(Context.build(graph, analysis.analyse(
+        model, options=analysis.AnalysisOptions(fetches=["train"]))))
     assert len(chain) >= 4 and all(graph.op(n) not in ("ReadVariableOp", "VarHandleOp")
                                    for n in chain)
 

@@ -139,7 +139,7 @@ def test_the_model_of_a_keras_lstm_in_a_tf1_graph_is_within_ten_percent_of_the_m
 
     entry = recipes.ensure("kl_lstm_adam_fetched")
     model = io.load(entry["path"])
-    found = analysis.analyse(model, fetches=entry["outputs"])
+    found = analysis.analyse(model, options=analysis.AnalysisOptions(fetches=entry["outputs"]))
     modelled = analysis.as_run(model, model.graph, found).allocated_peak()
     outcome = run_cli("verify", entry["path"], entry["path"], "--outputs",
                       ",".join(entry["outputs"]), "--runs", "1", "--json")

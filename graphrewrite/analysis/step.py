@@ -20,10 +20,26 @@ from . import memory, parameters, scratch
 from . import shapes as shapes_mod
 from . import split as split_mod
 
-__all__ = ["Analysis", "sinks", "default_fetches", "analyse", "SIZED_BY_DATA", "start_as_run",
+__all__ = ["AnalysisOptions", "Analysis", "sinks", "default_fetches", "analyse", "SIZED_BY_DATA", "start_as_run",
            "as_run", "as_run_step"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AnalysisOptions:
+    """What a user tells the analyses about a step; it travels as one from the front end (the
+    CLI's --input-shape, --outputs, --backward-scope, --device) to every analysis of the step
+    and of its rewrites. `input_shapes` fixes unknown input dimensions ({name: dims}),
+    `fetches` names what one step runs (default: found, `default_fetches`), `backward_scope`
+    the name prefix where the backward pass starts (default: found from the gradient seeds),
+    `device` the kind of device the step is modelled on (default: from its placement)."""
+
+    input_shapes: dict | None = None
+    fetches: list[str] | None = None
+    backward_scope: str | None = None
+    device: str | None = None
+
 
 @dataclass
 class Analysis:
@@ -33,6 +49,7 @@ class Analysis:
     memory: memory.MemoryReport
     flops: int
     sized_by_data: tuple = ()  # unknown sizes no --input-shape can fix (`SIZED_BY_DATA`, strings)
+    options: AnalysisOptions = AnalysisOptions()  # what it was asked: its rewrites' analyses too
 
 
 def sinks(graph: Graph) -> list[str]:
@@ -79,21 +96,22 @@ def default_fetches(model: Model, graph: Graph | None = None,
             or dtypes.base(shapes[shapes.outputs(n)[0]].dtype) not in dtypes.HANDLES]
 
 
-def analyse(model: Model, graph: Graph | None = None, input_shapes: dict | None = None,
-            backward_scope: str | None = None, fetches: list[str] | None = None,
-            shapes: shapes_mod.Shapes | None = None, device: str | None = None,
-            planned: bool = True, report: memory.MemoryReport | None = None) -> Analysis:
-    """Shapes (unless given), forward/backward split, simulated step memory and FLOPs;
-    `device`: the kind the step runs on (`memory.simulate`). Without `planned`, no split and
-    no FLOPs: what a pipeline reports of the graph its last pass wrote (on a 100k-node graph
-    the split of the rewritten one took 5 s). `report`: the step already simulated with these
-    fetches and no `device` (by the pass that wrote the graph), not simulated again."""
+def analyse(model: Model, graph: Graph | None = None, options: AnalysisOptions | None = None,
+            shapes: shapes_mod.Shapes | None = None, planned: bool = True,
+            report: memory.MemoryReport | None = None) -> Analysis:
+    """Shapes (unless given), forward/backward split, simulated step memory and FLOPs, as
+    `options` say. Without `planned`, no split and no FLOPs: what a pipeline reports of the
+    graph its last pass wrote (on a 100k-node graph the split of the rewritten one took 5 s).
+    `report`: the step already simulated with these fetches and no `device` (by the pass that
+    wrote the graph), not simulated again."""
     graph = graph or model.graph
+    options = options or AnalysisOptions()
+    fetches, device = options.fetches, options.device
     missing = [f for f in fetches or [] if f.split(":")[0] not in graph]
     if missing:
         raise GraphRewriteError(f"output '{missing[0]}' is not a node of the graph")
-    shapes = shapes or shapes_mod.infer(graph, input_shapes)
-    split = split_mod.split(graph, backward_scope) if planned else None
+    shapes = shapes or shapes_mod.infer(graph, options.input_shapes)
+    split = split_mod.split(graph, options.backward_scope) if planned else None
     fetches = fetches or default_fetches(model, graph, shapes, split)
     fetch_nodes = list(dict.fromkeys(f.split(":")[0] for f in fetches))
     if report is None or device is not None:
@@ -112,7 +130,7 @@ def analyse(model: Model, graph: Graph | None = None, input_shapes: dict | None 
         log.warning("%d tensors have an unknown size and count 0 bytes (e.g. %s); fix input "
                     "dimensions with --input-shape", len(unknown),
                     ", ".join(str(r) for r in unknown[:3]))
-    return Analysis(fetch_nodes, shapes, split, report, total, tuple(by_data))
+    return Analysis(fetch_nodes, shapes, split, report, total, tuple(by_data), options)
 
 
 # Ops whose output size depends on the values they read, not on shapes (an embedding's sparse
@@ -154,19 +172,19 @@ def start_as_run(model: Model, graph: Graph, found: Analysis) -> Future:
     return grappler.as_run_soon(inlined, [*found.fetches, *sorted(returned)], model.meta_graph)
 
 
-def as_run(model: Model, graph: Graph, found: Analysis, input_shapes: dict | None = None,
-           device: str | None = None, started: Future | None = None) -> memory.MemoryReport | None:
+def as_run(model: Model, graph: Graph, found: Analysis, started: Future | None = None
+           ) -> memory.MemoryReport | None:
     """The simulated step of `graph` as TensorFlow runs it, after Grappler (see `grappler.py`);
     None when Grappler cannot process the graph. `found` is `graph`'s analysis: the tensors
     Grappler keeps under their names keep their shapes (its output records none, and a TF2
     step's variable reads cannot be inferred without them). `started`: `start_as_run`'s
-    Grappler call for this graph, when it was begun earlier."""
-    step = as_run_step(model, graph, found, input_shapes, device, started)
+    Grappler call for this graph, when it was begun earlier. The input shapes and device are
+    `found`'s options."""
+    step = as_run_step(model, graph, found, started)
     return None if step is None else step[2]
 
 
-def as_run_step(model: Model, graph: Graph, found: Analysis, input_shapes: dict | None = None,
-                device: str | None = None, started: Future | None = None
+def as_run_step(model: Model, graph: Graph, found: Analysis, started: Future | None = None
                 ) -> tuple[Graph, shapes_mod.Shapes, memory.MemoryReport] | None:
     """`as_run`, with the graph Grappler returned and its shapes beside the report."""
     from . import grappler
@@ -178,7 +196,8 @@ def as_run_step(model: Model, graph: Graph, found: Analysis, input_shapes: dict 
         if name in graph and graph.op(name) == optimized.op(name):
             shapes_mod.record(optimized, name, found.shapes)
     kept = [f for f in found.fetches if f.split(":")[0] in optimized]
+    device = found.options.device
     if device is None and scratch.device_kind(graph) == "gpu":  # placement Grappler may drop
         device = "gpu"
-    shapes = shapes_mod.infer(optimized, input_shapes)
+    shapes = shapes_mod.infer(optimized, found.options.input_shapes)
     return optimized, shapes, memory.simulate(optimized, shapes, kept, device)

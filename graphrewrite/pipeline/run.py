@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..analysis import step as analysis_mod
+from ..analysis.step import AnalysisOptions
 from ..core.errors import GraphError, GraphRewriteError, PassError
 from ..core.graph import Graph
 from ..core.io import Model
@@ -81,14 +82,13 @@ def _rises_as_run(run_reports: tuple) -> bool:
     return after.allocated_peak() > before.allocated_peak()
 
 
-def optimize(model: Model, mode: str, input_shapes: dict | None = None,
-             backward_scope: str | None = None, fetches: list[str] | None = None,
-             composed: str | None = None, plan: dict | None = None,
-             device: str | None = None, as_run: bool = True,
+def optimize(model: Model, mode: str, analysis: AnalysisOptions | None = None,
+             composed: str | None = None, plan: dict | None = None, as_run: bool = True,
              progress: Callable[[str], None] | None = None, automatic: bool | None = None,
              **options) -> OptimizeResult:
     """Run the pipeline `composed` (by default `compose(mode, **options)`) on a copy of the
-    model's graph; with `as_run`, also model both steps as TensorFlow runs them (after
+    model's graph, analysed as `analysis` says (and each rewrite with the fetches found for the
+    original); with `as_run`, also model both steps as TensorFlow runs them (after
     Grappler: about a third of the time on large graphs, for the report only). `progress` is
     told each stage as it begins (a minute of work on a 100k-node graph). `automatic`: the
     passes are the mode's (by default, when no `composed` text is given), so their rewrite is
@@ -106,8 +106,9 @@ def optimize(model: Model, mode: str, input_shapes: dict | None = None,
     stage = progress or (lambda text: None)
     graph = model.graph.copy()
     stage("analysing the step")
-    found = analysis_mod.analyse(model, graph, input_shapes, backward_scope, fetches,
-                                 device=device)
+    found = analysis_mod.analyse(model, graph, analysis)
+    # The rewrites' analyses: the same options, the original's fetches.
+    again = dataclasses.replace(found.options, fetches=found.fetches)
     if plan is not None:
         plan_mod.check_recomputable(plan, Context.build(graph, found))
     peak_before = found.memory.peak()
@@ -142,8 +143,7 @@ def optimize(model: Model, mode: str, input_shapes: dict | None = None,
         if result.modified:
             graph = result.graph
             made.append((name, before, graph))
-            found = analysis_mod.analyse(model, graph, input_shapes, backward_scope,
-                                         found.fetches, shapes=result.shapes, device=device,
+            found = analysis_mod.analyse(model, graph, again, shapes=result.shapes,
                                          planned=index < len(steps) - 1,  # a pass follows
                                          report=result.memory)
     if made:  # nothing is written that TensorFlow cannot import or its init ops initialise
@@ -154,10 +154,9 @@ def optimize(model: Model, mode: str, input_shapes: dict | None = None,
     if as_run and (backward or changed):
         stage("modelling both steps as run (after Grappler)")
         grappled_after = analysis_mod.start_as_run(model, graph, found) if changed else None
-        run_before = analysis_mod.as_run(model, model.graph, original, input_shapes, device,
-                                         grappled)
-        run_reports = (run_before, analysis_mod.as_run(model, graph, found, input_shapes, device,
-                                                       grappled_after) if changed else run_before)
+        run_before = analysis_mod.as_run(model, model.graph, original, grappled)
+        run_reports = (run_before, analysis_mod.as_run(model, graph, found, grappled_after)
+                       if changed else run_before)
     reverted = ""
     automatic = composed is None if automatic is None else automatic
     if automatic and plan is None and mode in AUTOMATIC_MODES and changed and \

@@ -16,6 +16,7 @@ import importlib.util
 import logging
 from collections.abc import Callable
 
+from ..analysis.step import AnalysisOptions
 from ..core.errors import GraphRewriteError
 from ..core.io import Model
 from ..planning import devices
@@ -30,10 +31,11 @@ POINTS = 6  # budgets between the original's peak and the lowest found
 
 
 def curve(model: Model, points: int = POINTS, profile: str = "default",
-          progress: Callable[[str], None] | None = None, **analysis) -> dict:
+          progress: Callable[[str], None] | None = None,
+          analysis: AnalysisOptions | None = None) -> dict:
     """The curve's plain data: the original's modelled peak and, per planner, points of
-    {budget, peak_bytes, extra_flops, extra_seconds, plan}, highest peak first. `analysis`:
-    optimize's input_shapes, fetches, backward_scope, device."""
+    {budget, peak_bytes, extra_flops, extra_seconds, plan}, highest peak first; the step
+    analysed as `analysis` says."""
     stage = progress or (lambda text: None)
     rate = devices.profile(profile).fp32_flops
 
@@ -43,8 +45,8 @@ def curve(model: Model, points: int = POINTS, profile: str = "default",
         nonlocal original
         stage(f"planner {planner}, budget {'none' if budget is None else budget}")
         try:
-            result = optimize(model, "memory", as_run=False, planner=planner,
-                              budget=None if budget is None else str(budget), **analysis)
+            result = optimize(model, "memory", analysis, as_run=False, planner=planner,
+                              budget=None if budget is None else str(budget))
         except GraphRewriteError as err:  # the exact planner's own limits
             log.info("tradeoff: planner %s at budget %s: %s", planner, budget, err)
             return None

@@ -12,12 +12,14 @@ depend on it), so the rewritten graph is probed the same way.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 
 from ..analysis import bind, parameters
 from ..analysis import shapes as shapes_mod
 from ..analysis import step as analysis_mod
+from ..analysis.step import AnalysisOptions
 from ..core.errors import GraphRewriteError
 from ..core.graph import Graph
 from ..core.ops import PLACEHOLDER_OPS
@@ -68,13 +70,15 @@ def batch_inputs(graph: Graph, shapes: shapes_mod.Shapes) -> dict[str, tuple]:
 
 
 def largest_batch(model, limit: int, graph: Graph | None = None,
-                  fetches: list[str] | None = None, device: str | None = "gpu",
-                  input_shapes: dict | None = None) -> Fit:
+                  analysis: AnalysisOptions | None = None) -> Fit:
     """The largest batch whose modelled step peak is within `limit` bytes (see the module's
-    docstring), on a `device` of that kind (its allocator and kernel scratch: by default a
-    GPU's, one region of device memory). `input_shapes` fix other unknown dimensions; their
-    first dimension is the batch too."""
+    docstring), analysed as `analysis` says, on a device of its kind (its allocator and kernel
+    scratch: by default a GPU's, one region of device memory). Its `input_shapes` fix other
+    unknown dimensions; their first dimension is the batch too."""
     graph = graph or model.graph
+    analysis = analysis or AnalysisOptions()
+    input_shapes, fetches = analysis.input_shapes, analysis.fetches
+    device = analysis.device or "gpu"
     base = shapes_mod.infer(graph, {k: (None, *v[1:]) for k, v in (input_shapes or {}).items()})
     inputs = batch_inputs(graph, base)
     if not inputs:
@@ -86,8 +90,9 @@ def largest_batch(model, limit: int, graph: Graph | None = None,
         nonlocal fetches
         if batch not in peaks:
             fixed = {name: (batch, *shape[1:]) for name, shape in inputs.items()}
-            found = analysis_mod.analyse(model, graph, input_shapes=fixed, fetches=fetches,
-                                         device=device, planned=fetches is None)
+            found = analysis_mod.analyse(model, graph, dataclasses.replace(
+                analysis, input_shapes=fixed, fetches=fetches, device=device),
+                planned=fetches is None)
             fetches = found.fetches  # the step's own, found once
             peaks[batch] = found.memory.allocated_peak()
             log.info("batch %d: modelled peak %d bytes", batch, peaks[batch])

@@ -11,7 +11,7 @@ from ...analysis import shapes as shapes_mod
 from ...analysis import step as analysis_mod
 from ...analysis.schedule import needed_nodes
 from ...analysis.split import reachable
-from ...analysis.step import Analysis
+from ...analysis.step import Analysis, AnalysisOptions
 from ...core.graph import Graph
 from ...core.tensor_ref import TensorRef
 from .options import VIEW_OPS
@@ -44,8 +44,9 @@ def choose_reads(graph: Graph, firsts: dict[str, str], analysis: Analysis | None
     inputs = _input_shapes(graph, analysis.shapes, analysis.fetches)
     shapes = shapes_mod.infer(graph, inputs)  # the orders differ by control edges only
     device = _device(graph, analysis)
-    found = Analysis(analysis.fetches, shapes, analysis.split, None, 0)  # what as_run reads
-    reports = [analysis_mod.as_run(model, g, found, inputs, device) for g in (gated, graph)]
+    found = Analysis(analysis.fetches, shapes, analysis.split, None, 0,  # what as_run reads
+                     options=AnalysisOptions(inputs, analysis.fetches, device=device))
+    reports = [analysis_mod.as_run(model, g, found) for g in (gated, graph)]
     how = "as run"
     if None in reports:  # Grappler refused one: both as written, to compare like with like
         reports = [memory.simulate(g, shapes, analysis.fetches, device) for g in (gated, graph)]
