@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -54,7 +55,14 @@ def graph_def(*nodes, versions: bool = True) -> graph_pb2.GraphDef:
 
 
 def run_cli(*args: str):
-    """Run the `graphrewrite` command in-process; returns click's Result (stdout/stderr apart)."""
+    """Run the `graphrewrite` command in-process; returns click's Result (stdout/stderr apart).
+    The library's logger is left as it was: the command points it at its own stderr and stops
+    it propagating, which would hide later tests' log records from `caplog`."""
     from graphrewrite.cli.main import main
 
-    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+    logger = logging.getLogger("graphrewrite")
+    saved = (logger.handlers[:], logger.propagate, logger.level)
+    try:
+        return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+    finally:
+        logger.handlers[:], logger.propagate, logger.level = saved
