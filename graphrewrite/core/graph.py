@@ -168,6 +168,12 @@ class Graph:
             self._nodes_cache = [n for _, n in sorted(real)]
         return list(self._nodes_cache)
 
+    def devices(self) -> Counter:
+        """How many nodes are placed on each device ('' for unplaced ones): the few devices to
+        ask about, instead of every node's."""
+        return Counter(d["node_def"].device for d in self.nx._node.values()
+                       if not d.get("missing"))
+
     def node_def(self, name: str) -> node_def_pb2.NodeDef:
         """The node's NodeDef without inputs; read it, change it only through `set_attr`."""
         data = self.nx._node.get(name)
