@@ -52,6 +52,16 @@ def test_copy_node_keeps_inputs_and_leaves_consumers():
     assert g.node_def("b_copy").attr == g.node_def("b").attr
 
 
+def test_copy_node_reads_the_copies_it_is_given():
+    g = chain()
+    g.copy_node("x", "x_copy")
+    g.copy_node("a", "a_copy")
+    g.copy_node("b", "b_copy", {"a": "a_copy", "x": "x_copy"})  # data inputs only
+    assert g.inputs("b_copy") == [TensorRef("a_copy"), TensorRef("a_copy"),
+                                  TensorRef("x", CONTROL)]
+    assert g.consumers(TensorRef("a")) == [("b", 0), ("b", 1)]
+
+
 def test_replace_uses_only_named_consumers():
     g = chain()
     g.add_node("a2", "Relu", [TensorRef("x")])

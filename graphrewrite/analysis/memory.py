@@ -271,11 +271,11 @@ def cpu_is_host(graph: Graph) -> bool:
     """Whether CPU-pinned nodes are host memory: the graph uses an accelerator, or most nodes are
     unplaced (they land on the accelerator of a GPU machine, and a node pinned to the CPU, such
     as a swapped-out copy, lives in host memory there)."""
-    devices = [graph.node_def(n).device for n in graph.nodes()]
+    devices = graph.devices()
     if any(m in d for d in devices for m in ACCELERATOR_MARKERS):
         return True
-    pinned_cpu = sum(1 for d in devices if "CPU" in d.upper())
-    return 0 < pinned_cpu < len(devices) - pinned_cpu
+    pinned_cpu = sum(count for d, count in devices.items() if "CPU" in d.upper())
+    return 0 < pinned_cpu < sum(devices.values()) - pinned_cpu
 
 
 def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,

@@ -103,7 +103,7 @@ DEVICE_KINDS = tuple(KERNEL_SCRATCH)
 
 def device_kind(graph: Graph) -> str:
     """The kind of device the step runs on, by placement: a node on a GPU means "gpu"."""
-    return "gpu" if any("GPU" in graph.node_def(n).device.upper() for n in graph.nodes()) \
+    return "gpu" if any("GPU" in device.upper() for device in graph.devices()) \
         else "cpu"
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from tensorflow.core.framework import types_pb2
 
-from ..core import dtypes, ops
+from ..core import dtypes, ops, tf_import
 from ..core.errors import GraphRewriteError
 from ..core.graph import Graph
 from ..core.tensor_ref import TensorRef
@@ -458,21 +458,12 @@ def c_imported(graph_def) -> list:
     groups, control-flow contexts, name scopes: three quarters of its time on a 37k-node graph,
     3.4 s of 4.4, none of it needed to read shapes). The C++ import is called as the public one
     calls it, and each operation gets only its output tensors."""
-    import tensorflow as tf
-    from tensorflow.python.client import pywrap_tf_session as c_api
-    from tensorflow.python.framework import c_api_util, importer, ops
+    from tensorflow.python.framework import ops as tf_ops
 
-    graph = tf.Graph()
-    scoped = c_api_util.ScopedTFImportGraphDefOptions()
-    importer._PopulateTFImportGraphDefOptions(scoped.options, "", {}, None, False, False)
-    with c_api_util.tf_buffer(graph_def.SerializeToString()) as serialized:
-        with graph._c_graph.get() as c_graph:
-            results = c_api.TF_GraphImportGraphDefWithResults(c_graph, serialized,
-                                                              scoped.options)
-    c_api_util.ScopedTFImportGraphDefResults(results)  # frees them
+    graph = tf_import.c_import(graph_def)
     operations = []
     for c_op in graph.new_operations():
-        op = ops.Operation(c_op, ops.SymbolicTensor)
+        op = tf_ops.Operation(c_op, tf_ops.SymbolicTensor)
         op.graph = graph
         op._init_outputs()
         operations.append(op)

@@ -168,6 +168,12 @@ class Graph:
             self._nodes_cache = [n for _, n in sorted(real)]
         return list(self._nodes_cache)
 
+    def devices(self) -> Counter:
+        """How many nodes are placed on each device ('' for unplaced ones): the few devices to
+        ask about, instead of every node's."""
+        return Counter(d["node_def"].device for d in self.nx._node.values()
+                       if not d.get("missing"))
+
     def node_def(self, name: str) -> node_def_pb2.NodeDef:
         """The node's NodeDef without inputs; read it, change it only through `set_attr`."""
         data = self.nx._node.get(name)
@@ -328,8 +334,10 @@ class Graph:
             self.nx.add_edge(ref.node, name, key=pos, port=ref.port,
                              slot=None if ref.is_control else pos, text=None)
 
-    def copy_node(self, name: str, new_name: str) -> str:
-        """Copy a node (attrs, device, inputs) under a new name; consumers are not touched."""
+    def copy_node(self, name: str, new_name: str, renamed: dict[str, str] | None = None) -> str:
+        """Copy a node (attrs, device, inputs) under a new name; consumers are not touched.
+        A data input from a node in `renamed` (node -> its copy) reads the copy instead: a
+        chain of copies is made without moving each edge after."""
         payload = node_def_pb2.NodeDef()
         payload.CopyFrom(self.node_def(name))
         payload.name = new_name
@@ -337,6 +345,9 @@ class Graph:
             raise GraphError(f"node '{new_name}' already exists")
         self._insert(payload)
         for u, d in self._in_edges(name):
+            if renamed and d["slot"] is not None and u in renamed:
+                u = renamed[u]
+                self._require(u)
             self._own_pair(u, new_name)
             key = sum(map(len, self.nx._pred[new_name].values()))  # its in-edges so far
             self.nx.add_edge(u, new_name, key=key, port=d["port"], slot=d["slot"], text=None)

@@ -100,11 +100,11 @@ class Model:
 
     def with_graph(self, graph: Graph | None = None) -> pb_message.Message:
         """A copy of the container with `graph` (default: the model's own) in place of the old."""
+        graph_def = (graph or self.graph).to_graph_def()
+        if self.format.kind == GRAPHDEF:  # the container is the old GraphDef: nothing to copy
+            return graph_def
         out = type(self.container)()
         out.CopyFrom(self.container)
-        graph_def = (graph or self.graph).to_graph_def()
-        if self.format.kind == GRAPHDEF:
-            return graph_def
         target = out if self.format.kind == METAGRAPH else out.meta_graphs[self.meta_graph_index]
         target.graph_def.CopyFrom(graph_def)
         if graph is not None:  # collections naming removed or new variables (diet's slots)

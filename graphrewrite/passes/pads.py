@@ -98,6 +98,7 @@ def _same_shape_pad(graph: Graph, shapes, lacking: dict, copy: str, source: str)
 def _live_readers(graph: Graph, fetch_nodes: list[str]) -> tuple[set[str], Counter]:
     """Nodes a fetch needs, and how many data inputs of those nodes read each tensor."""
     live = reachable(graph.nx, fetch_nodes, upstream=True)
-    readers = Counter(TensorRef(u, d["port"]) for u, v, d in graph.nx.edges(data=True)
-                      if v in live and d["slot"] is not None)
+    pred = graph.pred  # the in-edges of the live nodes only, not every edge's view
+    readers = Counter(TensorRef(u, d["port"]) for v in live for u, keyed in pred[v].items()
+                      for d in keyed.values() if d["slot"] is not None)
     return live, readers

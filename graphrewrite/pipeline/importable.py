@@ -10,14 +10,15 @@ initializer before the rewrite must still do so after it, or the user has to bui
 
 A failure is a PassError naming the first pass whose output fails, unless the original fails the
 same check (then it is the input's, not graphrewrite's: a custom op, an old graph), which is
-logged and let through. One import of the final graph per rewrite (11k nodes: about 2.5 s);
-the passes' own outputs are imported only to name the culprit.
+logged and let through. One import of the final graph per rewrite, by the C++ importer alone for
+a GraphDef (`tf_import`); the passes' own outputs are imported only to name the culprit.
 """
 
 from __future__ import annotations
 
 import logging
 
+from ..core import tf_import
 from ..core.errors import PassError
 from ..core.graph import Graph
 from ..core.io import GRAPHDEF, METAGRAPH, Model
@@ -61,6 +62,8 @@ def importing(model: Model, graph: Graph) -> str | None:
     message = model.with_graph(graph)
     kind = model.format.kind
     try:
+        if kind == GRAPHDEF and not message.library.function and _c_imports(message):
+            return None
         with tf.Graph().as_default():
             if kind == GRAPHDEF:
                 tf.graph_util.import_graph_def(message, name="")
@@ -72,6 +75,19 @@ def importing(model: Model, graph: Graph) -> str | None:
         return f"TensorFlow cannot import ({type(err).__name__}: " \
                f"{(str(err).strip().splitlines() or [''])[0][:300]})"
     return None
+
+
+def _c_imports(graph_def) -> bool:
+    """Whether the C++ importer took `graph_def` (a function library aside, all the public
+    importer checks: its Python side only wraps the operations, `tf_import`), or False when
+    TensorFlow's internals differ and the public importer must say. Raises what the importer
+    raises."""
+    try:
+        tf_import.c_import(graph_def, validate_colocation=True)
+    except (AttributeError, ImportError) as err:  # not this TensorFlow's internals
+        log.debug("import checked by the public importer (%s)", err)
+        return False
+    return True
 
 
 def uninitialised(original: Graph, graph: Graph) -> str | None:

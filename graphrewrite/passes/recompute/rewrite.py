@@ -63,10 +63,7 @@ def _copy(graph: Graph, names: set[str], order: list[str], suffix: str) -> dict[
     (the suffix keeps each copy where its original sorts by name, see `names.py`)."""
     copies = {}
     for name in (n for n in order if n in names):
-        copies[name] = graph.copy_node(name, graph.unique_name(name + suffix))
-        for ref in graph.data_inputs(copies[name]):
-            if ref.node in copies:
-                graph.replace_uses(ref, TensorRef(copies[ref.node], ref.port), [copies[name]])
+        copies[name] = graph.copy_node(name, graph.unique_name(name + suffix), copies)
     return copies
 
 
