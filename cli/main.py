@@ -324,8 +324,8 @@ def _write_tradeoff(path: Path, model, model_path, stages, profile, analysis) ->
 @click.option("--runs", default=5, show_default=True, type=click.IntRange(min=1),
               help="Timed steps per model.")
 @click.option("--steps", default=0, show_default=True, metavar="N", type=click.IntRange(min=0),
-              help="For lossy rewrites (mode diet, --lossy): run N training steps of both, step k on "
-                   "the same seeded batch, and compare the final losses within --rtol; the "
+              help="For lossy rewrites (mode diet, --lossy): run N training steps of both, step "
+                   "k on the same seeded batch, and compare the final losses within --rtol; the "
                    "report shows both loss curves. 0: the bitwise two-step check.")
 @click.option("--batches", default=0, show_default=True, metavar="K",
               type=click.IntRange(min=0),

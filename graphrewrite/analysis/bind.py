@@ -31,7 +31,8 @@ from ..core.names import DIET_ATTR
 from ..core.tensor_ref import TensorRef
 
 __all__ = ["PLACEHOLDERS", "HANDLE_FORWARDERS", "VALUE_ARGS", "SCALE", "EXPORT_HINT", "BIND_SCOPE",
-           "INT16_MAX", "ValueSpec", "is_resource_placeholder", "resource_placeholders", "ITERATOR_OPS", "iterators",
+           "INT16_MAX", "ValueSpec", "is_resource_placeholder", "resource_placeholders",
+           "ITERATOR_OPS", "iterators",
            "value_spec", "export_hint", "seeded_value", "dieted", "seeded_values", "diet_mark",
            "users", "DENSE_WRITES", "BRANCHES", "CALLS", "through_forwarders", "Bound",
            "resource_placeholder_names", "fed_copy", "bind"]
@@ -71,8 +72,9 @@ def is_resource_placeholder(node) -> bool:
 def resource_placeholders(graph: Graph) -> list[str]:
     """Names of the graph's placeholders of dtype resource that hold variables, sorted: not a
     `tf.data` iterator's (what Keras's `model.train_function` reads its batches from)."""
+    handles = iterators(graph)
     return sorted(n for n in graph.nodes() if is_resource_placeholder(graph.node_def(n))
-                  and n not in iterators(graph))
+                  and n not in handles)
 
 
 def iterators(graph: Graph) -> set[str]:

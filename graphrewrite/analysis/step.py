@@ -20,8 +20,8 @@ from . import memory, parameters, scratch
 from . import shapes as shapes_mod
 from . import split as split_mod
 
-__all__ = ["AnalysisOptions", "Analysis", "sinks", "default_fetches", "analyse", "SIZED_BY_DATA", "start_as_run",
-           "as_run", "as_run_step"]
+__all__ = ["AnalysisOptions", "Analysis", "sinks", "default_fetches", "analyse", "SIZED_BY_DATA",
+           "start_as_run", "as_run", "as_run_step"]
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,8 @@ def _sized_by_data(graph: Graph, shapes: shapes_mod.Shapes, unknown: list) -> li
     found = {n for n in names if graph.op(n) in SIZED_BY_DATA}
     strings = {r for r in unknown if shapes[r] is not None
                and dtypes.base(shapes[r].dtype) == dtypes.STRING}
-    strings |= {r for r in unknown if r.node in bind.iterators(graph)}  # its elements' bytes
+    handles = bind.iterators(graph) if unknown else set()
+    strings |= {r for r in unknown if r.node in handles}  # its elements' bytes
     grown = True
     while grown:
         more = {n for n in names - found
