@@ -167,8 +167,8 @@ def main(ctx, debug, verbose, quiet):
               help="Rewrite as the plan FILE says, without searching (same input, same plan: "
                    "same bytes). A plan naming unknown nodes, listing as recomputed what "
                    "cannot be (a stateful or random op), or made for another graph is refused. "
-                   "Not with --mode, --passes, --checkpoints, --swap, --swap-checkpoints or "
-                   "--budget.")
+                   "Not with --mode, --passes, --checkpoints, --swap, --swap-checkpoints, "
+                   "--budget or --lossy.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @memory_option
 @click.option("--pin", "pins", multiple=True, metavar="KIND=SELECTORS", callback=parse_pins,

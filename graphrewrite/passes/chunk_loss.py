@@ -90,9 +90,10 @@ class Match:
 def run(graph: Graph, analysis: Analysis, options: ChunkLossOptions, model=None):
     """Compute each matched cross entropy and its projection's gradients in blocks of rows."""
     matches, skipped = find(graph, analysis)
+    size = {m.xent: analysis.shapes.nbytes(TensorRef(m.xent, 1)) or 0 for m in matches}
     big = []
     for match in matches:
-        if (analysis.shapes.nbytes(TensorRef(match.xent, 1)) or 0) < options.min_bytes:
+        if size[match.xent] < options.min_bytes:
             skipped.setdefault("logits smaller than min_bytes", []).append(match.xent)
         else:
             big.append(match)
@@ -103,8 +104,7 @@ def run(graph: Graph, analysis: Analysis, options: ChunkLossOptions, model=None)
     graph = graph.copy()
     total = 0
     for match in big:
-        size = analysis.shapes.nbytes(TensorRef(match.xent, 1)) or 0
-        count = options.chunks or -(-size // options.max_bytes)
+        count = options.chunks or -(-size[match.xent] // options.max_bytes)
         count = max(2, min(count, match.rows))
         _rewrite(graph, analysis.shapes, match, count)
         total += count
