@@ -396,7 +396,7 @@ def test_optimize_stops_when_there_is_no_backward_pass(monkeypatch):
         raise AssertionError("modelled as run")
 
     monkeypatch.setattr(analysis, "start_as_run", refused)
-    monkeypatch.setattr(analysis, "as_run", refused)
+    monkeypatch.setattr(analysis, "as_run_step", refused)
     model = io.load(fixture_path("tiny_savedmodel"))
     result = pipeline.optimize(model, "memory")
     assert result.run_reports == (None, None)

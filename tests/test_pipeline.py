@@ -272,8 +272,8 @@ def test_a_rewrite_that_raises_the_step_as_run_is_dropped(after, kept, monkeypat
 
     model = io.load(fixture_path("mlp"))
     monkeypatch.setattr(analysis_mod, "start_as_run", lambda *args: None)
-    monkeypatch.setattr(analysis_mod, "as_run", lambda m, graph, *args: _Peak(
-        1000 if graph is model.graph else after))
+    monkeypatch.setattr(analysis_mod, "as_run_step", lambda m, graph, *args: (
+        graph, None, _Peak(1000 if graph is model.graph else after)))
     result = pipeline.optimize(model, "memory")
     assert (result.graph.to_graph_def() != model.graph.to_graph_def()) == kept
     assert result.changed == kept

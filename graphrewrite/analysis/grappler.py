@@ -11,7 +11,11 @@ modelling what runs.
 
 It is a model of one machine's Grappler: optimizations that depend on the device (layout,
 remapper fusions) follow the devices this process sees, so on a CPU-only machine a GPU's
-layout changes are not modelled.
+layout changes are not modelled. A session places every node before Grappler sees it, and the
+remapper fuses only placed nodes (a MatMul and its BiasAdd into one `_FusedMatMul`), so on a
+machine without a GPU the nodes that name no device are placed on its CPU first, as the
+session does; with a GPU they are left as written (the session's placer splits them between
+the devices by kernel).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from ..core.graph import Graph
 __all__ = ["as_run", "as_run_soon", "finish"]
 
 log = logging.getLogger(__name__)
+CPU = "/job:localhost/replica:0/task:0/device:CPU:0"  # a session's name for it
 _background: dict[int, ThreadPoolExecutor] = {}  # per process: a forked child has no threads
 
 
@@ -40,17 +45,47 @@ def as_run_soon(graph_def, fetches: list[str], meta_graph=None) -> Future:
     core to spare the original step's optimization (3-4 s of a ResNet-50 training step)
     overlaps the planner."""
     from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
-    from tensorflow.python.grappler import tf_optimizer
 
     item = meta_graph_pb2.MetaGraphDef()
     if meta_graph is not None:
         item.meta_info_def.CopyFrom(meta_graph.meta_info_def)
     item.graph_def.CopyFrom(graph_def)
+    placed = _place_on_cpu(item.graph_def)
     item.collection_def["train_op"].node_list.value.extend(fetches)
     pool = _background.get(os.getpid())
     if pool is None:
         pool = _background[os.getpid()] = ThreadPoolExecutor(1, thread_name_prefix="grappler")
-    return pool.submit(tf_optimizer.OptimizeGraph, config_pb2.ConfigProto(), item)
+    return pool.submit(_optimize, config_pb2.ConfigProto(), item, placed)
+
+
+def _place_on_cpu(graph_def) -> set[str]:
+    """Place the nodes that name no device on the CPU, as a session on a machine without a GPU
+    does before Grappler runs (its remapper's fusions need the placement); returns their names
+    (none with a GPU: its placer splits nodes between the devices by kernel)."""
+    import tensorflow as tf
+
+    if tf.config.list_physical_devices("GPU"):
+        return set()
+    placed = set()
+    for node in graph_def.node:
+        if not node.device:
+            node.device = CPU
+            placed.add(node.name)
+    return placed
+
+
+def _optimize(config, item, placed: set[str]):
+    """Grappler's output for `item`, the nodes `placed` for it (and those it made from them)
+    unplaced again: the memory model tells host from device by placement (`memory.cpu_is_host`),
+    and a swapped-out copy pinned to the CPU is host memory beside unplaced nodes."""
+    from tensorflow.python.grappler import tf_optimizer
+
+    optimized = tf_optimizer.OptimizeGraph(config, item)
+    given = {node.name for node in item.graph_def.node}
+    for node in optimized.node:
+        if node.device == CPU and (node.name in placed or node.name not in given):
+            node.device = ""
+    return optimized
 
 
 def finish(started: Future) -> Graph | None:

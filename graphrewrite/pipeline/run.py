@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..analysis import fusions
 from ..analysis import step as analysis_mod
 from ..analysis.step import AnalysisOptions
 from ..core.errors import GraphError, GraphRewriteError, PassError
@@ -25,6 +27,8 @@ from . import plan as plan_mod
 from .grammar import compose, parse_pipeline, pass_options
 
 __all__ = ["OptimizeResult", "AUTOMATIC_MODES", "optimize"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -119,6 +123,55 @@ def optimize(model: Model, mode: str, analysis: AnalysisOptions | None = None,
     # Grappler on the original runs beside the passes (it releases the GIL).
     grappled = (analysis_mod.start_as_run(model, model.graph, original)
                 if as_run and backward else None)
+    graph, found, results = _run_passes(model, steps, found, again, stage)
+    changed = any(r.modified for r in results.values())  # else Grappler's run repeats
+    run_steps = (None, None)
+    if as_run and (backward or changed):
+        stage("modelling both steps as run (after Grappler)")
+        run_steps = _as_run(model, original, grappled, graph, found, changed)
+    automatic = composed is None if automatic is None else automatic
+    refused = _refused(run_steps, original) if automatic and changed else []
+    if refused and plan is None and any(name == "recompute" for name, _ in steps):
+        log.info("the rewrite changes how Grappler fuses %s (it would round differently): "
+                 "planned again without copying them", ", ".join(refused))
+        steps = [(name, _never_copied(opts, refused) if name == "recompute" else opts)
+                 for name, opts in steps]
+        graph, found, results = _run_passes(model, steps, analysis_mod.analyse(
+            model, model.graph.copy(), analysis), again, stage)
+        changed = any(r.modified for r in results.values())
+        run_steps = _as_run(model, original, run_steps[0], graph, found, changed)
+        refused = _refused(run_steps, original) if changed else []
+    run_reports = tuple(None if step is None else step[2] for step in run_steps)
+    reverted = ""
+    if refused:
+        reverted = (f"the rewrite makes Grappler fuse {refused[0]} otherwise than the original "
+                    "step does, which rounds differently: graph left unchanged")
+    elif automatic and plan is None and mode in AUTOMATIC_MODES and changed and \
+            _rises_as_run(run_reports):
+        before, after = (r.allocated_peak() for r in run_reports)
+        reverted = (f"the rewrite lowers the step as written ({peak_before / 2**20:.1f} -> "
+                    f"{found.memory.peak() / 2**20:.1f} MiB) but raises it as TensorFlow runs it "
+                    f"({before / 2**20:.1f} -> {after / 2**20:.1f} MiB after Grappler): "
+                    "graph left unchanged (--passes runs the same passes and keeps their "
+                    "rewrite)")
+    if reverted:
+        graph, found = model.graph.copy(), original
+        results = {name: type(r)(graph, False, note=r.note) for name, r in results.items()}
+        run_reports = (run_reports[0], run_reports[0])
+    result = OptimizeResult(graph, mode, text, len(model.graph), len(graph), peak_before,
+                            found.memory.peak(), time.perf_counter() - start, results,
+                            run_reports, reverted)
+    if plan is not None:
+        plan_mod.check_followed(plan, result)
+    return result
+
+
+def _run_passes(model: Model, steps: list, found, again: AnalysisOptions, stage):
+    """Run `steps` on a copy of the model's graph, analysed as `found`, each rewrite analysed
+    again (`again`); check that TensorFlow imports what they made. Returns the last graph, its
+    analysis and each pass's result (runs of one pass combined)."""
+    graph = model.graph.copy()
+    peak_before = found.memory.peak()
     results: dict[str, PassResult] = {}
     made = []  # (pass, the passes before it, its output graph), for `importable.check`
     for index, (name, pass_opts) in enumerate(steps):
@@ -149,30 +202,26 @@ def optimize(model: Model, mode: str, analysis: AnalysisOptions | None = None,
     if made:  # nothing is written that TensorFlow cannot import or its init ops initialise
         stage("checking that TensorFlow imports the rewritten graph")
         importable.check(model, made)
-    run_reports = (None, None)
-    changed = any(r.modified for r in results.values())  # else Grappler's run repeats
-    if as_run and (backward or changed):
-        stage("modelling both steps as run (after Grappler)")
-        grappled_after = analysis_mod.start_as_run(model, graph, found) if changed else None
-        run_before = analysis_mod.as_run(model, model.graph, original, grappled)
-        run_reports = (run_before, analysis_mod.as_run(model, graph, found, grappled_after)
-                       if changed else run_before)
-    reverted = ""
-    automatic = composed is None if automatic is None else automatic
-    if automatic and plan is None and mode in AUTOMATIC_MODES and changed and \
-            _rises_as_run(run_reports):
-        before, after = (r.allocated_peak() for r in run_reports)
-        reverted = (f"the rewrite lowers the step as written ({peak_before / 2**20:.1f} -> "
-                    f"{found.memory.peak() / 2**20:.1f} MiB) but raises it as TensorFlow runs it "
-                    f"({before / 2**20:.1f} -> {after / 2**20:.1f} MiB after Grappler): "
-                    "graph left unchanged (--passes runs the same passes and keeps their "
-                    "rewrite)")
-        graph, found = model.graph.copy(), original
-        results = {name: type(r)(graph, False, note=r.note) for name, r in results.items()}
-        run_reports = (run_reports[0], run_reports[0])
-    result = OptimizeResult(graph, mode, text, len(model.graph), len(graph), peak_before,
-                            found.memory.peak(), time.perf_counter() - start, results,
-                            run_reports, reverted)
-    if plan is not None:
-        plan_mod.check_followed(plan, result)
-    return result
+    return graph, found, results
+
+
+def _as_run(model: Model, original, before, graph: Graph, found, changed: bool) -> tuple:
+    """(before, after) steps as run (`analysis.as_run_step`, None where Grappler failed).
+    `before`: the original's, made (a tuple) or its Grappler call begun earlier (a Future)."""
+    started = analysis_mod.start_as_run(model, graph, found) if changed else None
+    if not isinstance(before, tuple):
+        before = analysis_mod.as_run_step(model, model.graph, original, before)
+    return before, analysis_mod.as_run_step(model, graph, found, started) if changed else before
+
+
+def _refused(run_steps: tuple, original) -> list[str]:
+    """The original's nodes the rewrite makes Grappler fuse otherwise (`fusions.refused`)."""
+    if None in run_steps:
+        return []
+    return fusions.refused(run_steps[0][0], run_steps[1][0], original.shapes)
+
+
+def _never_copied(options, names: list[str]):
+    """Recompute's options with `names` added to its never-copied pins."""
+    return dataclasses.replace(options, pin_never=",".join(filter(None, (
+        options.pin_never, *names))))

@@ -102,9 +102,10 @@ class RecomputeOptions(PassOptions):
                                     f"'{self.policy}'")
         if self.reuse and not self.ahead:
             raise GraphRewriteError("recompute: 'reuse' needs 'ahead'")
-        if self.pinned() and (self.policy != "memory" or self.planner == "exact"):
-            raise GraphRewriteError("recompute: pins need policy memory and planner estimate "
-                                    "or search")
+        placed = self.pin_keep or self.pin_recompute  # never-copied nodes bind any planner
+        if placed and (self.policy != "memory" or self.planner == "exact"):
+            raise GraphRewriteError("recompute: keep and recompute pins need policy memory and "
+                                    "planner estimate or search")
 
     def pinned(self) -> dict[str, str]:
         """kind -> selectors, of the pins given."""
@@ -213,7 +214,10 @@ def _pins(ctx: Context, options: RecomputeOptions) -> tuple[search.Pins | None, 
     pinned = {kind: select(ctx.graph, text) for kind, text in options.pinned().items()}
     if not pinned:
         return None, {}
-    ctx.pin_never(pinned.get("never", ()), "pinned: never copied (--pin never)")
+    ctx.pin_never(pinned.get("never", ()), "never copied (pinned, or its copy would change how "
+                  "Grappler fuses it)")
+    if not pinned.keys() & {"keep", "recompute"}:
+        return None, pinned
     return search.Pins(frozenset(pinned.get("keep", ())),
                        frozenset(pinned.get("recompute", ()))), pinned
 
