@@ -427,7 +427,7 @@ def _tied(tf, rng):
     x = tf.compat.v1.placeholder(tf.float32, [None, 512], name="x")  # 64 rows, given
     w = tf.constant(rng.standard_normal([512, 8]).astype(np.float32), name="w")
     early = tf.matmul(tf.tile(x, [32, 1], name="a1"), w, name="early")
-    wide = tf.concat([tf.tile(tf.sin(tf.cos(tf.sin(x))), [1, 32], name="b1")] * 2, 0,
+    wide = tf.concat([tf.tile(tf.sin(x) * tf.cos(x) + x, [1, 32], name="b1")] * 2, 0,
                      name="b2")
     late = tf.matmul(tf.reduce_sum(tf.reshape(tf.reduce_sum(wide, 0), [32, 512]), 0,
                                    keepdims=True, name="x2"), w, name="late")
