@@ -27,8 +27,8 @@ def refused(before: Graph, after: Graph, shapes) -> list[str]:
     """The original's nodes whose value the rewrite's step (`after`, as Grappler returns it)
     computes with another kernel than the original's (`before`), in a way that rounds
     differently: a one-column matrix product fused in one and not the other, at the node itself
-    or at a copy of it (a recomputed copy is named after its original). `shapes`: the
-    original's."""
+    or at a copy of it (a recomputed copy is named after its original). `shapes`: `before`'s
+    (a product of unknown shape counts)."""
     changed = set()
     for name in after.nodes():
         source = name.split(COPY_SUFFIX)[0]

@@ -130,7 +130,7 @@ def optimize(model: Model, mode: str, analysis: AnalysisOptions | None = None,
         stage("modelling both steps as run (after Grappler)")
         run_steps = _as_run(model, original, grappled, graph, found, changed)
     automatic = composed is None if automatic is None else automatic
-    refused = _refused(run_steps, original) if automatic and changed else []
+    refused = _refused(run_steps) if automatic and changed else []
     if refused and plan is None and any(name == "recompute" for name, _ in steps):
         log.info("the rewrite changes how Grappler fuses %s (it would round differently): "
                  "planned again without copying them", ", ".join(refused))
@@ -140,7 +140,7 @@ def optimize(model: Model, mode: str, analysis: AnalysisOptions | None = None,
             model, model.graph.copy(), analysis), again, stage)
         changed = any(r.modified for r in results.values())
         run_steps = _as_run(model, original, run_steps[0], graph, found, changed)
-        refused = _refused(run_steps, original) if changed else []
+        refused = _refused(run_steps) if changed else []
     run_reports = tuple(None if step is None else step[2] for step in run_steps)
     reverted = ""
     if refused:
@@ -214,11 +214,12 @@ def _as_run(model: Model, original, before, graph: Graph, found, changed: bool) 
     return before, analysis_mod.as_run_step(model, graph, found, started) if changed else before
 
 
-def _refused(run_steps: tuple, original) -> list[str]:
-    """The original's nodes the rewrite makes Grappler fuse otherwise (`fusions.refused`)."""
+def _refused(run_steps: tuple) -> list[str]:
+    """The original's nodes the rewrite makes Grappler fuse otherwise (`fusions.refused`), on
+    the shapes of the original's step as run (its calls inlined, as the rewrite's are)."""
     if None in run_steps:
         return []
-    return fusions.refused(run_steps[0][0], run_steps[1][0], original.shapes)
+    return fusions.refused(run_steps[0][0], run_steps[1][0], run_steps[0][1])
 
 
 def _never_copied(options, names: list[str]):
