@@ -192,3 +192,30 @@ def test_a_second_optimizer_under_the_first_ones_control_dependencies():
     assert result.seeds == ("gradients/grad_ys_0", "gradients_1/grad_ys_0")
     assert named_backward(imported, "gradients/") <= result.backward
     assert named_backward(imported, "gradients_1/") <= result.backward
+
+
+def test_what_waits_on_the_collected_train_op_is_the_step(tmp_path):
+    """`minimize` collects its own op; a user who runs an ExponentialMovingAverage made under
+    a control dependency on it runs the averages' group, which the step's fetches must hold
+    (else neither the model nor `verify` sees the averages' update). A second optimizer built
+    under that control dependency leaves dead gradient values waiting on it: not fetched."""
+    from graphrewrite.analysis.step import default_fetches
+
+    with tf.Graph().as_default() as g:
+        x = placeholder(shape=(8, 64))
+        w = tf.compat.v1.get_variable("w", [64, 10])
+        v = tf.compat.v1.get_variable("v", [10, 10])
+        h = tf.matmul(x, w)
+        loss = tf.reduce_mean(tf.square(h), name="loss")
+        other = tf.reduce_mean(tf.square(tf.matmul(h, v)), name="other")
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+            loss, var_list=[w], name="train")
+        with tf.control_dependencies([train]):
+            tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+                other, var_list=[v], name="train_v")  # also collected; its w gradient: dead
+            tf.compat.v1.train.ExponentialMovingAverage(0.9).apply([w, v])
+        meta = tf.compat.v1.train.export_meta_graph(graph=g)
+    path = tmp_path / "ema.meta"
+    path.write_bytes(meta.SerializeToString())
+    assert list(meta.collection_def["train_op"].node_list.value) == ["train", "train_v"]
+    assert default_fetches(io.load(path))[:2] == ["ExponentialMovingAverage", "train_v"]

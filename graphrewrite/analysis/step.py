@@ -62,9 +62,9 @@ def sinks(graph: Graph) -> list[str]:
 def default_fetches(model: Model, graph: Graph | None = None,
                     shapes: shapes_mod.Shapes | None = None,
                     split: split_mod.Split | None = None) -> list[str]:
-    """What one training step fetches: a MetaGraphDef's `train_op` collection with its
-    `losses` (else the loss: what the gradient seeds differentiate, from `split` or found
-    here), a TF2 step's returned `Identity` nodes (they wait on its updates by control edges),
+    """What one training step fetches: a MetaGraphDef's `train_op` collection (or what waits
+    on its ops, `_run_after`) with its `losses` (else the loss: what the gradient seeds
+    differentiate, from `split` or found here), a TF2 step's returned `Identity` nodes (they wait on its updates by control edges),
     else the sinks of the graph that can be fetched: not inside a while-loop frame, and
     (given `shapes`) holding a numeric tensor or nothing at all; of a graph with a backward
     pass, only those the gradient flow ends in and the loss (not initialisers, savers,
@@ -73,10 +73,12 @@ def default_fetches(model: Model, graph: Graph | None = None,
     meta = model.meta_graph
     if meta is not None and "train_op" in meta.collection_def:
         names = list(meta.collection_def["train_op"].node_list.value)
+        trains = len(names)
         if "losses" in meta.collection_def:
             names += list(meta.collection_def["losses"].node_list.value)
         found = [n.split(":")[0].lstrip("^") for n in names]
         if all(n in graph for n in found):
+            found = _run_after(graph, found[:trains]) + found[trains:]
             if "losses" not in meta.collection_def:
                 found += (split or split_mod.split(graph)).differentiated
             return list(dict.fromkeys(found))
@@ -94,6 +96,21 @@ def default_fetches(model: Model, graph: Graph | None = None,
         return found
     return [n for n in found if not shapes.outputs(n)
             or dtypes.base(shapes[shapes.outputs(n)[0]].dtype) not in dtypes.HANDLES]
+
+
+def _run_after(graph: Graph, collected: list[str]) -> list[str]:
+    """The collected train ops, each replaced by the groups (NoOp sinks) that wait on it where
+    there are any: what the user runs is the end of the step (an
+    `ExponentialMovingAverage.apply` made under a control dependency on the optimizer's op, a
+    `tf.group` of it with the batch-norm updates), and the collection holds only what
+    `minimize` put there. Not any sink: a second optimizer built under a control dependency on
+    the first (a GAN's) leaves dead gradient values waiting on it too."""
+    ends = {n for n in sinks(graph) if graph.op(n) == "NoOp"}
+    fetched = []
+    for name in collected:
+        after = sorted(split_mod.reachable(graph.nx, [name]) & ends - {name})
+        fetched += after or [name]
+    return list(dict.fromkeys(fetched))
 
 
 def analyse(model: Model, graph: Graph | None = None, options: AnalysisOptions | None = None,
