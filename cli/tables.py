@@ -100,6 +100,9 @@ def format_optimize(facts: dict) -> str:
         ("nodes", f"{facts['nodes_before']} -> {facts['nodes_after']} "
                   f"(+{facts['nodes_added']})"),
     ]
+    if facts["budget_bytes"] is not None:
+        rows.append(("budget", f"{format_bytes(facts['budget_bytes'])}: "
+                               + ("met" if facts["budget_met"] else "not met (see the note)")))
     if facts["recomputed"]:
         rows.append(("recomputed", f"{len(facts['recomputed'])} copies behind "
                                    f"{facts['triggers']} triggers"))

@@ -45,6 +45,13 @@ class OptimizeResult:
     run_reports: tuple = (None, None)  # (before, after) memory reports of the steps as
     # TensorFlow runs them, after Grappler (None where Grappler failed)
     reverted: str = ""  # why the passes' rewrite was dropped (it rose as run)
+    budget: int | None = None  # the modelled peak the passes were asked to reach, in bytes
+
+    @property
+    def budget_met(self) -> bool | None:
+        """Whether the rewritten step as written (what the passes plan on) is within the
+        budget; None without one."""
+        return None if self.budget is None else self.peak_after <= self.budget
 
     @functools.cached_property  # each replays two steps through the allocator's model
     def run_peaks(self) -> tuple:
@@ -158,9 +165,11 @@ def optimize(model: Model, mode: str, analysis: AnalysisOptions | None = None,
         graph, found = model.graph.copy(), original
         results = {name: type(r)(graph, False, note=r.note) for name, r in results.items()}
         run_reports = (run_reports[0], run_reports[0])
+    budgets = [parse_budget(opts.budget, peak_before) for _, opts in steps
+               if getattr(opts, "budget", None)]
     result = OptimizeResult(graph, mode, text, len(model.graph), len(graph), peak_before,
                             found.memory.peak(), time.perf_counter() - start, results,
-                            run_reports, reverted)
+                            run_reports, reverted, min(budgets, default=None))
     if plan is not None:
         plan_mod.check_followed(plan, result)
     return result

@@ -32,6 +32,8 @@ def optimize_report(source, output, fmt, result: OptimizeResult) -> dict:
         "peak_bytes": {"before": result.peak_before, "after": result.peak_after},
         "peak_bytes_as_run": dict(zip(("before", "after"), result.run_peaks)),
         "peak_bytes_predicted": dict(zip(("before", "after", "model"), result.predicted_peaks)),
+        "budget_bytes": result.budget,
+        "budget_met": result.budget_met,
         **sections,
         "note": _note(result),
         "seconds": round(result.seconds, 3),
@@ -84,7 +86,7 @@ def explain(result: OptimizeResult, original: Graph, name: str) -> str:
 def _note(result: OptimizeResult) -> str:
     """What the passes say they did not do, in the order they ran, and whether the rewrite is
     kept although the step as run (what `verify` measures) needs more memory."""
-    notes = [r.note for r in result.results.values()] + [result.reverted]
+    notes = [r.note for r in result.results.values()] + [result.reverted, _levers(result)]
     before, after = result.run_peaks
     if result.changed and before and after is not None and after > before:
         notes.append(f"the rewrite is kept although its modelled peak as run rises "
@@ -92,6 +94,26 @@ def _note(result: OptimizeResult) -> str:
                      f"the step as written ({_mib(result.peak_before)} -> "
                      f"{_mib(result.peak_after)})")
     return "; ".join(filter(None, notes))
+
+
+def _levers(result: OptimizeResult) -> str:
+    """With a budget the passes did not reach: the levers this run did not use, which go
+    lower (issue 34: below what the allowed levers reach, say which would go further)."""
+    if result.budget_met is not False:
+        return ""
+    ran = set(result.results)
+    levers = []
+    if "swap" not in ran:
+        levers.append("moving what is kept to host memory (--swap-checkpoints, or --mode "
+                      "swap), where the device has one")
+    if "chunk_loss" not in ran:
+        levers.append("computing a softmax cross entropy's logits a block of rows at a time "
+                      "(--lossy)")
+    if "diet" not in ran:
+        levers.append("16-bit parameters and optimizer state (--mode diet)")
+    return (f"the modelled peak stays above the budget ({_mib(result.peak_after)} against "
+            f"{_mib(result.budget)})" + (": lower would take " + "; ".join(levers)
+                                         if levers else ""))
 
 
 def _mib(count: int) -> str:
