@@ -182,3 +182,19 @@ def test_the_diet_report_says_what_diet_did():
     assert ("diet            2 variables now 16-bit; optimizer slots -1 +2; 3.0 MiB of "
             "persistent memory saved; forward reads gated") in lines.splitlines()
     assert "kept float32    1 variables: fewer than 1024 elements (e.g. b1)" in lines
+
+
+@pytest.mark.parametrize("budget, met", [("90%", True), ("1%", False)])
+def test_the_report_says_whether_the_budget_was_met_and_what_would_go_lower(tmp_path, budget,
+                                                                            met):
+    facts = json.loads(run_cli("optimize", fixture_path("mlp"), "-o", tmp_path / "b.pbtxt",
+                               "--budget", budget, "--no-as-run", "--json").stdout)
+    before = facts["peak_bytes"]["before"]
+    assert abs(facts["budget_bytes"] - before * int(budget[:-1]) / 100) <= 1
+    assert facts["budget_met"] is met
+    assert (facts["peak_bytes"]["after"] <= facts["budget_bytes"]) is met
+    assert ("levers not used here that go lower" in facts["note"]) is not met
+    assert ("--swap-checkpoints" in facts["note"]) is not met
+    plain = json.loads(run_cli("optimize", fixture_path("mlp"), "-o", tmp_path / "p.pbtxt",
+                               "--no-as-run", "--json").stdout)
+    assert plain["budget_bytes"] is None and plain["budget_met"] is None

@@ -111,9 +111,8 @@ def _levers(result: OptimizeResult) -> str:
                       "(--lossy)")
     if "diet" not in ran:
         levers.append("16-bit parameters and optimizer state (--mode diet)")
-    return (f"the modelled peak stays above the budget ({_mib(result.peak_after)} against "
-            f"{_mib(result.budget)})" + (": lower would take " + "; ".join(levers)
-                                         if levers else ""))
+    return (f"budget {_mib(result.budget)} not met ({_mib(result.peak_after)} modelled)"
+            + ("; levers not used here that go lower: " + "; ".join(levers) if levers else ""))
 
 
 def _mib(count: int) -> str:
