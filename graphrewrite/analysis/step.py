@@ -64,11 +64,11 @@ def default_fetches(model: Model, graph: Graph | None = None,
                     split: split_mod.Split | None = None) -> list[str]:
     """What one training step fetches: a MetaGraphDef's `train_op` collection (or what waits
     on its ops, `_run_after`) with its `losses` (else the loss: what the gradient seeds
-    differentiate, from `split` or found here), a TF2 step's returned `Identity` nodes (they wait on its updates by control edges),
-    else the sinks of the graph that can be fetched: not inside a while-loop frame, and
-    (given `shapes`) holding a numeric tensor or nothing at all; of a graph with a backward
-    pass, only those the gradient flow ends in and the loss (not initialisers, savers,
-    metrics or a Keras model's unused outputs)."""
+    differentiate, from `split` or found here), a TF2 step's returned `Identity` nodes (they
+    wait on its updates by control edges), else the sinks of the graph that can be fetched:
+    not inside a while-loop frame, and (given `shapes`) holding a numeric tensor or nothing at
+    all; of a graph with a backward pass, only those the gradient flow ends in and the loss
+    (not initialisers, savers, metrics or a Keras model's unused outputs)."""
     graph = graph or model.graph
     meta = model.meta_graph
     if meta is not None and "train_op" in meta.collection_def:

@@ -137,8 +137,8 @@ def optimize(model: Model, mode: str, analysis: AnalysisOptions | None = None,
         stage("modelling both steps as run (after Grappler)")
         run_steps = _as_run(model, original, grappled, graph, found, changed)
     automatic = composed is None if automatic is None else automatic
-    refused = _refused(run_steps) if automatic and changed else []
-    if refused and plan is None and any(name == "recompute" for name, _ in steps):
+    refused = _refused(run_steps) if automatic and plan is None and changed else []
+    if refused and any(name == "recompute" for name, _ in steps):
         log.info("the rewrite changes how Grappler fuses %s (it would round differently): "
                  "planned again without copying them", ", ".join(refused))
         steps = [(name, _never_copied(opts, refused) if name == "recompute" else opts)
