@@ -201,10 +201,10 @@ class Graph:
 
     def inputs(self, name: str) -> list[TensorRef]:
         """All inputs in NodeDef order: data inputs, then control dependencies."""
-        return list(self._refs(name)[0])
+        return list((self._refs_cache.get(name) or self._refs(name))[0])
 
     def data_inputs(self, name: str) -> list[TensorRef]:
-        return list(self._refs(name)[1])
+        return list((self._refs_cache.get(name) or self._refs(name))[1])  # read millions of times
 
     def data_ancestors(self, names) -> set[str]:
         """`names` and every node their values are computed from (data edges only)."""

@@ -41,6 +41,7 @@ class OptimizeResult:
     run_reports: tuple = (None, None)  # (before, after) memory reports of the steps as
     # TensorFlow runs them, after Grappler (None where Grappler failed)
     reverted: str = ""  # why the passes' rewrite was dropped (it rose as run)
+    container: object = None  # `model.with_graph(graph)` if built for the import check
 
     @functools.cached_property  # each replays two steps through the allocator's model
     def run_peaks(self) -> tuple:
@@ -146,9 +147,10 @@ def optimize(model: Model, mode: str, analysis: AnalysisOptions | None = None,
             found = analysis_mod.analyse(model, graph, again, shapes=result.shapes,
                                          planned=index < len(steps) - 1,  # a pass follows
                                          report=result.memory)
+    container = None
     if made:  # nothing is written that TensorFlow cannot import or its init ops initialise
         stage("checking that TensorFlow imports the rewritten graph")
-        importable.check(model, made)
+        container = importable.check(model, made)
     run_reports = (None, None)
     changed = any(r.modified for r in results.values())  # else Grappler's run repeats
     if as_run and (backward or changed):
@@ -167,12 +169,12 @@ def optimize(model: Model, mode: str, analysis: AnalysisOptions | None = None,
                     f"({before / 2**20:.1f} -> {after / 2**20:.1f} MiB after Grappler): "
                     "graph left unchanged (--passes runs the same passes and keeps their "
                     "rewrite)")
-        graph, found = model.graph.copy(), original
+        graph, found, container = model.graph.copy(), original, None
         results = {name: type(r)(graph, False, note=r.note) for name, r in results.items()}
         run_reports = (run_reports[0], run_reports[0])
     result = OptimizeResult(graph, mode, text, len(model.graph), len(graph), peak_before,
                             found.memory.peak(), time.perf_counter() - start, results,
-                            run_reports, reverted)
+                            run_reports, reverted, container)
     if plan is not None:
         plan_mod.check_followed(plan, result)
     return result
