@@ -265,7 +265,7 @@ def optimize(ctx, model_path, output, in_place, mode, checkpoints, swap_tensors,
                                      param_hint="--explain")
     made = plan.dumps(plan.plan_of(result, model.graph)) if plan_out else None
     stages("saving")
-    fmt = io.save(model, result.graph, output, in_place=in_place)
+    fmt = io.save(model, result.graph, output, in_place=in_place, container=result.container)
     if made:
         io.write_atomic(Path(plan_out), made)
     facts = report.optimize_report(model_path, output, fmt, result)

@@ -158,7 +158,7 @@ def _has_containers(graph: Graph, shapes, order: list[str]) -> bool:
     if any(info is not None and info.dtype == DT_VARIANT for info in shapes.tensors.values()):
         return True
     container_ops = FILLED_FROM.keys() | POPPED.keys() | ACCUMULATE.keys()
-    return any(graph.op(n) in container_ops for n in order)
+    return not container_ops.isdisjoint(graph.ops(order).values())
 
 
 def _overlap(graph: Graph, shapes, order, frames, result: LoopMemory) -> None:

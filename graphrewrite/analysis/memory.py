@@ -289,8 +289,11 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
     fetched = set(fetches)
     bypassed = bypassed_identities(graph, graph.nodes(), fetches)
     order = schedule(graph, fetches, bypassed)
+    op_of = graph.ops(order)
     host_split = cpu_is_host(graph)
-    place_of = {name: placement(graph.node_def(name), host_split) for name in order}
+    # `placement` of each node; a node's device is only read when CPU-pinned nodes are host
+    place_of = {name: placement(graph.node_def(name), host_split) if host_split else
+                HOST if op in HOST_OUTPUT_OPS else DEVICE for name, op in op_of.items()}
     kind = device or ("gpu" if host_split and scratch.device_kind(graph) == "gpu" else
                       None if host_split else "cpu")
     buffers: list[Buffer] = []
@@ -298,7 +301,6 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
     in_use: dict[str, int] = {}
     peak: dict[str, tuple[int, int]] = {}  # place -> (bytes, step)
     unknown: list[TensorRef] = []
-    op_of = {name: graph.op(name) for name in order}
     maybe_variable = parameters.VARIABLE_OPS | FEED_OPS
     variable_sizes = {n: _nbytes(parameters.value_info(graph, shapes, n)) for n in order
                       if op_of[n] in maybe_variable and parameters.is_variable(graph, n)}
@@ -313,7 +315,8 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
     loops_back = {name for name, op in op_of.items() if op in LOOP_BACK_OPS}
     reads = {name: [bypassed[r.node][r.port] if r.node in bypassed else r
                     for r in graph.data_inputs(name) if r.node not in loops_back]
-             for name in order}
+             for name in order} if bypassed or loops_back else \
+        {name: graph.data_inputs(name) for name in order}  # most graphs: the inputs as they are
     looped = loops.analyse(graph, shapes, order)
     for name, held in looped.held_by.items():
         reads[name] += held

@@ -28,8 +28,9 @@ def bypassed_identities(graph: Graph, names, fetches) -> dict[str, list[TensorRe
     update would wait for all of them; as run, each starts when its own gradient is ready.
     Kept: fetched ones, ones marked `_grappler_do_not_remove`, ones with control inputs."""
     fetched = set(fetches)
+    op_of = graph.ops(names)
     return {n: graph.data_inputs(n) for n in names
-            if graph.op(n) == "IdentityN" and n not in fetched
+            if op_of[n] == "IdentityN" and n not in fetched
             and KEEP_ATTR not in graph.node_def(n).attr and not graph.control_inputs(n)}
 
 

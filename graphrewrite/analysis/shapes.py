@@ -98,6 +98,22 @@ class Shapes:
         index = self._index()
         return {node: list(index.get(node, ())) for node in nodes}
 
+    def with_copies(self, copies) -> "Shapes":
+        """New Shapes: these tensors and, for each (node, copy) pair of `copies` (new nodes),
+        the node's outputs again as the copy's (a rewrite's copies compute what their
+        originals do); the node index is extended, not built again over every tensor."""
+        index = self._index()
+        found = Shapes(dict(self.tensors))
+        extended = dict(index)
+        for name, copy in copies:
+            refs = index.get(name, ())
+            for ref in refs:
+                found.tensors[TensorRef(copy, ref.port)] = self.tensors[ref]
+            if refs:
+                extended[copy] = [TensorRef(copy, ref.port) for ref in refs]
+        found._outputs_of, found._indexed = extended, (found.tensors, len(found.tensors))
+        return found
+
     def _index(self) -> dict[str, list[TensorRef]]:
         tensors = self.tensors
         indexed, size = self._indexed

@@ -83,7 +83,7 @@ def anchors(graph: Graph, constant: set[str] = frozenset()) -> tuple[list[str], 
     found, updates, writes = [], [], []
     for name in graph.nodes():
         node = graph.node_def(name)
-        if is_gradient_op(node.op) or node.op in backward or any(
+        if is_gradient_op(node.op) or node.op in backward or backward and any(
                 value.func.name in backward for value in node.attr.values()
                 if value.HasField("func")):
             found.append(name)
@@ -262,8 +262,9 @@ def _dag(graph: Graph) -> nx.DiGraph:
     position = {n: i for i, n in enumerate(order)}
     dag = nx.DiGraph()
     dag.add_nodes_from(order)
-    dag.add_edges_from((u, v) for u, v in graph.nx.edges()
-                       if u in position and v in position and position[u] < position[v])
+    # Each producer-consumer pair once (`graph.nx.edges()` gives it once per edge), in its order.
+    dag.add_edges_from((u, v) for u, readers in graph.succ.items() if u in position
+                       for v in readers if v in position and position[u] < position[v])
     return dag
 
 
@@ -280,8 +281,11 @@ def _data_only(graph: Graph, edges: nx.DiGraph) -> nx.DiGraph:
     """The data edges among `edges` (control edges dropped)."""
     data = nx.DiGraph()
     data.add_nodes_from(edges)
-    data.add_edges_from((u, v) for u, v, slot in graph.nx.edges(data="slot")
-                        if slot is not None and edges.has_edge(u, v))
+    among = neighbours(edges)
+    # Each pair once, in `graph.nx.edges()`'s order, if one of its edges carries data.
+    data.add_edges_from((u, v) for u, readers in graph.succ.items() if u in among
+                        for v, keyed in readers.items() if v in among[u]
+                        and any(d["slot"] is not None for d in keyed.values()))
     return data
 
 

@@ -176,23 +176,35 @@ class Graph:
 
     def node_def(self, name: str) -> node_def_pb2.NodeDef:
         """The node's NodeDef without inputs; read it, change it only through `set_attr`."""
-        data = self.nx._node.get(name)
-        if data is None or data.get("missing"):
-            raise GraphError(f"no node named '{name}'")
-        return data["node_def"]
+        try:
+            return self.nx._node[name]["node_def"]  # a missing node has none
+        except KeyError:
+            raise GraphError(f"no node named '{name}'") from None
 
     def op(self, name: str) -> str:
-        data = self.nx._node.get(name)
-        if data is None or data.get("missing"):
-            raise GraphError(f"no node named '{name}'")
-        return data["op"]  # `node_def(name).op`, kept beside it: read millions of times
+        """`node_def(name).op`, kept beside it: read millions of times."""
+        try:
+            return self.nx._node[name]["op"]  # a missing node has none
+        except KeyError:
+            raise GraphError(f"no node named '{name}'") from None
+
+    def ops(self, names) -> dict[str, str]:
+        """name -> op of each of `names` (a collection), at once: a simulation asks for every
+        node's."""
+        node = self.nx._node
+        try:
+            return {name: node[name]["op"] for name in names}
+        except KeyError:
+            for name in names:
+                self.op(name)  # the error for the first missing node
+            raise
 
     def inputs(self, name: str) -> list[TensorRef]:
         """All inputs in NodeDef order: data inputs, then control dependencies."""
-        return list(self._refs(name)[0])
+        return list((self._refs_cache.get(name) or self._refs(name))[0])
 
     def data_inputs(self, name: str) -> list[TensorRef]:
-        return list(self._refs(name)[1])
+        return list((self._refs_cache.get(name) or self._refs(name))[1])  # read millions of times
 
     def data_ancestors(self, names) -> set[str]:
         """`names` and every node their values are computed from (data edges only)."""
@@ -507,8 +519,7 @@ class Graph:
 
     def loops_back(self, producer: str) -> bool:
         """Whether `producer`'s outgoing edges close a v1 while-loop (NextIteration -> Merge)."""
-        data = self.nx._node[producer]
-        return not data.get("missing") and data["op"] in LOOP_BACK_OPS
+        return self.nx._node[producer].get("op") in LOOP_BACK_OPS  # a missing node has no op
 
     def _in_edges(self, name: str) -> list[tuple[str, dict]]:
         cached = self._inputs_cache.get(name)

@@ -320,14 +320,15 @@ def refuse_overwriting(source: str | os.PathLike, out: str | os.PathLike) -> Non
 
 
 def save(model: Model, graph: Graph, out: str | os.PathLike, fmt: Format | None = None,
-         in_place: bool = False) -> Format:
+         in_place: bool = False, container=None) -> Format:
     """Write `graph` in the container of `model` to `out`, atomically; returns the format used.
-    Writing over the model's own file is refused unless `in_place`."""
+    Writing over the model's own file is refused unless `in_place`. `container`:
+    `model.with_graph(graph)`, if already built."""
     if not in_place:
         refuse_overwriting(model.path, out)
     fmt = fmt or output_format(model, out)
     given, out = out, _through_links(out)
-    container = model.with_graph(graph)
+    container = model.with_graph(graph) if container is None else container
     if fmt.kind == METAGRAPH and model.format.kind != METAGRAPH:
         container = _as_meta_graph(model, container)
     if fmt.kind == SAVEDMODEL:

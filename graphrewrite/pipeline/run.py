@@ -45,6 +45,7 @@ class OptimizeResult:
     run_reports: tuple = (None, None)  # (before, after) memory reports of the steps as
     # TensorFlow runs them, after Grappler (None where Grappler failed)
     reverted: str = ""  # why the passes' rewrite was dropped (it rose as run)
+    container: object = None  # `model.with_graph(graph)` if built for the import check
     budget: int | None = None  # the modelled peak the passes were asked to reach, in bytes
 
     @property
@@ -130,7 +131,7 @@ def optimize(model: Model, mode: str, analysis: AnalysisOptions | None = None,
     # Grappler on the original runs beside the passes (it releases the GIL).
     grappled = (analysis_mod.start_as_run(model, model.graph, original)
                 if as_run and backward else None)
-    graph, found, results = _run_passes(model, steps, found, again, stage)
+    graph, found, results, container = _run_passes(model, steps, found, again, stage)
     changed = any(r.modified for r in results.values())  # else Grappler's run repeats
     run_steps = (None, None)
     if as_run and (backward or changed):
@@ -143,7 +144,7 @@ def optimize(model: Model, mode: str, analysis: AnalysisOptions | None = None,
                  "planned again without copying them", ", ".join(refused))
         steps = [(name, _never_copied(opts, refused) if name == "recompute" else opts)
                  for name, opts in steps]
-        graph, found, results = _run_passes(model, steps, analysis_mod.analyse(
+        graph, found, results, container = _run_passes(model, steps, analysis_mod.analyse(
             model, model.graph.copy(), analysis), again, stage)
         changed = any(r.modified for r in results.values())
         run_steps = _as_run(model, original, run_steps[0], graph, found, changed)
@@ -162,14 +163,14 @@ def optimize(model: Model, mode: str, analysis: AnalysisOptions | None = None,
                     "graph left unchanged (--passes runs the same passes and keeps their "
                     "rewrite)")
     if reverted:
-        graph, found = model.graph.copy(), original
+        graph, found, container = model.graph.copy(), original, None
         results = {name: type(r)(graph, False, note=r.note) for name, r in results.items()}
         run_reports = (run_reports[0], run_reports[0])
     budgets = [parse_budget(opts.budget, peak_before) for _, opts in steps
                if getattr(opts, "budget", None)]
     result = OptimizeResult(graph, mode, text, len(model.graph), len(graph), peak_before,
                             found.memory.peak(), time.perf_counter() - start, results,
-                            run_reports, reverted, min(budgets, default=None))
+                            run_reports, reverted, container, min(budgets, default=None))
     if plan is not None:
         plan_mod.check_followed(plan, result)
     return result
@@ -178,7 +179,8 @@ def optimize(model: Model, mode: str, analysis: AnalysisOptions | None = None,
 def _run_passes(model: Model, steps: list, found, again: AnalysisOptions, stage):
     """Run `steps` on a copy of the model's graph, analysed as `found`, each rewrite analysed
     again (`again`); check that TensorFlow imports what they made. Returns the last graph, its
-    analysis and each pass's result (runs of one pass combined)."""
+    analysis, each pass's result (runs of one pass combined) and what `importable.check`
+    returns (the output as written, when it built it)."""
     graph = model.graph.copy()
     peak_before = found.memory.peak()
     results: dict[str, PassResult] = {}
@@ -208,10 +210,11 @@ def _run_passes(model: Model, steps: list, found, again: AnalysisOptions, stage)
             found = analysis_mod.analyse(model, graph, again, shapes=result.shapes,
                                          planned=index < len(steps) - 1,  # a pass follows
                                          report=result.memory)
+    container = None
     if made:  # nothing is written that TensorFlow cannot import or its init ops initialise
         stage("checking that TensorFlow imports the rewritten graph")
-        importable.check(model, made)
-    return graph, found, results
+        container = importable.check(model, made)
+    return graph, found, results, container
 
 
 def _as_run(model: Model, original, before, graph: Graph, found, changed: bool) -> tuple:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import networkx as nx
 
-from ...analysis.shapes import Shapes
 from ...analysis.split import reachable
 from ...core.graph import Graph
 from ...core.names import AHEAD_SUFFIX, COPY_SUFFIX
@@ -50,10 +49,7 @@ def apply(ctx: Context, checkpoints: set[str], ahead: frozenset = frozenset(),
         _before_ref_writes(graph, writers, made)
     reuse = reuse and _reuse_ahead(graph, ctx, copies, early,
                                    _first_reached(ctx, segments, set(early)))
-    shapes = Shapes(dict(ctx.analysis.shapes.tensors))
-    for name, copy_name in [*copies.items(), *early.items()]:
-        for ref in ctx.analysis.shapes.outputs(name):
-            shapes.tensors[TensorRef(copy_name, ref.port)] = shapes.tensors[ref]
+    shapes = ctx.analysis.shapes.with_copies([*copies.items(), *early.items()])
     return search.Rewrite(graph, set(checkpoints), copies, triggers, ungated, blocked, shapes,
                    ahead=early, ahead_checkpoints=frozenset(ahead), reuse=reuse)
 
