@@ -173,8 +173,9 @@ def main(ctx, debug, verbose, quiet):
 @memory_option
 @click.option("--pin", "pins", multiple=True, metavar="KIND=SELECTORS", callback=parse_pins,
               help="Mode memory: keep=SEL holds those nodes as checkpoints in every plan, "
-                   "recompute=SEL never holds them, never=SEL never copies them (selectors as "
-                   "--checkpoints); the report says what the pins cost. Repeatable.")
+                   "recompute=SEL never holds them (the report says what they cost); any "
+                   "recompute mode: never=SEL never copies them (selectors as --checkpoints). "
+                   "Repeatable.")
 @click.option("--tradeoff", "tradeoff_path", type=click.Path(dir_okay=False), metavar="FILE",
               help="Also write the trade-off curve: mode memory's modelled peak against its "
                    "extra step time at budgets from the original's peak to the lowest found "
