@@ -132,17 +132,19 @@ def test_models_that_do_not_fit_together_are_timed_alone(monkeypatch, caplog):
     assert "timed alone" in caplog.text
 
 
-def test_a_step_tensorflow_refuses_is_one_line_and_exit_2():
-    """Class ids past the last class: the measuring child's error cannot be pickled back (it
-    holds an Operation); the user gets TensorFlow's reason in one line, no traceback."""
+def test_a_step_tensorflow_refuses_is_one_line_and_exit_2(tmp_path):
+    """Class ids past the last class (fed: drawn ones stay below it): the measuring child's
+    error cannot be pickled back (it holds an Operation); the user gets TensorFlow's reason in
+    one line, no traceback."""
     import subprocess
     import sys
     from pathlib import Path
 
-    mlp = fixture_path("mlp")
+    mlp, labels = fixture_path("mlp"), tmp_path / "labels.npy"
+    np.save(labels, np.full(512, 100, np.int32))
     done = subprocess.run([sys.executable, "-m", CLI, "verify", str(mlp), str(mlp),
-                           "--int-high", "100", "--runs", "1"], capture_output=True, text=True,
-                          cwd=Path(__file__).resolve().parent.parent, timeout=300)
+                           "--feed", f"labels={labels}", "--runs", "1"], capture_output=True,
+                          text=True, cwd=Path(__file__).resolve().parent.parent, timeout=300)
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
     assert "graphrewrite: error: running the step failed: InvalidArgumentError: Received a " \
@@ -214,3 +216,25 @@ def test_only_the_placeholders_the_step_needs_are_fed(tmp_path):
                             isolated=False)
     assert outcome.match and [(c.name, c.step) for c in outcome.comparisons
                               if c.step is not None] == [("loss:0", 1), ("loss:0", 2)]
+
+
+def test_integer_inputs_are_drawn_below_what_they_index():
+    """A two-class mask (a U-Net's labels) and ids into a five-row table: `--int-high`'s 10
+    would be past both, and TensorFlow's CPU kernels refuse the step."""
+    import tensorflow as tf
+
+    from graphrewrite.analysis import shapes
+    from graphrewrite.core.graph import Graph
+    from graphrewrite.execution import measure
+
+    with tf.Graph().as_default() as graph:
+        ids = tf.compat.v1.placeholder(tf.int32, [6], name="ids")
+        masks = tf.compat.v1.placeholder(tf.int64, [2, 3], name="masks")
+        rows = tf.gather(tf.ones([5, 2]), tf.identity(ids))
+        logits = tf.reshape(rows, [2, 3, 2])
+        tf.nn.sparse_softmax_cross_entropy_with_logits(labels=masks, logits=logits)
+    dag = Graph.from_graph_def(graph.as_graph_def())
+    found = shapes.infer(dag)
+    feeds = measure.random_feeds(dag, found, seed=0, int_high=10)
+    assert feeds["ids"].max() == 4 and feeds["masks"].max() == 1
+    assert measure.random_feeds(dag, found, seed=0, int_high=3)["ids"].max() == 2

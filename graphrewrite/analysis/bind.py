@@ -29,13 +29,14 @@ from ..core.errors import GraphRewriteError
 from ..core.graph import Graph
 from ..core.names import DIET_ATTR
 from ..core.tensor_ref import TensorRef
+from . import loops
 
 __all__ = ["PLACEHOLDERS", "HANDLE_FORWARDERS", "VALUE_ARGS", "SCALE", "EXPORT_HINT", "BIND_SCOPE",
            "INT16_MAX", "ValueSpec", "is_resource_placeholder", "resource_placeholders",
            "ITERATOR_OPS", "iterators",
            "value_spec", "export_hint", "seeded_value", "dieted", "seeded_values", "diet_mark",
            "users", "DENSE_WRITES", "BRANCHES", "CALLS", "through_forwarders", "Bound",
-           "resource_placeholder_names", "fed_copy", "bind"]
+           "resource_placeholder_names", "fed_copy", "bind", "INDEX_FORWARDERS", "index_limit"]
 
 log = logging.getLogger(__name__)
 
@@ -271,6 +272,45 @@ def through_forwarders(graph: Graph, ref: TensorRef) -> TensorRef:
     while graph.op(ref.node) in HANDLE_FORWARDERS and graph.data_inputs(ref.node):
         ref = graph.data_inputs(ref.node)[0 if graph.op(ref.node) != "IdentityN" else ref.port]
     return ref
+
+
+# Ops an integer input passes through unchanged in value on its way to what it indexes.
+INDEX_FORWARDERS = frozenset({"Identity", "Reshape", "Cast", "Squeeze", "ExpandDims",
+                              "Transpose", "StopGradient"})
+
+
+def index_limit(graph: Graph, shapes, name: str) -> int | None:
+    """How many classes or rows integer input `name` indexes, from what reads it: the logits'
+    last dimension of a sparse softmax cross entropy, the rows of a gather's table. TensorFlow's
+    CPU kernels refuse an index past it (a U-Net's two-class masks); None when no reader
+    tells."""
+    limits, todo, seen = [], [TensorRef(name)], set()
+    while todo:
+        ref = todo.pop()
+        for user, slot in graph.consumers(ref):
+            if slot is None or slot < 0 or user in seen:
+                continue
+            seen.add(user)
+            op, data = graph.op(user), graph.data_inputs(user)
+            if op in INDEX_FORWARDERS and slot == 0:
+                todo.append(TensorRef(user))
+            elif op == "SparseSoftmaxCrossEntropyWithLogits" and slot == 1:
+                limits.append(_dimension(shapes, data[0], -1))
+            elif op in ("GatherV2", "ResourceGather") and slot == 1:
+                table = through_forwarders(graph, data[0])
+                if op == "GatherV2":
+                    axis = loops.constant_value(graph, shapes, data[2]) if len(data) > 2 else 0
+                    limits.append(_dimension(shapes, table, 0) if axis == 0 else None)
+                elif graph.op(table.node) == "VarHandleOp":
+                    dims = graph.node_def(table.node).attr["shape"].shape.dim
+                    limits.append(dims[0].size if dims and dims[0].size > 0 else None)
+    known = [limit for limit in limits if limit]
+    return min(known) if known else None
+
+
+def _dimension(shapes, ref: TensorRef, axis: int) -> int | None:
+    info = shapes[ref]
+    return info.shape[axis] if info is not None and info.shape else None
 
 
 def _known(shape: tuple | None) -> tuple | None:

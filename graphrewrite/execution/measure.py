@@ -407,7 +407,8 @@ def loss_curve(message, batches: list[dict[str, np.ndarray]], fetches: list[str]
 def random_feeds(graph, shapes, seed: int = 0, int_high: int = 10,
                  given: set[str] = frozenset(),
                  fetches: list[str] | None = None) -> dict[str, np.ndarray]:
-    """Seeded inputs for every placeholder not `given`: normal floats, integers in [0, int_high),
+    """Seeded inputs for every placeholder not `given`: normal floats, integers in [0, int_high)
+    (below the class or row count of what they index, where smaller),
     False bools; for a resource placeholder (a TF2 step's captured variable), the initial value
     of the variable bound to it (`bind.seeded_value`). With `fetches`, only the placeholders
     they depend on are fed: a Keras model's own unused `input_1`, a SavedModel's
@@ -439,7 +440,8 @@ def random_feeds(graph, shapes, seed: int = 0, int_high: int = 10,
         if np.issubdtype(dtype, np.floating):
             feeds[name] = rng.standard_normal(info.shape).astype(dtype)
         elif np.issubdtype(dtype, np.integer):
-            feeds[name] = rng.randint(0, int_high, info.shape).astype(dtype)
+            high = min(int_high, bind.index_limit(graph, shapes, name) or int_high)
+            feeds[name] = rng.randint(0, high, info.shape).astype(dtype)
         else:
             feeds[name] = np.zeros(info.shape, dtype)
     return feeds
