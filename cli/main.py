@@ -150,10 +150,13 @@ def main(ctx, debug, verbose, quiet):
                    "swap, defer, accumulate, relax_assign, diet, chunk_loss (lossy). The "
                    "report's pipeline replays a run.")
 @click.option("--lossy", is_flag=True,
-              help="Also use the levers that change the numbers to rounding: the loss's final "
-                   "projection and softmax cross entropy computed a block of rows at a time "
-                   "(chunk_loss: the logits and their gradient never exist whole; the weight's "
-                   "gradient is summed in another order). Check with verify --steps N --rtol R.")
+              help="Also use the levers that change the numbers: the loss's final projection "
+                   "and softmax cross entropy computed a block of rows at a time (chunk_loss: "
+                   "the logits and their gradient never exist whole; the weight's gradient is "
+                   "summed in another order). With --budget, where recomputation alone cannot "
+                   "reach it, also 16-bit variables and optimizer state (diet): of the "
+                   "combinations that reach it, the fastest on --device-profile. Check with "
+                   "verify --steps N --rtol R.")
 @click.option("--report", "report_path", type=click.Path(),
               help="Also write the report as JSON to this file.")
 @click.option("--explain", metavar="NODE", multiple=True,
@@ -234,12 +237,11 @@ def optimize(ctx, model_path, output, in_place, mode, checkpoints, swap_tensors,
 
     # The profile times swap passes, and the trade-off curve's extra compute.
     swaps = swap_checkpoints or "swap" in (passes if passes is not None else MODES[mode])
-    text = grammar.compose(mode, passes, checkpoints=checkpoints, budget=budget,
-                            planner=planner, swap_checkpoints=swap_checkpoints,
-                            swap_options={"form": swap_form, "bandwidth": bandwidth,
-                                          "profile": device_profile if swaps or not
-                                          tradeoff_path else None, "tensors": swap_tensors},
-                            pins=pins, lossy=lossy)
+    composing = dict(checkpoints=checkpoints, planner=planner, swap_checkpoints=swap_checkpoints,
+                     swap_options={"form": swap_form, "bandwidth": bandwidth,
+                                   "profile": device_profile if swaps or not tradeoff_path
+                                   else None, "tensors": swap_tensors}, pins=pins)
+    text = grammar.compose(mode, passes, budget=budget, lossy=lossy, **composing)
     stages = Stages(enabled=not ctx.find_root().params.get("quiet"))
     analysis = AnalysisOptions(input_shapes, outputs, backward_scope, device)
     stages("loading")
@@ -254,9 +256,15 @@ def optimize(ctx, model_path, output, in_place, mode, checkpoints, swap_tensors,
     collecting = gc.isenabled()
     gc.disable()
     try:
-        result = pipeline.optimize(model, mode, analysis, composed=text, plan=chosen,
-                                   as_run=not no_as_run, progress=stages,
-                                   automatic=passes is None)
+        if budget and lossy:  # one budget over every lever (`levers`)
+            from graphrewrite.pipeline import levers
+
+            result = levers.fit(model, mode, analysis, budget, device_profile or "default",
+                                as_run=not no_as_run, progress=stages, **composing)
+        else:
+            result = pipeline.optimize(model, mode, analysis, composed=text, plan=chosen,
+                                       as_run=not no_as_run, progress=stages,
+                                       automatic=passes is None)
     finally:
         if collecting:
             gc.enable()

@@ -103,6 +103,11 @@ def format_optimize(facts: dict) -> str:
     if facts["budget_bytes"] is not None:
         rows.append(("budget", f"{format_bytes(facts['budget_bytes'])}: "
                                + ("met" if facts["budget_met"] else "not met (see the note)")))
+    if facts["levers"]:
+        rows.append(("levers", "; ".join(
+            f"{' + '.join(['recompute', *row['levers']])}{' (chosen)' if row['chosen'] else ''}"
+            f": {format_bytes(row['peak_bytes'])}, step {row['step_time']}x modelled"
+            for row in facts["levers"])))
     if facts["recomputed"]:
         rows.append(("recomputed", f"{len(facts['recomputed'])} copies behind "
                                    f"{facts['triggers']} triggers"))

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from tensorflow.core.framework import attr_value_pb2
 
-from ..analysis import flops, memory
+from ..analysis import memory
 from ..analysis.shapes import Shapes, TensorInfo
 from ..analysis.split import reachable
 from ..analysis.step import Analysis
@@ -44,7 +44,7 @@ from ..core.ops import PLACEHOLDER_OPS
 from ..core.tensor_ref import TensorRef
 from ..planning.budget import parse_budget
 from ..planning.context import VARIABLE_READ_OPS, Context
-from ..planning.devices import DeviceProfile, profile
+from ..planning.devices import DeviceProfile, node_times, profile
 from .base import PassOptions, PassResult, counted
 from .pads import can_gate, pad_readers
 
@@ -287,14 +287,8 @@ class _Timing:
     @classmethod
     def build(cls, ctx: Context, device: DeviceProfile, bandwidth: float | None) -> "_Timing":
         """`bandwidth`, if given, is the swap-in's link instead of the profile's."""
-        graph, shapes = ctx.graph, ctx.analysis.shapes
-        order = ctx.analysis.memory.order
-        seconds = {}
-        for name in order:
-            traffic = sum(shapes.nbytes(r) or 0
-                          for r in graph.data_inputs(name) + shapes.outputs(name))
-            seconds[name] = device.node_seconds(graph.op(name),
-                                                flops.node_flops(graph, shapes, name), traffic)
+        graph, order = ctx.graph, ctx.analysis.memory.order
+        seconds = node_times(graph, ctx.analysis.shapes, order, device)
         return cls(graph, ctx.analysis.split.gradient_flow, order,
                    {n: i for i, n in enumerate(order)}, seconds,
                    bandwidth or device.host_to_device)

@@ -17,13 +17,18 @@ from ..passes import PASSES
 from ..planning.budget import parse_budget
 from .modes import MODES
 
-__all__ = ["OPTION_TARGETS", "parse_pipeline", "format_pipeline", "pass_options", "compose"]
+__all__ = ["OPTION_TARGETS", "LOSSY_LEVERS", "parse_pipeline", "format_pipeline", "pass_options",
+           "compose"]
 
 _NAME = re.compile(r"[A-Za-z_]\w*")
 _SPACE = re.compile(r"\s*")
 _BARE = re.compile(r'[^\s,()"]+')               # an unquoted value
 _QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')    # a quoted one: \" and \\ escape
 _PLAIN = re.compile(r'[^\s,()"\\=]+')           # values written back without quotes
+
+# The passes that change the numbers, in pipeline order: the chunked loss matches the final
+# projection's weight as read before diet reads it through a dequantization.
+LOSSY_LEVERS = ("chunk_loss", "diet")
 
 # `compose`'s options -> (the pass each becomes an option of, the option's name there)
 OPTION_TARGETS = {
@@ -125,7 +130,7 @@ def pass_options(name: str, raw: dict[str, str]):
 def compose(mode: str, passes: str | None = None, checkpoints: str | None = None,
             swap_options: dict | None = None, swap_checkpoints: bool = False,
             budget: str | None = None, planner: str | None = None,
-            pins: dict | None = None, lossy: bool = False) -> str:
+            pins: dict | None = None, lossy: bool | tuple[str, ...] = False) -> str:
     """The pipeline that `mode` (or the text `passes`, which replaces it) and the command line's
     options describe, with each option written into the passes it is for.
 
@@ -133,9 +138,9 @@ def compose(mode: str, passes: str | None = None, checkpoints: str | None = None
     to host memory. `swap_options` holds the swap pass's `tensors`, `form` and `bandwidth`.
     `budget` (bytes, or a share of the original's modelled peak, resolved when the pipeline
     runs) goes to the passes that search, `planner` to recompute, `pins` ({keep, recompute,
-    never}: selectors) to recompute as its `pin_` options. `lossy` allows the levers that change
-    the numbers to rounding: `chunk_loss`, after the calls are inlined. Every option is checked
-    here, before any work is done."""
+    never}: selectors) to recompute as its `pin_` options. `lossy` adds levers that change the
+    numbers, after the calls are inlined: True, `chunk_loss` (rounding only); or the names of
+    LOSSY_LEVERS to add. Every option is checked here, before any work is done."""
     if mode not in MODES:
         raise GraphRewriteError(f"unknown mode '{mode}' (modes: {', '.join(MODES)})")
     if passes is not None and not passes.strip():
@@ -151,8 +156,10 @@ def compose(mode: str, passes: str | None = None, checkpoints: str | None = None
             raise GraphRewriteError(f"${{lossy}} needs mode memory, speed, collection or "
                                     f"swap, not '{mode}'")
         at = names.index("inline") + 1 if "inline" in names else 0
-        steps.insert(at, ("chunk_loss", {}))
-        names.insert(at, "chunk_loss")
+        levers = [lever for lever in LOSSY_LEVERS
+                  if lever in (("chunk_loss",) if lossy is True else lossy)]
+        steps[at:at] = [(lever, {}) for lever in levers]
+        names[at:at] = levers
     if swap_checkpoints:
         if "recompute" not in names or "swap" in names:
             raise GraphRewriteError(f"${{swap_checkpoints}} needs a recompute mode "

@@ -47,6 +47,8 @@ class OptimizeResult:
     reverted: str = ""  # why the passes' rewrite was dropped (it rose as run)
     container: object = None  # `model.with_graph(graph)` if built for the import check
     budget: int | None = None  # the modelled peak the passes were asked to reach, in bytes
+    analyses: tuple = (None, None)  # (original, rewritten) steps as written (`analysis.step`)
+    levers: list = field(default_factory=list)  # the lever sets a budget tried (`levers.fit`)
 
     @property
     def budget_met(self) -> bool | None:
@@ -170,7 +172,8 @@ def optimize(model: Model, mode: str, analysis: AnalysisOptions | None = None,
                if getattr(opts, "budget", None)]
     result = OptimizeResult(graph, mode, text, len(model.graph), len(graph), peak_before,
                             found.memory.peak(), time.perf_counter() - start, results,
-                            run_reports, reverted, container, min(budgets, default=None))
+                            run_reports, reverted, container, min(budgets, default=None),
+                            (original, found))
     if plan is not None:
         plan_mod.check_followed(plan, result)
     return result

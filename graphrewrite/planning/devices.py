@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from ..core.errors import GraphRewriteError
 
-__all__ = ["DeviceProfile", "PROFILES", "TF32_OPS", "profile"]
+__all__ = ["DeviceProfile", "PROFILES", "TF32_OPS", "profile", "node_times"]
 
 GB, TFLOP = 1e9, 1e12
 # The ops TensorFlow runs in TF32 on Ampere and later GPUs unless told otherwise
@@ -87,3 +87,17 @@ def profile(name: str) -> DeviceProfile:
         raise GraphRewriteError(f"${{device_profile}}: unknown profile '{name}' (profiles: "
                                 f"{', '.join(PROFILES)})")
     return PROFILES[name]
+
+
+def node_times(graph, shapes, order: list[str], device: DeviceProfile) -> dict[str, float]:
+    """Each node of `order` (a schedule) timed on `device`: its FLOPs and the bytes it reads
+    and writes. Their sum is the step's modelled time (kernels one after another)."""
+    from ..analysis import flops  # not at import: the CLI lists the profiles without TensorFlow
+
+    seconds = {}
+    for name in order:
+        traffic = sum(shapes.nbytes(r) or 0
+                      for r in graph.data_inputs(name) + shapes.outputs(name))
+        seconds[name] = device.node_seconds(graph.op(name),
+                                            flops.node_flops(graph, shapes, name), traffic)
+    return seconds

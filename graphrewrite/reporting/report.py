@@ -34,6 +34,7 @@ def optimize_report(source, output, fmt, result: OptimizeResult) -> dict:
         "peak_bytes_predicted": dict(zip(("before", "after", "model"), result.predicted_peaks)),
         "budget_bytes": result.budget,
         "budget_met": result.budget_met,
+        "levers": result.levers,
         **sections,
         "note": _note(result),
         "seconds": round(result.seconds, 3),
@@ -110,7 +111,8 @@ def _levers(result: OptimizeResult) -> str:
         levers.append("computing a softmax cross entropy's logits a block of rows at a time "
                       "(--lossy)")
     if "diet" not in ran:
-        levers.append("16-bit parameters and optimizer state (--mode diet)")
+        levers.append("16-bit parameters and optimizer state (--lossy with --budget, or "
+                      "--mode diet)")
     return (f"budget {_mib(result.budget)} not met ({_mib(result.peak_after)} modelled)"
             + ("; levers not used here that go lower: " + "; ".join(levers) if levers else ""))
 

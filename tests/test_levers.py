@@ -1,0 +1,53 @@
+"""One budget over every lever (`optimize --budget B --lossy`, `pipeline.levers`).
+
+On the shipped Keras MetaGraphDef (Adam) recomputation alone bottoms out at 0.72x of the modelled
+peak; with 16-bit variables and optimizer state (diet) the floor is lower. A budget between the
+two needs diet; one above the lossless floor must not change the numbers."""
+
+import json
+
+import pytest
+
+from graphrewrite.core import io
+from graphrewrite.pipeline import levers
+
+from conftest import fixture_path, run_cli
+
+pytestmark = pytest.mark.tf
+
+
+@pytest.fixture(scope="module")
+def model():
+    return io.load(fixture_path("keras_train"))
+
+
+def test_a_budget_below_the_lossless_floor_takes_the_fastest_set_that_meets_it(model):
+    result = levers.fit(model, "memory", None, "67%", as_run=False)
+    rows = {tuple(row["levers"]): row for row in result.levers}
+    assert [row["levers"] for row in result.levers] == [list(s) for s in levers.LEVER_SETS]
+    assert not rows[()]["budget_met"]  # recomputation alone cannot reach it
+    chosen = [row for row in result.levers if row["chosen"]]
+    met = [row for row in result.levers if row["budget_met"]]
+    assert len(chosen) == 1 and chosen[0] in met and "diet" in chosen[0]["levers"]
+    assert chosen[0]["step_seconds"] == min(row["step_seconds"] for row in met)
+    assert result.budget_met and result.peak_after <= 0.67 * result.peak_before + 1
+    assert "diet" in result.pipeline.split()
+
+
+def test_a_budget_recomputation_reaches_keeps_the_numbers(model):
+    result = levers.fit(model, "memory", None, "90%", as_run=False)
+    assert [row["levers"] for row in result.levers] == [[]] and result.budget_met
+    assert not {"diet", "chunk_loss"} & set(result.pipeline.split())
+
+
+def test_cli_reports_the_levers_tried(tmp_path):
+    out = tmp_path / "out.meta"
+    shown = run_cli("optimize", str(fixture_path("keras_train")), "-o", str(out),
+                    "--budget", "67%", "--lossy", "--no-as-run", "--json")
+    assert shown.exit_code == 0, shown.stderr
+    facts = json.loads(shown.stdout)
+    assert facts["budget_met"] and any(row["chosen"] for row in facts["levers"])
+    assert "diet" in facts["pipeline"] and len(io.load(out).graph) == facts["nodes_after"]
+    table = run_cli("optimize", str(fixture_path("keras_train")), "-o", str(tmp_path / "t.meta"),
+                    "--budget", "67%", "--lossy", "--no-as-run")
+    assert "recompute + diet (chosen)" in table.stdout
