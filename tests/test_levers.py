@@ -5,6 +5,7 @@ peak; with 16-bit variables and optimizer state (diet) the floor is lower. A bud
 two needs diet; one above the lossless floor must not change the numbers."""
 
 import json
+import types
 
 import pytest
 
@@ -51,3 +52,37 @@ def test_cli_reports_the_levers_tried(tmp_path):
     table = run_cli("optimize", str(fixture_path("keras_train")), "-o", str(tmp_path / "t.meta"),
                     "--budget", "67%", "--lossy", "--no-as-run")
     assert "recompute + diet (chosen)" in table.stdout
+
+
+class _Planned:
+    """What `optimize` returns, as far as `fit` reads it."""
+
+    def __init__(self, written, run, before=1000):
+        self.peak_after, self.predicted_peaks = written, (before, run, "as_run")
+        self.analyses, self.graph, self.levers = (None, None), None, []
+        self.budget = self.budget_of = None
+
+    @property
+    def budget_met(self):
+        return self.peak_after <= self.asked
+
+    asked = 0
+
+
+def test_a_rewrite_within_the_budget_as_written_but_not_as_run_is_planned_again(monkeypatch):
+    """The budget is for the step as run (what verify measures): a rewrite that reaches it as
+    written only is planned again under the budget scaled by how far the two were apart."""
+    asked = []
+
+    def optimize(model, mode, analysis, as_run, budget, lossy, **options):
+        asked.append((budget, lossy))
+        planned = _Planned(400, 480) if budget == "40%" else _Planned(330, 396)
+        planned.asked = 400 if budget == "40%" else int(budget)
+        return planned
+
+    monkeypatch.setattr(levers, "optimize", optimize)
+    monkeypatch.setattr(levers, "step_seconds", lambda graph, analysis, device: 1.0)
+    result = levers.fit(types.SimpleNamespace(graph=None), "memory", None, "40%")
+    assert asked == [("40%", False), (str(400 * 400 // 480), False)]
+    assert [row["levers"] for row in result.levers] == [[]] and result.levers[0]["chosen"]
+    assert result.budget == 400 and result.budget_of == "predicted"

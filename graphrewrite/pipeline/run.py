@@ -49,12 +49,16 @@ class OptimizeResult:
     budget: int | None = None  # the modelled peak the passes were asked to reach, in bytes
     analyses: tuple = (None, None)  # (original, rewritten) steps as written (`analysis.step`)
     levers: list = field(default_factory=list)  # the lever sets a budget tried (`levers.fit`)
+    budget_of: str = "as_written"  # the peak `budget` is for: or "predicted" (`levers.fit`)
 
     @property
     def budget_met(self) -> bool | None:
-        """Whether the rewritten step as written (what the passes plan on) is within the
-        budget; None without one."""
-        return None if self.budget is None else self.peak_after <= self.budget
+        """Whether the rewritten step as written (what the passes plan on; the predicted peak
+        where `budget_of` says so) is within the budget; None without one."""
+        if self.budget is None:
+            return None
+        return (self.predicted_peaks[1] if self.budget_of == "predicted"
+                else self.peak_after) <= self.budget
 
     @functools.cached_property  # each replays two steps through the allocator's model
     def run_peaks(self) -> tuple:

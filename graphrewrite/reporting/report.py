@@ -102,7 +102,7 @@ def _levers(result: OptimizeResult) -> str:
     lower (issue 34: below what the allowed levers reach, say which would go further)."""
     if result.budget_met is not False:
         return ""
-    ran = set(result.results)
+    ran = set(result.results) | {lever for row in result.levers for lever in row["levers"]}
     levers = []
     if "swap" not in ran:
         levers.append("moving what is kept to host memory (--swap-checkpoints, or --mode "
@@ -113,7 +113,8 @@ def _levers(result: OptimizeResult) -> str:
     if "diet" not in ran:
         levers.append("16-bit parameters and optimizer state (--lossy with --budget, or "
                       "--mode diet)")
-    return (f"budget {_mib(result.budget)} not met ({_mib(result.peak_after)} modelled)"
+    peak = result.predicted_peaks[1] if result.budget_of == "predicted" else result.peak_after
+    return (f"budget {_mib(result.budget)} not met ({_mib(peak)} modelled)"
             + ("; levers not used here that go lower: " + "; ".join(levers) if levers else ""))
 
 
