@@ -121,11 +121,12 @@ def main(ctx, debug, verbose, quiet):
               help="Identity copies pinned to the CPU (portable, the default; runs anywhere) or "
                    "Grappler's _CopyFromGpuToHost/_CopyFromHostToGpu pair (GPU kernels only).")
 @click.option("--budget", metavar="BYTES|PCT",
-              help="Modes memory and swap: the modelled device peak to reach, in bytes (6GiB) "
-                   "or as a share of the original's (60%). Memory: the least recomputation "
+              help="Modes memory and swap: the device peak to reach, as the step is modelled "
+                   "to run (after Grappler; as written with --no-as-run), in bytes (6GiB) or "
+                   "as a share of the original's (60%). Memory: the least recomputation "
                    "within it, however slow (default: the lowest peak for at most a little "
                    "more compute). Swap: the fewest tensors moved (default: as low as it "
-                   "goes).")
+                   "goes). With --lossy, also the lossy levers where needed.")
 @click.option("--bandwidth", type=click.FloatRange(min=0, min_open=True), metavar="BYTES_PER_S",
               help="Swapping: host transfer bandwidth for timing swap-ins [default: the device "
                    "profile's pinned host link].")
@@ -256,11 +257,12 @@ def optimize(ctx, model_path, output, in_place, mode, checkpoints, swap_tensors,
     collecting = gc.isenabled()
     gc.disable()
     try:
-        if budget and lossy:  # one budget over every lever (`levers`)
+        if budget and passes is None:  # the budget of the step as run, every lever allowed
             from graphrewrite.pipeline import levers
 
             result = levers.fit(model, mode, analysis, budget, device_profile or "default",
-                                as_run=not no_as_run, progress=stages, **composing)
+                                as_run=not no_as_run, progress=stages, lossy=lossy,
+                                **composing)
         else:
             result = pipeline.optimize(model, mode, analysis, composed=text, plan=chosen,
                                        as_run=not no_as_run, progress=stages,

@@ -1,4 +1,4 @@
-"""One byte budget over every lever a user allows (`optimize --budget B --lossy`).
+"""One byte budget over every lever a user allows (`optimize --budget B [--lossy]`).
 
 Recomputation keeps the numbers; the chunked loss changes them to rounding, diet (16-bit
 variables and a lean optimizer state) by more. Under a budget the recompute pass already buys
@@ -44,14 +44,16 @@ def step_seconds(graph, analysis, profile: devices.DeviceProfile) -> float:
 
 def fit(model: Model, mode: str, analysis: AnalysisOptions | None, budget: str,
         profile: str = "default", as_run: bool = True,
-        progress: Callable[[str], None] | None = None, **options) -> OptimizeResult:
-    """Mode `mode` under `budget` with the lossy levers allowed: the lever set of least
-    modelled step time whose rewrite meets the budget (the lossless one if it does), else the
-    lowest peak; `options` are `compose`'s. The result's `levers` lists each set tried."""
+        progress: Callable[[str], None] | None = None, lossy: bool = True,
+        **options) -> OptimizeResult:
+    """Mode `mode` under `budget`: with `lossy`, the lever set of least modelled step time
+    whose rewrite meets the budget (the lossless one if it does), else the lowest peak;
+    without, the lossless rewrite alone. `options` are `compose`'s. The result's `levers`
+    lists each set tried."""
     device = devices.profile(profile)
     stage = progress or (lambda text: None)
     tried, target = [], None
-    for levers in LEVER_SETS:
+    for levers in LEVER_SETS if lossy else LEVER_SETS[:1]:
         stage(f"planning under the budget with {' + '.join(('recompute', *levers))}")
         result = optimize(model, mode, analysis, as_run=as_run, budget=budget,
                           lossy=levers or False, **options)
