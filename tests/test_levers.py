@@ -86,3 +86,22 @@ def test_a_rewrite_within_the_budget_as_written_but_not_as_run_is_planned_again(
     assert asked == [("40%", False), (str(400 * 400 // 480), False)]
     assert [row["levers"] for row in result.levers] == [[]] and result.levers[0]["chosen"]
     assert result.budget == 400 and result.budget_of == "predicted"
+
+
+def test_a_budget_out_of_reach_as_written_is_planned_again_without_one(monkeypatch):
+    """The plan of lowest peak as written can run higher than the default plan: the lower of
+    the two as run is kept."""
+    asked = []
+
+    def optimize(model, mode, analysis, as_run, budget, lossy, **options):
+        asked.append(budget)
+        planned = _Planned(500, 700) if budget else _Planned(520, 600)
+        planned.asked = 400
+        return planned
+
+    monkeypatch.setattr(levers, "optimize", optimize)
+    monkeypatch.setattr(levers, "step_seconds", lambda graph, analysis, device: 1.0)
+    result = levers.fit(types.SimpleNamespace(graph=None), "memory", None, "40%", lossy=False)
+    assert asked == ["40%", None]
+    assert result.levers == [{"levers": [], "peak_bytes": 600, "budget_met": False,
+                              "step_seconds": 1.0, "step_time": 1.0, "chosen": True}]
