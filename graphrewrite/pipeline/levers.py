@@ -54,13 +54,14 @@ def fit(model: Model, mode: str, analysis: AnalysisOptions | None, budget: str,
     lists each set tried."""
     device = devices.profile(profile)
     stage = progress or (lambda text: None)
-    tried, target = [], None
+    rows, best, target, original = [], None, None, None
     for levers in LEVER_SETS if lossy else LEVER_SETS[:1]:
         stage(f"planning under the budget with {' + '.join(('recompute', *levers))}")
         result = optimize(model, mode, analysis, as_run=as_run, budget=budget,
                           lossy=levers or False, **options)
-        if target is None:  # the budget for the step as run, from the original's peak
+        if target is None:  # the budget for the step as run, of the original's peak
             target = parse_budget(budget, result.predicted_peaks[0])
+            original = step_seconds(model.graph, result.analyses[0], device)
         predicted = result.predicted_peaks[1]
         if predicted > target:
             # within it as written, not as run: again under the budget scaled; out of reach
@@ -72,25 +73,28 @@ def fit(model: Model, mode: str, analysis: AnalysisOptions | None, budget: str,
             again = optimize(model, mode, analysis, as_run=as_run, budget=inner,
                              lossy=levers or False, **options)
             result = min((result, again), key=lambda r: r.predicted_peaks[1])
-        tried.append((levers, result))
-        if not levers and result.predicted_peaks[1] <= target:
-            break  # the lossless rewrite reaches it: nothing lossy is used
-    original = step_seconds(model.graph, tried[0][1].analyses[0], device)
-    rows = []
-    for levers, result in tried:
         seconds = step_seconds(result.graph, result.analyses[1], device)
-        rows.append({"levers": list(levers), "peak_bytes": result.predicted_peaks[1],
-                     "budget_met": result.predicted_peaks[1] <= target,
-                     "step_seconds": round(seconds, 6),
-                     "step_time": round(seconds / original, 3) if original else None})
-    met = [row for row in rows if row["budget_met"]]
-    chosen = (min(met, key=lambda row: (row["step_seconds"], row["peak_bytes"])) if met
-              else min(rows, key=lambda row: (row["peak_bytes"], row["step_seconds"])))
-    for row in rows:
-        row["chosen"] = row is chosen
+        row = {"levers": list(levers), "peak_bytes": result.predicted_peaks[1],
+               "budget_met": result.predicted_peaks[1] <= target,
+               "step_seconds": round(seconds, 6),
+               "step_time": round(seconds / original, 3) if original else None}
+        rows.append(row)
+        if best is None or _rank(row) < _rank(best[0]):
+            best = (row, result)  # only the best result is held: each holds a whole graph
+        if not levers and row["budget_met"]:
+            break  # the lossless rewrite reaches it: nothing lossy is used
     log.info("levers: %s", ", ".join(f"{'+'.join(row['levers']) or 'lossless'} "
                                       f"{row['peak_bytes']} bytes {row['step_seconds']} s"
                                       for row in rows))
-    final = tried[rows.index(chosen)][1]
+    for row in rows:
+        row["chosen"] = row is best[0]
+    final = best[1]
     final.levers, final.budget, final.budget_of = rows, target, "predicted"
     return final
+
+
+def _rank(row: dict) -> tuple:
+    """Sets that meet the budget first, the fastest of them; else the lowest peak."""
+    if row["budget_met"]:
+        return (0, row["step_seconds"], row["peak_bytes"])
+    return (1, row["peak_bytes"], row["step_seconds"])
