@@ -27,7 +27,7 @@ from .analysis import split as split_mod
 from .core import io
 from .core.errors import GraphRewriteError
 from .core.graph import Graph
-from .pipeline import grammar
+from .pipeline import grammar, levers
 from .pipeline import run as pipeline
 from .reporting import report as report_mod
 
@@ -115,8 +115,11 @@ def rewrite(fn, *input_signature, mode: str = "memory", budget: str | None = Non
         raise StepError(f"'{name}' computes no gradient: there is no training step to "
                         "rewrite (an inference function keeps no activations for a backward "
                         "pass)")
-    text = grammar.compose(mode, budget=budget, **options)
-    result = pipeline.optimize(model, mode, composed=text)
+    if budget and options.get("passes") is None:  # as the CLI: the budget of the step as run
+        result = levers.fit(model, mode, None, budget, **options)
+    else:
+        result = pipeline.optimize(model, mode, composed=grammar.compose(mode, budget=budget,
+                                                                         **options))
     rewritten = result.graph.to_graph_def()
     outputs = [t.name for t in graph.outputs]
     bindings = [(placeholder.name, handle) for placeholder, handle in

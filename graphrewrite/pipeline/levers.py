@@ -46,7 +46,7 @@ def step_seconds(graph, analysis, profile: devices.DeviceProfile) -> float:
 
 def fit(model: Model, mode: str, analysis: AnalysisOptions | None, budget: str,
         profile: str = "default", as_run: bool = True,
-        progress: Callable[[str], None] | None = None, lossy: bool = True,
+        progress: Callable[[str], None] | None = None, lossy: bool = False,
         **options) -> OptimizeResult:
     """Mode `mode` under `budget`: with `lossy`, the lever set of least modelled step time
     whose rewrite meets the budget (the lossless one if it does), else the lowest peak;
