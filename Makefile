@@ -46,7 +46,8 @@ train-zoo: install
 $(ZOO)/manifest.json:
 	$(MAKE) zoo
 
-# BENCHMARKS.md, remade whole: the swap table, rewrite time by graph size (with the speed
+# BENCHMARKS.md, remade whole: the swap table, the lossy levers, the recipe matrix (every cell of
+# fixtures/recipes.py, built into out/recipes), rewrite time by graph size (with the speed
 # targets), the planners against the exact one, then every fixture and zoo graph original vs
 # rewritten (each step leaves its table in out/bench; the last writes the report).
 bench: install $(ZOO)/manifest.json
@@ -57,6 +58,7 @@ bench: install $(ZOO)/manifest.json
 	$(BIN)/python fixtures/bench.py --zoo $(ZOO) --runs 3 \
 		--only transformer_adam_meta,transformer_adam_tf2,transformer_dropout \
 		--lossy-table out/bench/lossy.md
+	$(BIN)/python fixtures/bench.py --runs 3 --recipe-table out/bench/recipes.md
 	$(BIN)/python fixtures/scaling.py --depths 128,1111,4096,11000 --planners none,estimate \
 		--no-as-run --as-run-depths 1111 --out out/scaling --markdown out/bench/scaling.md
 	cd tests && (echo 'Produced by `python tests/test_exact.py`.'; echo; ../$(BIN)/python test_exact.py) > ../out/bench/planners.md

@@ -99,6 +99,14 @@ def test_the_matrix_covers_every_value_of_every_axis():
     assert set(REWRITE_XFAIL) | set(AS_RUN_XFAIL) | set(BITWISE_XFAIL) | FAST <= set(recipes.CELLS)
 
 
+def test_every_cell_is_described_in_a_few_words_for_the_benchmark():
+    """BENCHMARKS.md's recipe table (`bench.py --recipe-table`) says how each cell was built."""
+    for cell in recipes.CELLS.values():
+        words = recipes.habit(cell)
+        assert len(words) <= 90 and recipes.WORDS[cell.arch] in words, (cell.name, words)
+        assert all(recipes.WORDS[extra] in words for extra in cell.extras), (cell.name, words)
+
+
 @pytest.mark.parametrize("name", cells({**REWRITE_XFAIL, **AS_RUN_XFAIL}, FAST))
 def test_rewrite_finds_candidates_and_lowers_the_modelled_peak(name):
     _, facts, _ = rewritten(name)
