@@ -47,9 +47,10 @@ $(ZOO)/manifest.json:
 	$(MAKE) zoo
 
 # BENCHMARKS.md, remade whole: the swap table, the lossy levers, the recipe matrix (every cell of
-# fixtures/recipes.py, built into out/recipes), rewrite time by graph size (with the speed
-# targets), the planners against the exact one, then every fixture and zoo graph original vs
-# rewritten (each step leaves its table in out/bench; the last writes the report).
+# fixtures/recipes.py, built into out/recipes), budgets against measured peaks, rewrite time by
+# graph size (with the speed targets), the planners against the exact one, then every fixture
+# and zoo graph original vs rewritten (each step leaves its table in out/bench; the last writes
+# the report).
 bench: install $(ZOO)/manifest.json
 	@mkdir -p out/bench
 	$(BIN)/python fixtures/bench.py --zoo $(ZOO) --mode swap --runs 3 \
@@ -59,6 +60,8 @@ bench: install $(ZOO)/manifest.json
 		--only transformer_adam_meta,transformer_adam_tf2,transformer_dropout \
 		--lossy-table out/bench/lossy.md
 	$(BIN)/python fixtures/bench.py --runs 3 --recipe-table out/bench/recipes.md
+	$(BIN)/python fixtures/budgets.py --zoo $(ZOO) --markdown out/bench/budgets.md --cases \
+		transformer_adam_meta:60%,40%L,30%L deep_mlp_meta:50%,25%L resnet_adam_meta:85%,50%L
 	$(BIN)/python fixtures/scaling.py --depths 128,1111,4096,11000 --planners none,estimate \
 		--no-as-run --as-run-depths 1111 --out out/scaling --markdown out/bench/scaling.md
 	cd tests && (echo 'Produced by `python tests/test_exact.py`.'; echo; ../$(BIN)/python test_exact.py) > ../out/bench/planners.md
