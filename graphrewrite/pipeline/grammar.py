@@ -139,8 +139,9 @@ def compose(mode: str, passes: str | None = None, checkpoints: str | None = None
     `budget` (bytes, or a share of the original's modelled peak, resolved when the pipeline
     runs) goes to the passes that search, `planner` to recompute, `pins` ({keep, recompute,
     never}: selectors) to recompute as its `pin_` options. `lossy` adds levers that change the
-    numbers, after the calls are inlined: True, `chunk_loss` (rounding only); or the names of
-    LOSSY_LEVERS to add. Every option is checked here, before any work is done."""
+    numbers, after the calls are inlined: True, `chunk_loss` (rounding only); or passes of
+    LOSSY_LEVERS to add, with options (`diet(min_size=65536)`). Every option is checked here,
+    before any work is done."""
     if mode not in MODES:
         raise GraphRewriteError(f"unknown mode '{mode}' (modes: {', '.join(MODES)})")
     if passes is not None and not passes.strip():
@@ -156,10 +157,14 @@ def compose(mode: str, passes: str | None = None, checkpoints: str | None = None
             raise GraphRewriteError(f"${{lossy}} needs mode memory, speed, collection or "
                                     f"swap, not '{mode}'")
         at = names.index("inline") + 1 if "inline" in names else 0
-        levers = [lever for lever in LOSSY_LEVERS
-                  if lever in (("chunk_loss",) if lossy is True else lossy)]
-        steps[at:at] = [(lever, {}) for lever in levers]
-        names[at:at] = levers
+        levers = parse_pipeline(" ".join(("chunk_loss",) if lossy is True else lossy))
+        other = next((name for name, _ in levers if name not in LOSSY_LEVERS), None)
+        if other:
+            raise GraphRewriteError(f"${{lossy}}: '{other}' is not a lossy lever "
+                                    f"({', '.join(LOSSY_LEVERS)})")
+        levers.sort(key=lambda step: LOSSY_LEVERS.index(step[0]))
+        steps[at:at] = levers
+        names[at:at] = [name for name, _ in levers]
     if swap_checkpoints:
         if "recompute" not in names or "swap" in names:
             raise GraphRewriteError(f"${{swap_checkpoints}} needs a recompute mode "

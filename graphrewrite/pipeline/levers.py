@@ -7,7 +7,8 @@ rewrite cannot reach it, and then every combination is planned under the same bu
 one of least modelled step time that meets it wins (the time: every node of the rewritten
 step's schedule on the device profile, `devices.node_times`; recomputation, dequantization and
 the loss's blocks are nodes there). Where none meets it, the lowest peak wins and the result
-says so.
+says so. Diet is per variable in a coarse way: the set with diet that wins is tried again with
+diet taking only the largest variables (`DIET_SHARES`).
 
 The budget is for the step as TensorFlow runs it (what `verify` measures: the predicted peak,
 as run where modelled; a share is of the original's), while the passes plan on the step as
@@ -21,22 +22,29 @@ transformer). The lower of the two as run is kept.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 
+from ..analysis import parameters
 from ..analysis.step import AnalysisOptions
 from ..core.io import Model
+from ..passes.diet.options import DietOptions, DietResult
 from ..planning import devices
 from ..planning.budget import parse_budget
 from .grammar import LOSSY_LEVERS
 from .run import OptimizeResult, optimize
 
-__all__ = ["LEVER_SETS", "step_seconds", "fit"]
+__all__ = ["LEVER_SETS", "DIET_SHARES", "step_seconds", "fit"]
 
 log = logging.getLogger(__name__)
 
 # The lossy levers' combinations, tried after the lossless rewrite (the empty set).
 LEVER_SETS = ((), *((lever,) for lever in LOSSY_LEVERS), LOSSY_LEVERS)
+
+# Diet per variable: where a set with diet meets the budget, it is tried again with diet taking
+# only the largest variables, those holding these shares of the elements it took.
+DIET_SHARES = (0.5, 0.8)
 
 
 def step_seconds(graph, analysis, profile: devices.DeviceProfile) -> float:
@@ -56,15 +64,17 @@ def fit(model: Model, mode: str, analysis: AnalysisOptions | None, budget: str,
     start = time.perf_counter()
     device = devices.profile(profile)
     stage = progress or (lambda text: None)
-    rows, best, target, original = [], None, None, None
-    for levers in LEVER_SETS if lossy else LEVER_SETS[:1]:
+    rows, best, fixed = [], None, {}  # fixed: the budget as run, the original's step time
+
+    def plan(levers: tuple[str, ...]) -> None:
+        nonlocal best
         stage(f"planning under the budget with {' + '.join(('recompute', *levers))}")
         result = optimize(model, mode, analysis, as_run=as_run, budget=budget,
                           lossy=levers or False, **options)
-        if target is None:  # the budget for the step as run, of the original's peak
-            target = parse_budget(budget, result.predicted_peaks[0])
-            original = step_seconds(model.graph, result.analyses[0], device)
-        predicted = result.predicted_peaks[1]
+        if not fixed:  # the budget for the step as run, of the original's peak
+            fixed["target"] = parse_budget(budget, result.predicted_peaks[0])
+            fixed["original"] = step_seconds(model.graph, result.analyses[0], device)
+        target, predicted = fixed["target"], result.predicted_peaks[1]
         if predicted > target:
             # within it as written, not as run: again under the budget scaled; out of reach
             # as written: the plan of lowest peak for little more compute (no budget), which
@@ -79,21 +89,47 @@ def fit(model: Model, mode: str, analysis: AnalysisOptions | None, budget: str,
         row = {"levers": list(levers), "peak_bytes": result.predicted_peaks[1],
                "budget_met": result.predicted_peaks[1] <= target,
                "step_seconds": round(seconds, 6),
-               "step_time": round(seconds / original, 3) if original else None}
+               "step_time": round(seconds / fixed["original"], 3) if fixed["original"]
+               else None}
         rows.append(row)
         if best is None or _rank(row) < _rank(best[0]):
             best = (row, result)  # only the best result is held: each holds a whole graph
-        if not levers and row["budget_met"]:
+
+    for levers in LEVER_SETS if lossy else LEVER_SETS[:1]:
+        plan(levers)
+        if not levers and best[0]["budget_met"]:
             break  # the lossless rewrite reaches it: nothing lossy is used
+    if "diet" in best[0]["levers"] and best[0]["budget_met"]:
+        for levers in _fewer_dieted(model, best[1], tuple(best[0]["levers"])):
+            plan(levers)
     log.info("levers: %s", ", ".join(f"{'+'.join(row['levers']) or 'lossless'} "
                                       f"{row['peak_bytes']} bytes {row['step_seconds']} s"
                                       for row in rows))
     for row in rows:
         row["chosen"] = row is best[0]
     final = best[1]
-    final.levers, final.budget, final.budget_of = rows, target, "predicted"
+    final.levers, final.budget, final.budget_of = rows, fixed["target"], "predicted"
     final.seconds = time.perf_counter() - start  # every set planned, not the chosen one's
     return final
+
+
+def _fewer_dieted(model: Model, result: OptimizeResult, levers: tuple[str, ...]) -> list:
+    """`levers` with diet taking only the largest variables it took in `result`: those that
+    hold DIET_SHARES of the elements it took (diet per variable: each kept in float32 is one
+    dequantization fewer per read, and its numbers unchanged)."""
+    shapes = result.analyses[0].shapes
+    sizes = sorted((math.prod(info.shape) for name in result.of(DietResult).dieted
+                    if (info := parameters.value_info(model.graph, shapes, name)) is not None
+                    and info.shape is not None and None not in info.shape), reverse=True)
+    thresholds, total, held = [], sum(sizes), 0
+    for size in sizes:
+        held += size
+        for share in DIET_SHARES:
+            if held >= share * total > held - size and size not in thresholds:
+                thresholds.append(size)
+    least = DietOptions().min_size
+    return [tuple(f"diet(min_size={size})" if lever == "diet" else lever for lever in levers)
+            for size in thresholds if size > least and size != sizes[-1]]
 
 
 def _rank(row: dict) -> tuple:
