@@ -58,7 +58,7 @@ def test_cli_reports_the_levers_tried(tmp_path):
     assert "diet" in facts["pipeline"] and len(io.load(out).graph) == facts["nodes_after"]
     table = run_cli("optimize", str(fixture_path("keras_train")), "-o", str(tmp_path / "t.meta"),
                     "--budget", "67%", "--lossy", "--no-as-run")
-    assert "recompute + diet (chosen)" in table.stdout
+    assert "recompute + diet(min_size=9216) (chosen)" in table.stdout
 
 
 class _Planned:
