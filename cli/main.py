@@ -236,12 +236,14 @@ def optimize(ctx, model_path, output, in_place, mode, checkpoints, swap_tensors,
         io.refuse_overwriting(model_path, output)
     from graphrewrite.pipeline.modes import MODES
 
-    # The profile times swap passes, and the trade-off curve's extra compute.
+    # The profile times swap passes, the trade-off curve's extra compute, a budget's levers.
     swaps = swap_checkpoints or "swap" in (passes if passes is not None else MODES[mode])
+    levered = budget and passes is None
     composing = dict(checkpoints=checkpoints, planner=planner, swap_checkpoints=swap_checkpoints,
                      swap_options={"form": swap_form, "bandwidth": bandwidth,
-                                   "profile": device_profile if swaps or not tradeoff_path
-                                   else None, "tensors": swap_tensors}, pins=pins)
+                                   "profile": device_profile if swaps or not (
+                                       tradeoff_path or levered) else None,
+                                   "tensors": swap_tensors}, pins=pins)
     text = grammar.compose(mode, passes, budget=budget, lossy=lossy, **composing)
     stages = Stages(enabled=not ctx.find_root().params.get("quiet"))
     analysis = AnalysisOptions(input_shapes, outputs, backward_scope, device)
@@ -257,12 +259,16 @@ def optimize(ctx, model_path, output, in_place, mode, checkpoints, swap_tensors,
     collecting = gc.isenabled()
     gc.disable()
     try:
-        if budget and passes is None:  # the budget of the step as run, every lever allowed
+        if levered:  # the budget of the step as run, every lever allowed
             from graphrewrite.pipeline import levers
 
+            # swap joins the levers on a device with a host, when one is named
+            names = [name for name, _ in grammar.parse_pipeline(text)]
+            swap = (device_profile is not None and PROFILES[device_profile].has_host
+                    and "recompute" in names and "swap" not in names)
             result = levers.fit(model, mode, analysis, budget, device_profile or "default",
                                 as_run=not no_as_run, progress=stages, lossy=lossy,
-                                **composing)
+                                swap=swap, **composing)
         else:
             result = pipeline.optimize(model, mode, analysis, composed=text, plan=chosen,
                                        as_run=not no_as_run, progress=stages,

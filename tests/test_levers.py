@@ -75,6 +75,9 @@ class _Planned:
 
     asked = 0
 
+    def of(self, kind):
+        return kind()
+
 
 def test_a_rewrite_within_the_budget_as_written_but_not_as_run_is_planned_again(monkeypatch):
     """The budget is for the step as run (what verify measures): a rewrite that reaches it as
@@ -90,7 +93,7 @@ def test_a_rewrite_within_the_budget_as_written_but_not_as_run_is_planned_again(
     monkeypatch.setattr(levers, "optimize", optimize)
     monkeypatch.setattr(levers, "step_seconds", lambda graph, analysis, device: 1.0)
     result = levers.fit(types.SimpleNamespace(graph=None), "memory", None, "40%")
-    assert asked == [("40%", False), (str(400 * 400 // 480), False)]
+    assert asked == [("40%", ()), (str(400 * 400 // 480), ())]
     assert [row["levers"] for row in result.levers] == [[]] and result.levers[0]["chosen"]
     assert result.budget == 400 and result.budget_of == "predicted"
 
@@ -112,3 +115,25 @@ def test_a_budget_out_of_reach_as_written_is_planned_again_without_one(monkeypat
     assert asked == ["40%", None]
     assert result.levers == [{"levers": [], "peak_bytes": 600, "budget_met": False,
                               "step_seconds": 1.0, "step_time": 1.0, "chosen": True}]
+
+
+def test_swap_joins_the_lossless_levers_and_every_lossy_set(monkeypatch):
+    """On a device with a host, moving kept tensors there is tried before anything lossy, and
+    beside each lossy set; its exposed transfer time counts in the step's."""
+    asked = []
+
+    def optimize(model, mode, analysis, as_run, budget, lossy, swap_checkpoints, **options):
+        asked.append((lossy, swap_checkpoints))
+        planned = _Planned(500, 500)  # out of reach however planned: every set is tried
+        planned.asked = 400
+        return planned
+
+    monkeypatch.setattr(levers, "optimize", optimize)
+    monkeypatch.setattr(levers, "step_seconds", lambda graph, analysis, device: 1.0)
+    result = levers.fit(types.SimpleNamespace(graph=None), "memory", None, "40%", lossy=True,
+                        swap=True, swap_checkpoints=False)
+    tried = [tuple(row["levers"]) for row in result.levers]
+    assert tried == [(), ("swap",), ("chunk_loss", "swap"), ("diet", "swap"),
+                     ("chunk_loss", "diet", "swap")]
+    assert asked[::2] == [((), False), ((), True), (("chunk_loss",), True), (("diet",), True),
+                          (("chunk_loss", "diet"), True)]  # each planned again without budget

@@ -30,6 +30,7 @@ from ..analysis import parameters
 from ..analysis.step import AnalysisOptions
 from ..core.io import Model
 from ..passes.diet.options import DietOptions, DietResult
+from ..passes.swap import SwapResult
 from ..planning import devices
 from ..planning.budget import parse_budget
 from .grammar import LOSSY_LEVERS
@@ -56,11 +57,12 @@ def step_seconds(graph, analysis, profile: devices.DeviceProfile) -> float:
 def fit(model: Model, mode: str, analysis: AnalysisOptions | None, budget: str,
         profile: str = "default", as_run: bool = True,
         progress: Callable[[str], None] | None = None, lossy: bool = False,
-        **options) -> OptimizeResult:
-    """Mode `mode` under `budget`: with `lossy`, the lever set of least modelled step time
-    whose rewrite meets the budget (the lossless one if it does), else the lowest peak;
-    without, the lossless rewrite alone. `options` are `compose`'s. The result's `levers`
-    lists each set tried."""
+        swap: bool = False, **options) -> OptimizeResult:
+    """Mode `mode` under `budget`: the lever set of least modelled step time whose rewrite
+    meets the budget, the lossless ones first (recomputation; with `swap`, also moving kept
+    tensors to host memory), the lossy ones only where no lossless one does and `lossy`
+    allows them; else the lowest peak. `options` are `compose`'s. The result's `levers` lists
+    each set tried."""
     start = time.perf_counter()
     device = devices.profile(profile)
     stage = progress or (lambda text: None)
@@ -69,8 +71,11 @@ def fit(model: Model, mode: str, analysis: AnalysisOptions | None, budget: str,
     def plan(levers: tuple[str, ...]) -> None:
         nonlocal best
         stage(f"planning under the budget with {' + '.join(('recompute', *levers))}")
-        result = optimize(model, mode, analysis, as_run=as_run, budget=budget,
-                          lossy=levers or False, **options)
+        chosen = {**options, "lossy": tuple(lever for lever in levers if lever != "swap")}
+        if "swap" in levers:  # timed on the profile the levers are
+            chosen.update(swap_checkpoints=True, swap_options={
+                **(options.get("swap_options") or {}), "profile": profile})
+        result = optimize(model, mode, analysis, as_run=as_run, budget=budget, **chosen)
         if not fixed:  # the budget for the step as run, of the original's peak
             fixed["target"] = parse_budget(budget, result.predicted_peaks[0])
             fixed["original"] = step_seconds(model.graph, result.analyses[0], device)
@@ -82,10 +87,10 @@ def fit(model: Model, mode: str, analysis: AnalysisOptions | None, budget: str,
             inner = (str(max(1, int(result.peak_after * target / predicted)))
                      if result.budget_met else None)
             stage(f"planning again under {inner or 'no budget'}")
-            again = optimize(model, mode, analysis, as_run=as_run, budget=inner,
-                             lossy=levers or False, **options)
+            again = optimize(model, mode, analysis, as_run=as_run, budget=inner, **chosen)
             result = min((result, again), key=lambda r: r.predicted_peaks[1])
-        seconds = step_seconds(result.graph, result.analyses[1], device)
+        seconds = (step_seconds(result.graph, result.analyses[1], device)
+                   + result.of(SwapResult).exposed_seconds)  # transfers not hidden
         row = {"levers": list(levers), "peak_bytes": result.predicted_peaks[1],
                "budget_met": result.predicted_peaks[1] <= target,
                "step_seconds": round(seconds, 6),
@@ -95,10 +100,12 @@ def fit(model: Model, mode: str, analysis: AnalysisOptions | None, budget: str,
         if best is None or _rank(row) < _rank(best[0]):
             best = (row, result)  # only the best result is held: each holds a whole graph
 
-    for levers in LEVER_SETS if lossy else LEVER_SETS[:1]:
+    moved = ("swap",) if swap else ()
+    for levers in ((), *((moved,) if swap else ())):
         plan(levers)
-        if not levers and best[0]["budget_met"]:
-            break  # the lossless rewrite reaches it: nothing lossy is used
+    if lossy and not best[0]["budget_met"]:  # a lossless rewrite reaches it: nothing lossy
+        for levers in LEVER_SETS[1:]:
+            plan(levers + moved)
     if "diet" in best[0]["levers"] and best[0]["budget_met"]:
         for levers in _fewer_dieted(model, best[1], tuple(best[0]["levers"])):
             plan(levers)
