@@ -206,6 +206,12 @@ class Graph:
     def data_inputs(self, name: str) -> list[TensorRef]:
         return list((self._refs_cache.get(name) or self._refs(name))[1])  # read millions of times
 
+    def data_inputs_of(self, names) -> dict[str, list[TensorRef]]:
+        """name -> `data_inputs(name)` of each of `names`, at once (a simulation asks for every
+        node's); the lists are the graph's own cache: read them, never change them."""
+        cached, refs = self._refs_cache, self._refs
+        return {name: (cached.get(name) or refs(name))[1] for name in names}
+
     def data_ancestors(self, names) -> set[str]:
         """`names` and every node their values are computed from (data edges only)."""
         seen, stack = set(names), list(names)
@@ -273,7 +279,7 @@ class Graph:
         here are unique), or with `key` None in no particular order (to test for a cycle);
         None when a cycle is left."""
         succ, pred = self.nx._succ, self.nx._pred
-        if len(names) == len(succ) and not any(self.loops_back(u) for u in names):
+        if len(names) == len(succ) and not self.loop_back_nodes(names):
             # Every node real, no loop back edge: each producer counts once per consumer.
             children = succ
             waiting = {v: len(pred[v]) for v in names}
@@ -520,6 +526,11 @@ class Graph:
     def loops_back(self, producer: str) -> bool:
         """Whether `producer`'s outgoing edges close a v1 while-loop (NextIteration -> Merge)."""
         return self.nx._node[producer].get("op") in LOOP_BACK_OPS  # a missing node has no op
+
+    def loop_back_nodes(self, names) -> set[str]:
+        """Those of `names` that `loops_back`, at once: a simulation asks about every node."""
+        node = self.nx._node
+        return {n for n in names if node[n].get("op") in LOOP_BACK_OPS}
 
     def _in_edges(self, name: str) -> list[tuple[str, dict]]:
         cached = self._inputs_cache.get(name)
