@@ -23,6 +23,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import Counter
+from operator import itemgetter
 from typing import Iterable, Sequence
 
 import networkx as nx
@@ -104,9 +105,8 @@ class Graph:
                 if not graph.nx.has_node(ref.node):
                     graph.nx.add_node(ref.node, missing=True)
                 canonical = str(ref) == text
-                graph.nx.add_edge(ref.node, name, key=pos, port=ref.port,
-                                  slot=None if ref.is_control else slot,
-                                  text=None if canonical else text)
+                graph._add_edge(ref.node, name, pos, ref.port, None if ref.is_control else slot,
+                                None if canonical else text)
                 if not ref.is_control:
                     slot += 1
         return graph
@@ -349,8 +349,7 @@ class Graph:
         for pos, ref in enumerate(ordered):
             self._require(ref.node)
             self._own_pair(ref.node, name)
-            self.nx.add_edge(ref.node, name, key=pos, port=ref.port,
-                             slot=None if ref.is_control else pos, text=None)
+            self._add_edge(ref.node, name, pos, ref.port, None if ref.is_control else pos)
 
     def copy_node(self, name: str, new_name: str, renamed: dict[str, str] | None = None) -> str:
         """Copy a node (attrs, device, inputs) under a new name; consumers are not touched.
@@ -362,13 +361,12 @@ class Graph:
         if self._is_real(new_name) or self.nx.has_node(new_name):
             raise GraphError(f"node '{new_name}' already exists")
         self._insert(payload)
-        for u, d in self._in_edges(name):
+        for key, (u, d) in enumerate(self._in_edges(name)):  # key: its in-edges so far
             if renamed and d["slot"] is not None and u in renamed:
                 u = renamed[u]
                 self._require(u)
             self._own_pair(u, new_name)
-            key = sum(map(len, self.nx._pred[new_name].values()))  # its in-edges so far
-            self.nx.add_edge(u, new_name, key=key, port=d["port"], slot=d["slot"], text=None)
+            self._add_edge(u, new_name, key, d["port"], d["slot"])
         return new_name
 
     def replace_uses(self, old: TensorRef, new: TensorRef,
@@ -386,7 +384,7 @@ class Graph:
             self._own_pair(old.node, v)
             self._own_pair(new.node, v)
             self.nx.remove_edge(old.node, v, key=k)
-            self.nx.add_edge(new.node, v, key=k, port=new.port, slot=d["slot"], text=None)
+            self._add_edge(new.node, v, k, new.port, d["slot"])
             self._forget(v)
         return len(moved)
 
@@ -398,8 +396,7 @@ class Graph:
             return False
         keys = [k for _, _, k in self.nx.in_edges(after, keys=True)]
         self._own_pair(before, after)
-        self.nx.add_edge(before, after, key=max(keys, default=-1) + 1, port=CONTROL, slot=None,
-                         text=None)
+        self._add_edge(before, after, max(keys, default=-1) + 1, CONTROL, None)
         self._forget(after)
         return True
 
@@ -481,6 +478,19 @@ class Graph:
 
     # ----------------------------------------------------------------- internals
 
+    def _add_edge(self, u: str, v: str, key: int, port: int, slot: int | None,
+                  text: str | None = None) -> None:
+        """`nx.add_edge(u, v, key=key, port=..., slot=..., text=...)` between two nodes the
+        graph has, for a key the pair does not have yet, without networkx's generic path (a
+        rewrite adds hundreds of thousands of edges)."""
+        graph = self.nx
+        readers = graph._succ[u]
+        keyed = readers.get(v)
+        if keyed is None:
+            keyed = readers[v] = graph._pred[v][u] = {}
+        keyed[key] = {"port": port, "slot": slot, "text": text}
+        nx._clear_cache(graph)
+
     def _insert(self, payload: node_def_pb2.NodeDef) -> None:
         self.nx.add_node(payload.name, node_def=payload, op=payload.op, order=self._next_order)
         self._owned.add(payload.name)  # new dicts, shared with no copy
@@ -536,8 +546,10 @@ class Graph:
         cached = self._inputs_cache.get(name)
         if cached is None:
             self._require(name)
-            edges = sorted(((k, u, d) for u, keyed in self.nx._pred[name].items()
-                            for k, d in keyed.items()), key=lambda e: e[0])
+            edges = [(k, u, d) for u, keyed in self.nx._pred[name].items()
+                     for k, d in keyed.items()]
+            if len(edges) > 1:  # keys are unique
+                edges.sort(key=itemgetter(0))
             cached = self._inputs_cache[name] = [(u, d) for _, u, d in edges]
         return cached
 
@@ -547,7 +559,7 @@ class Graph:
         cached = self._refs_cache.get(name)
         if cached is None:
             refs = [TensorRef(u, d["port"]) for u, d in self._in_edges(name)]
-            cached = self._refs_cache[name] = (refs, [r for r in refs if not r.is_control])
+            cached = self._refs_cache[name] = (refs, [r for r in refs if r.port != CONTROL])
         return cached
 
     def _input_texts(self, name: str) -> list[str]:

@@ -100,4 +100,5 @@ def _live_readers(graph: Graph, fetch_nodes: list[str]) -> tuple[set[str], Count
     """Nodes a fetch needs, and how many data inputs of those nodes read each tensor."""
     live = reachable(graph.nx, fetch_nodes, upstream=True)
     # Counted in C over the graph's cached input lists (most of them cached by a simulation).
-    return live, Counter(chain.from_iterable(graph.data_inputs(v) for v in live if v in graph))
+    return live, Counter(chain.from_iterable(graph.data_inputs_of([v for v in live
+                                                                    if v in graph]).values()))
