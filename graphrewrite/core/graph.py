@@ -68,6 +68,9 @@ class Graph:
         self._refs_cache: dict[str, tuple[list[TensorRef], list[TensorRef]]] = {}
         # Real node names in file order; new nodes append, removals drop it.
         self._nodes_cache: list[str] | None = None
+        # `topological_order()` (by file order), dropped by every change of nodes or edges:
+        # the split, the passes and the planner's context all ask for the same graph's.
+        self._topo_cache: list[str] | None = None
         # Nodes whose networkx dicts (attributes, successors, predecessors) and (producer,
         # consumer) pairs whose edge-key dicts no copy shares: only those are edited in place.
         self._owned: set[str] = set()
@@ -134,6 +137,7 @@ class Graph:
         other._inputs_cache = dict(self._inputs_cache)
         other._refs_cache = dict(self._refs_cache)
         other._nodes_cache = None if self._nodes_cache is None else list(self._nodes_cache)
+        other._topo_cache = self._topo_cache  # never changed in place: shared
         return other
 
     def drop_views(self) -> None:
@@ -264,6 +268,8 @@ class Graph:
 
         Tie-breaking by name makes the order independent of how the file listed the nodes.
         """
+        if tie_break != "name" and self._topo_cache is not None:
+            return list(self._topo_cache)
         names = self.nodes()
         if tie_break == "name":
             key = str
@@ -271,7 +277,11 @@ class Graph:
             position = {n: i for i, n in enumerate(names)}  # file order: `order` ascending
             key = position.__getitem__
         order = self._kahn(names, key)
-        return order if order is not None else sorted(names, key=key)
+        order = order if order is not None else sorted(names, key=key)
+        if tie_break != "name":
+            self._topo_cache = order
+            return list(order)
+        return order
 
     def _kahn(self, names: list[str], key) -> list[str] | None:
         """Kahn's algorithm over the real nodes (loop back edges ignored), the smallest key
@@ -338,6 +348,7 @@ class Graph:
         for u in list(self.nx._pred[name]):
             self._own_pair(u, name)
         self.nx.remove_edges_from(list(self.nx.in_edges(name, keys=True)))
+        self._topo_cache = None
         self.nx._node[name]["node_def"] = payload
         self.nx._node[name]["op"] = op
         self._forget(name)
@@ -384,6 +395,7 @@ class Graph:
             self._own_pair(old.node, v)
             self._own_pair(new.node, v)
             self.nx.remove_edge(old.node, v, key=k)
+            self._topo_cache = None
             self._add_edge(new.node, v, k, new.port, d["slot"])
             self._forget(v)
         return len(moved)
@@ -409,6 +421,7 @@ class Graph:
         for u in list(self.nx._pred[name]):
             self._own(u)
         self.nx.remove_node(name)
+        self._topo_cache = None
         self._forget(name)
         self._owned.discard(name)
         self._owned_pairs = {p for p in self._owned_pairs if name not in p}
@@ -490,11 +503,13 @@ class Graph:
             keyed = readers[v] = graph._pred[v][u] = {}
         keyed[key] = {"port": port, "slot": slot, "text": text}
         nx._clear_cache(graph)
+        self._topo_cache = None
 
     def _insert(self, payload: node_def_pb2.NodeDef) -> None:
         self.nx.add_node(payload.name, node_def=payload, op=payload.op, order=self._next_order)
         self._owned.add(payload.name)  # new dicts, shared with no copy
         self._next_order += 1
+        self._topo_cache = None
         if self._nodes_cache is not None:  # the largest order: last in file order
             self._nodes_cache.append(payload.name)
 
