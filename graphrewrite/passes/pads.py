@@ -52,8 +52,12 @@ def pad_readers(graph: Graph, original: Graph, analysis, original_of: dict[str, 
         source = original_of.get(name, name)
         if source not in original:
             continue  # a node with no original (a trigger)
-        missing = [TensorRef(name, ref.port) for ref in shapes.outputs(source)
-                   for _ in range(before[ref] - after[TensorRef(name, ref.port)])]
+        outputs = shapes.outputs(source)
+        if name == source:  # an original: its own outputs, no TensorRef made for each
+            missing = [ref for ref in outputs for _ in range(before[ref] - after[ref])]
+        else:
+            missing = [TensorRef(name, ref.port) for ref in outputs
+                       for _ in range(before[ref] - after[TensorRef(name, ref.port)])]
         dtypes = [shapes[TensorRef(source, r.port)].dtype for r in missing]
         if missing and all(0 < t < 100 for t in dtypes):  # else a ref or unknown dtype
             lacking[name] = missing
