@@ -447,6 +447,7 @@ class Graph:
                                      key=lambda e: (e[1], e[2])):
                 text = d["text"] or str(TensorRef(name, d["port"]))
                 problems.append(f"node '{v}' reads '{text}' but there is no node '{name}'")
+        node = self.nx._node
         for name in self.nodes():
             edges = self._in_edges(name)
             seen_control = False
@@ -456,6 +457,8 @@ class Graph:
                 elif seen_control:
                     problems.append(f"node '{name}' lists a control input before a data input")
                     break
+            if "_swap_to_host" not in node[name]["node_def"].attr:  # `swap_hints`, quickly
+                continue
             for index in self.swap_hints(name):
                 inputs = sum(d["port"] != CONTROL for _, d in edges)
                 if not 0 <= index < inputs:
