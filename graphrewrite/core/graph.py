@@ -505,7 +505,8 @@ class Graph:
         if keyed is None:
             keyed = readers[v] = graph._pred[v][u] = {}
         keyed[key] = {"port": port, "slot": slot, "text": text}
-        nx._clear_cache(graph)
+        if cache := getattr(graph, "__networkx_cache__", None):  # as networkx's add_edge does
+            cache.clear()
         self._topo_cache = None
 
     def _insert(self, payload: node_def_pb2.NodeDef) -> None:
