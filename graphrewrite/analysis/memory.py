@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import chain
 
 from ..core import dtypes
 from ..core.graph import LOOP_BACK_OPS, Graph
@@ -54,7 +55,7 @@ from .shapes import Shapes, TensorInfo
 __all__ = ["DEVICE", "HOST", "ALIAS_OPS", "FORWARDING_OPS", "FORWARDED_INPUT", "PERSISTENT_OPS",
            "FEED_OPS", "ACCELERATOR_MARKERS", "HOST_OUTPUT_OPS", "HOST_BANDWIDTH", "STATE", "FEED",
            "STEP", "UPDATE_OPS", "UPDATE_PREFIX", "ADOPT_OPS", "Buffer", "Move", "MemoryReport",
-           "replay", "placement", "cpu_is_host", "simulate"]
+           "replay", "placement", "cpu_is_host", "simulate", "REUSING_OPS"]
 
 DEVICE, HOST = "device", "host"
 
@@ -83,6 +84,8 @@ FORWARDED_INPUT = {
     "SparseSoftmaxCrossEntropyWithLogits": {1: 0},
     "SoftmaxCrossEntropyWithLogits": {1: 0},
 }
+# The ops whose outputs may live in an input's buffer (`_output_buffer`).
+REUSING_OPS = ALIAS_OPS | FORWARDING_OPS | frozenset(FORWARDED_INPUT)
 PERSISTENT_OPS = frozenset({"Const", "HostConst", "VariableV2", "Variable", "VarHandleOp"})
 FEED_OPS = frozenset({"Placeholder", "PlaceholderV2"})
 ACCELERATOR_MARKERS = ("GPU", "TPU", "gpu", "tpu", "XLA_")
@@ -316,14 +319,14 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
     reads = {name: [bypassed[r.node][r.port] if r.node in bypassed else r
                     for r in graph.data_inputs(name) if r.node not in loops_back]
              for name in order} if bypassed or loops_back else \
-        {name: graph.data_inputs(name) for name in order}  # most graphs: the inputs as they are
+        graph.data_inputs_of(order)  # most graphs: the inputs as they are (shared: not changed)
     looped = loops.analyse(graph, shapes, order)
     for name, held in looped.held_by.items():
-        reads[name] += held
+        reads[name] = reads[name] + held
     outputs = shapes.outputs_of(order)
     for identity in bypassed:  # its readers hold its inputs' buffers, it holds none
         reads[identity], outputs[identity] = [], []
-    uses = Counter(ref for name in order for ref in reads[name])
+    uses = Counter(chain.from_iterable(reads.values()))  # `reads` is in `order`
 
     def add_output(ref: TensorRef, buffer: Buffer) -> None:
         buffer.uses_left += uses[ref]
@@ -362,26 +365,32 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
         if op_of[buffer.owner.node] in PERSISTENT_OPS or buffer.owner.node in variable_sizes:
             persistent[buffer.place] = persistent.get(buffer.place, 0) + buffer.size
 
+    overlap, pileup = looped.overlap, looped.pileup
     for step, name in enumerate(order):
         op = op_of[name]
         place = place_of[name]
         inputs = [r for r in reads[name] if r in buffer_of]
-        transfers.update((r, place) for r in inputs if buffer_of[r].place != place)
+        for ref in inputs:
+            if buffer_of[ref].place != place:
+                transfers.add((ref, place))
+        made = outputs[name]
         if op not in preexisting:
-            for ref in outputs[name]:
-                buffer = _output_buffer(op, ref, inputs, buffer_of, shapes)
+            reused = op in REUSING_OPS  # else every output is a new buffer
+            for ref in made:
+                buffer = _output_buffer(op, ref, inputs, buffer_of, shapes) if reused else None
                 if buffer is not None and buffer.place != place:
                     buffer = None  # another device: TensorFlow copies, nothing is shared
                 if buffer is None:
                     buffer = allocate(ref, place, step, pinned=False)
                 buffer.pinned |= name in fetched
                 add_output(ref, buffer)
-        extra = (scratch.kernel_bytes(kind, graph, shapes, name) if op in kernel_scratch
-                 else 0) + looped.overlap.get(name, 0)
+        extra = scratch.kernel_bytes(kind, graph, shapes, name) if op in kernel_scratch else 0
+        if overlap:
+            extra += overlap.get(name, 0)
         if extra:
             scratch_at[step] = extra
-        if looped.pileup.get(name) and place == DEVICE:
-            pileup_at[step] = looped.pileup[name]
+        if pileup and pileup.get(name) and place == DEVICE:
+            pileup_at[step] = pileup[name]
         timeline.append(in_use.get(DEVICE, 0))
         for where, value in in_use.items():
             if value > peak.get(where, (-1, 0))[0]:
@@ -391,9 +400,10 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
             buffer.uses_left -= 1
             if buffer.uses_left <= 0:
                 release(buffer, step)
-        for ref in outputs[name]:
-            if ref in buffer_of and buffer_of[ref].uses_left <= 0:
-                release(buffer_of[ref], step)
+        for ref in made:
+            buffer = buffer_of.get(ref)
+            if buffer is not None and buffer.uses_left <= 0:
+                release(buffer, step)
 
     live_at_peak = {
         where: sorted(((b.owner, b.size) for b in buffers

@@ -51,7 +51,7 @@ def schedule(graph: Graph, fetches: list[str],
             for edge in edges.values():
                 if edge["port"] != CONTROL and consumer in needed:
                     through.setdefault(inputs[edge["port"]].node, []).append(consumer)
-    loops_back = {n for n in needed if graph.loops_back(n)}
+    loops_back = graph.loop_back_nodes(needed)
     # `needed` holds every producer of its nodes, so only loop back edges are not counted.
     if loops_back:
         pending = {name: sum(len(edges) for u, edges in pred[name].items()
@@ -92,6 +92,7 @@ def schedule(graph: Graph, fetches: list[str],
             pending[consumer] -= 1
             if pending[consumer] == 0:
                 now_ready.append(consumer)
-        now_ready.sort(key=order_index.get)
+        if len(now_ready) > 1:
+            now_ready.sort(key=order_index.get)
         ready.extend(now_ready)
     return order

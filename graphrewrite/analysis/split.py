@@ -160,7 +160,8 @@ def find_seeds(graph: Graph, dag: nx.DiGraph, data: nx.DiGraph, constant: set[st
     """Ones-valued, constant-derived tensors that reach a gradient op and are not forward values.
 
     Only the last of a chain of such tensors counts (`Fill(shape, Const(1))` is the seed, not its
-    `Const(1)`).
+    `Const(1)`). `dag` and `data` as `split` makes them (`_dag`, `_data_only`): their nodes in
+    topological order.
     """
     found, by_gradients = anchors(graph, constant)
     if not found:
@@ -179,7 +180,7 @@ def find_seeds(graph: Graph, dag: nx.DiGraph, data: nx.DiGraph, constant: set[st
     # its seed.
     above_candidate: set[str] = set()
     readers = neighbours(data)
-    for name in reversed(list(nx.topological_sort(data))):
+    for name in reversed(list(data)):  # `_dag`'s nodes: in topological order
         if any(s in candidates or s in above_candidate for s in readers[name]):
             above_candidate.add(name)
     candidates -= above_candidate
@@ -257,7 +258,8 @@ def loop_frame_nodes(graph: Graph) -> set[str]:
 
 
 def _dag(graph: Graph) -> nx.DiGraph:
-    """Data and control dependencies between real nodes, loop back edges dropped."""
+    """Data and control dependencies between real nodes, loop back edges dropped; its nodes in
+    topological order (its users walk them so)."""
     order = graph.topological_order()
     position = {n: i for i, n in enumerate(order)}
     dag = nx.DiGraph()
@@ -301,10 +303,10 @@ def _forward_value_inputs(graph: Graph) -> set[str]:
 
 def constant_valued(graph: Graph, dag: nx.DiGraph | None = None) -> set[str]:
     """Nodes whose value does not depend on any input, variable or random draw (shapes of inputs
-    are fine: they are static)."""
+    are fine: they are static). `dag`: as `_dag` makes it (its nodes in topological order)."""
     dag = dag if dag is not None else _dag(graph)
     constant = set()
-    for name in nx.topological_sort(dag):
+    for name in dag:
         op = graph.op(name)
         if op in SOURCE_INPUT_OPS or (op != "Const" and ops.is_stateful(op)):
             continue

@@ -23,6 +23,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import Counter
+from operator import itemgetter
 from typing import Iterable, Sequence
 
 import networkx as nx
@@ -67,6 +68,9 @@ class Graph:
         self._refs_cache: dict[str, tuple[list[TensorRef], list[TensorRef]]] = {}
         # Real node names in file order; new nodes append, removals drop it.
         self._nodes_cache: list[str] | None = None
+        # `topological_order()` (by file order), dropped by every change of nodes or edges:
+        # the split, the passes and the planner's context all ask for the same graph's.
+        self._topo_cache: list[str] | None = None
         # Nodes whose networkx dicts (attributes, successors, predecessors) and (producer,
         # consumer) pairs whose edge-key dicts no copy shares: only those are edited in place.
         self._owned: set[str] = set()
@@ -104,9 +108,8 @@ class Graph:
                 if not graph.nx.has_node(ref.node):
                     graph.nx.add_node(ref.node, missing=True)
                 canonical = str(ref) == text
-                graph.nx.add_edge(ref.node, name, key=pos, port=ref.port,
-                                  slot=None if ref.is_control else slot,
-                                  text=None if canonical else text)
+                graph._add_edge(ref.node, name, pos, ref.port, None if ref.is_control else slot,
+                                None if canonical else text)
                 if not ref.is_control:
                     slot += 1
         return graph
@@ -134,6 +137,7 @@ class Graph:
         other._inputs_cache = dict(self._inputs_cache)
         other._refs_cache = dict(self._refs_cache)
         other._nodes_cache = None if self._nodes_cache is None else list(self._nodes_cache)
+        other._topo_cache = self._topo_cache  # never changed in place: shared
         return other
 
     def drop_views(self) -> None:
@@ -206,6 +210,12 @@ class Graph:
     def data_inputs(self, name: str) -> list[TensorRef]:
         return list((self._refs_cache.get(name) or self._refs(name))[1])  # read millions of times
 
+    def data_inputs_of(self, names) -> dict[str, list[TensorRef]]:
+        """name -> `data_inputs(name)` of each of `names`, at once (a simulation asks for every
+        node's); the lists are the graph's own cache: read them, never change them."""
+        cached, refs = self._refs_cache, self._refs
+        return {name: (cached.get(name) or refs(name))[1] for name in names}
+
     def data_ancestors(self, names) -> set[str]:
         """`names` and every node their values are computed from (data edges only)."""
         seen, stack = set(names), list(names)
@@ -258,6 +268,8 @@ class Graph:
 
         Tie-breaking by name makes the order independent of how the file listed the nodes.
         """
+        if tie_break != "name" and self._topo_cache is not None:
+            return list(self._topo_cache)
         names = self.nodes()
         if tie_break == "name":
             key = str
@@ -265,7 +277,11 @@ class Graph:
             position = {n: i for i, n in enumerate(names)}  # file order: `order` ascending
             key = position.__getitem__
         order = self._kahn(names, key)
-        return order if order is not None else sorted(names, key=key)
+        order = order if order is not None else sorted(names, key=key)
+        if tie_break != "name":
+            self._topo_cache = order
+            return list(order)
+        return order
 
     def _kahn(self, names: list[str], key) -> list[str] | None:
         """Kahn's algorithm over the real nodes (loop back edges ignored), the smallest key
@@ -273,7 +289,7 @@ class Graph:
         here are unique), or with `key` None in no particular order (to test for a cycle);
         None when a cycle is left."""
         succ, pred = self.nx._succ, self.nx._pred
-        if len(names) == len(succ) and not any(self.loops_back(u) for u in names):
+        if len(names) == len(succ) and not self.loop_back_nodes(names):
             # Every node real, no loop back edge: each producer counts once per consumer.
             children = succ
             waiting = {v: len(pred[v]) for v in names}
@@ -332,6 +348,7 @@ class Graph:
         for u in list(self.nx._pred[name]):
             self._own_pair(u, name)
         self.nx.remove_edges_from(list(self.nx.in_edges(name, keys=True)))
+        self._topo_cache = None
         self.nx._node[name]["node_def"] = payload
         self.nx._node[name]["op"] = op
         self._forget(name)
@@ -343,8 +360,7 @@ class Graph:
         for pos, ref in enumerate(ordered):
             self._require(ref.node)
             self._own_pair(ref.node, name)
-            self.nx.add_edge(ref.node, name, key=pos, port=ref.port,
-                             slot=None if ref.is_control else pos, text=None)
+            self._add_edge(ref.node, name, pos, ref.port, None if ref.is_control else pos)
 
     def copy_node(self, name: str, new_name: str, renamed: dict[str, str] | None = None) -> str:
         """Copy a node (attrs, device, inputs) under a new name; consumers are not touched.
@@ -356,13 +372,12 @@ class Graph:
         if self._is_real(new_name) or self.nx.has_node(new_name):
             raise GraphError(f"node '{new_name}' already exists")
         self._insert(payload)
-        for u, d in self._in_edges(name):
+        for key, (u, d) in enumerate(self._in_edges(name)):  # key: its in-edges so far
             if renamed and d["slot"] is not None and u in renamed:
                 u = renamed[u]
                 self._require(u)
             self._own_pair(u, new_name)
-            key = sum(map(len, self.nx._pred[new_name].values()))  # its in-edges so far
-            self.nx.add_edge(u, new_name, key=key, port=d["port"], slot=d["slot"], text=None)
+            self._add_edge(u, new_name, key, d["port"], d["slot"])
         return new_name
 
     def replace_uses(self, old: TensorRef, new: TensorRef,
@@ -380,7 +395,8 @@ class Graph:
             self._own_pair(old.node, v)
             self._own_pair(new.node, v)
             self.nx.remove_edge(old.node, v, key=k)
-            self.nx.add_edge(new.node, v, key=k, port=new.port, slot=d["slot"], text=None)
+            self._topo_cache = None
+            self._add_edge(new.node, v, k, new.port, d["slot"])
             self._forget(v)
         return len(moved)
 
@@ -392,8 +408,7 @@ class Graph:
             return False
         keys = [k for _, _, k in self.nx.in_edges(after, keys=True)]
         self._own_pair(before, after)
-        self.nx.add_edge(before, after, key=max(keys, default=-1) + 1, port=CONTROL, slot=None,
-                         text=None)
+        self._add_edge(before, after, max(keys, default=-1) + 1, CONTROL, None)
         self._forget(after)
         return True
 
@@ -406,6 +421,7 @@ class Graph:
         for u in list(self.nx._pred[name]):
             self._own(u)
         self.nx.remove_node(name)
+        self._topo_cache = None
         self._forget(name)
         self._owned.discard(name)
         self._owned_pairs = {p for p in self._owned_pairs if name not in p}
@@ -431,6 +447,7 @@ class Graph:
                                      key=lambda e: (e[1], e[2])):
                 text = d["text"] or str(TensorRef(name, d["port"]))
                 problems.append(f"node '{v}' reads '{text}' but there is no node '{name}'")
+        node = self.nx._node
         for name in self.nodes():
             edges = self._in_edges(name)
             seen_control = False
@@ -440,6 +457,8 @@ class Graph:
                 elif seen_control:
                     problems.append(f"node '{name}' lists a control input before a data input")
                     break
+            if "_swap_to_host" not in node[name]["node_def"].attr:  # `swap_hints`, quickly
+                continue
             for index in self.swap_hints(name):
                 inputs = sum(d["port"] != CONTROL for _, d in edges)
                 if not 0 <= index < inputs:
@@ -475,10 +494,26 @@ class Graph:
 
     # ----------------------------------------------------------------- internals
 
+    def _add_edge(self, u: str, v: str, key: int, port: int, slot: int | None,
+                  text: str | None = None) -> None:
+        """`nx.add_edge(u, v, key=key, port=..., slot=..., text=...)` between two nodes the
+        graph has, for a key the pair does not have yet, without networkx's generic path (a
+        rewrite adds hundreds of thousands of edges)."""
+        graph = self.nx
+        readers = graph._succ[u]
+        keyed = readers.get(v)
+        if keyed is None:
+            keyed = readers[v] = graph._pred[v][u] = {}
+        keyed[key] = {"port": port, "slot": slot, "text": text}
+        if cache := getattr(graph, "__networkx_cache__", None):  # as networkx's add_edge does
+            cache.clear()
+        self._topo_cache = None
+
     def _insert(self, payload: node_def_pb2.NodeDef) -> None:
         self.nx.add_node(payload.name, node_def=payload, op=payload.op, order=self._next_order)
         self._owned.add(payload.name)  # new dicts, shared with no copy
         self._next_order += 1
+        self._topo_cache = None
         if self._nodes_cache is not None:  # the largest order: last in file order
             self._nodes_cache.append(payload.name)
 
@@ -521,12 +556,19 @@ class Graph:
         """Whether `producer`'s outgoing edges close a v1 while-loop (NextIteration -> Merge)."""
         return self.nx._node[producer].get("op") in LOOP_BACK_OPS  # a missing node has no op
 
+    def loop_back_nodes(self, names) -> set[str]:
+        """Those of `names` that `loops_back`, at once: a simulation asks about every node."""
+        node = self.nx._node
+        return {n for n in names if node[n].get("op") in LOOP_BACK_OPS}
+
     def _in_edges(self, name: str) -> list[tuple[str, dict]]:
         cached = self._inputs_cache.get(name)
         if cached is None:
             self._require(name)
-            edges = sorted(((k, u, d) for u, keyed in self.nx._pred[name].items()
-                            for k, d in keyed.items()), key=lambda e: e[0])
+            edges = [(k, u, d) for u, keyed in self.nx._pred[name].items()
+                     for k, d in keyed.items()]
+            if len(edges) > 1:  # keys are unique
+                edges.sort(key=itemgetter(0))
             cached = self._inputs_cache[name] = [(u, d) for _, u, d in edges]
         return cached
 
@@ -536,7 +578,7 @@ class Graph:
         cached = self._refs_cache.get(name)
         if cached is None:
             refs = [TensorRef(u, d["port"]) for u, d in self._in_edges(name)]
-            cached = self._refs_cache[name] = (refs, [r for r in refs if not r.is_control])
+            cached = self._refs_cache[name] = (refs, [r for r in refs if r.port != CONTROL])
         return cached
 
     def _input_texts(self, name: str) -> list[str]:

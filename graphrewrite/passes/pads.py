@@ -52,8 +52,12 @@ def pad_readers(graph: Graph, original: Graph, analysis, original_of: dict[str, 
         source = original_of.get(name, name)
         if source not in original:
             continue  # a node with no original (a trigger)
-        missing = [TensorRef(name, ref.port) for ref in shapes.outputs(source)
-                   for _ in range(before[ref] - after[TensorRef(name, ref.port)])]
+        outputs = shapes.outputs(source)
+        if name == source:  # an original: its own outputs, no TensorRef made for each
+            missing = [ref for ref in outputs for _ in range(before[ref] - after[ref])]
+        else:
+            missing = [TensorRef(name, ref.port) for ref in outputs
+                       for _ in range(before[ref] - after[TensorRef(name, ref.port)])]
         dtypes = [shapes[TensorRef(source, r.port)].dtype for r in missing]
         if missing and all(0 < t < 100 for t in dtypes):  # else a ref or unknown dtype
             lacking[name] = missing
@@ -100,4 +104,5 @@ def _live_readers(graph: Graph, fetch_nodes: list[str]) -> tuple[set[str], Count
     """Nodes a fetch needs, and how many data inputs of those nodes read each tensor."""
     live = reachable(graph.nx, fetch_nodes, upstream=True)
     # Counted in C over the graph's cached input lists (most of them cached by a simulation).
-    return live, Counter(chain.from_iterable(graph.data_inputs(v) for v in live if v in graph))
+    return live, Counter(chain.from_iterable(graph.data_inputs_of([v for v in live
+                                                                    if v in graph]).values()))

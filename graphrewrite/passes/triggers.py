@@ -46,7 +46,8 @@ def add_triggers(graph: Graph, original: Graph, copies: dict[str, str], segments
     for component in components:
         members = {copies[n] for n in component}
         targets = {v for c in members for v in graph.successors(c) if v not in all_copies}
-        inputs = {r.node for t in targets for r in graph.data_inputs(t) if r.node in flow}
+        inputs = {r.node for refs in graph.data_inputs_of(targets).values() for r in refs
+                  if r.node in flow}
         inputs -= reach.reaching(members, inputs)
         waits = {_wait_of(graph, n, flow) for n in inputs}
         # In every candidate, not only the chosen one: without these waits the model ranks

@@ -68,7 +68,7 @@ class Rewrite:
 
     graph: Graph
     checkpoints: set[str]
-    recomputed: dict[str, str]       # original -> copy
+    recomputed: dict[str, str] | frozenset  # original -> copy (an estimate's: the originals)
     triggers: dict[str, list[str]]   # trigger -> its control inputs
     ungated: int                     # segments no safe trigger was found for
     blocked: dict[str, set[str]]     # reason -> nodes kept because they cannot be recomputed
@@ -230,7 +230,7 @@ def estimate(estimator: PlanEstimator, ctx: Context, checkpoints: set[str],
                                if v in recomputed})
               for chain in plan_nodes.segments(ctx, early)]
     found = estimator.estimate_recomputed(unchecked.everything, removed, groups)
-    attempt = Rewrite(None, set(checkpoints), dict.fromkeys(recomputed, ""), {}, 0, blocked,
+    attempt = Rewrite(None, set(checkpoints), recomputed, {}, 0, blocked,
                       None, ahead=dict.fromkeys(early, ""), ahead_checkpoints=frozenset(ahead),
                       peak=found.peak, live_at_peak=found.live_at_peak)
     # the FLOPs of `recomputed` as those of `everything` (summed once) less `removed`'s
