@@ -1,9 +1,11 @@
 """One byte budget over every lever a user allows (`optimize --budget B [--lossy]`).
 
-Recomputation keeps the numbers; the chunked loss changes them to rounding, diet (16-bit
-variables and a lean optimizer state) by more. Under a budget the recompute pass already buys
-the least recomputation that reaches it; here the lossy levers join only when the lossless
-rewrite cannot reach it, and then every combination is planned under the same budget and the
+Recomputation keeps the numbers, and so does swapping kept tensors to host memory (a lever
+where the device has a host); the chunked loss changes them to rounding, diet (16-bit variables
+and a lean optimizer state) by more. Under a budget the recompute pass already buys the least
+recomputation that reaches it (the swap pass the fewest transfers); here the lossy levers join
+only when no lossless rewrite reaches it, and then every combination is planned under the same
+budget and the
 one of least modelled step time that meets it wins (the time: every node of the rewritten
 step's schedule on the device profile, `devices.node_times`; recomputation, dequantization and
 the loss's blocks are nodes there). Where none meets it, the lowest peak wins and the result
