@@ -254,13 +254,16 @@ def test_a_rewritten_graph_rewritten_again_is_bitwise_equal_to_the_original(tmp_
 
 
 class _Peak:
-    """A stand-in for a step modelled as run: only its allocator peak."""
+    """A stand-in for a step modelled as run: its allocator peak, reached at its one node."""
 
     def __init__(self, peak):
-        self.peak = peak
+        self.peak, self.order, self.scratch = peak, ["node"], {}
 
     def allocated_peak(self):
         return self.peak
+
+    def allocated_timeline(self):
+        return [self.peak]
 
 
 @pytest.mark.parametrize("after, kept", [(900, True), (1000, True), (1100, False)])
