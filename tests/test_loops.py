@@ -2,6 +2,7 @@
 and the shapes inside its body."""
 
 import logging
+import statistics
 
 import numpy as np
 import pytest
@@ -159,7 +160,10 @@ def test_modelled_peak_is_within_ten_percent_of_the_measured_one(control_flow, t
     found = analysis.analyse(model, options=analysis.AnalysisOptions(fetches=["loss", "grad"]))
     report = analysis.as_run(model, model.graph, found)
     feeds = measure.random_feeds(model.graph, found.shapes)
-    measured = measure.run_step_isolated(model.runnable(), feeds, found.fetches, 0).peak_bytes
+    # The median of three fresh processes: on busy cores the loop's iterations run further
+    # ahead in one of them now and then (5.4 MB once against 4.6-5.0 MB idle).
+    measured = statistics.median(measure.run_step_isolated(
+        model.runnable(), feeds, found.fetches, 0).peak_bytes for _ in range(3))
     assert abs(report.allocated_peak() - measured) <= 0.10 * measured
 
 
