@@ -113,9 +113,9 @@ def _little_as_run(result: OptimizeResult) -> str:
         return ""
     report = result.run_reports[1]
     timeline = report.allocated_timeline()
-    step = max(range(len(timeline)), key=timeline.__getitem__) if timeline else None
-    if step is None:
+    if not timeline:
         return ""
+    step = max(range(len(timeline)), key=timeline.__getitem__)
     scratch = report.scratch.get(step, 0)
     held = (f"; {_mib(scratch)} of it is that kernel's scratch, which no rewrite moves (on a "
             "GPU, cuDNN's workspace takes its place)" if scratch >= LITTLE * after else "")
