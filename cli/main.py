@@ -133,9 +133,11 @@ def main(ctx, debug, verbose, quiet):
 @click.option("--device-profile", "device_profile", metavar="NAME",
               type=click.Choice(list(PROFILES)),
               default=None,
-              help="Swapping: time the step and its transfers on this device (h200 measured; "
-                   "h100, a100, v100 from their makers' specifications; cpu: nothing to swap "
-                   "to; default: the V100-class figures used before profiles).")
+              help="Swapping, and a --budget's levers: time the step and its transfers on "
+                   "this device (h200 measured; h100, a100, v100 from their makers' "
+                   "specifications; cpu: nothing to swap to; default: the V100-class figures "
+                   "used before profiles). With --budget, a device with a host memory makes "
+                   "swap one of the levers.")
 @click.option("--planner", type=click.Choice(["estimate", "search", "exact"]), default=None,
               help="Mode memory: how checkpoint choices are priced. estimate (the default): "
                    "each on the original's schedule, then the best few rewritten and simulated "

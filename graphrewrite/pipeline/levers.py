@@ -5,10 +5,9 @@ where the device has a host); the chunked loss changes them to rounding, diet (1
 and a lean optimizer state) by more. Under a budget the recompute pass already buys the least
 recomputation that reaches it (the swap pass the fewest transfers); here the lossy levers join
 only when no lossless rewrite reaches it, and then every combination is planned under the same
-budget and the
-one of least modelled step time that meets it wins (the time: every node of the rewritten
-step's schedule on the device profile, `devices.node_times`; recomputation, dequantization and
-the loss's blocks are nodes there). Where none meets it, the lowest peak wins and the result
+budget and the one of least modelled step time that meets it wins (the time: every node of the
+rewritten step's schedule on the device profile, `devices.node_times`; recomputation,
+dequantization and the loss's blocks are nodes there). Where none meets it, the lowest peak wins and the result
 says so. Diet is per variable in a coarse way: the set with diet that wins is tried again with
 diet taking only the largest variables (`DIET_SHARES`).
 
