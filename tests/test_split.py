@@ -190,8 +190,47 @@ def test_a_second_optimizer_under_the_first_ones_control_dependencies():
     imported = Graph.from_graph_def(graph.as_graph_def())
     result = split(imported)
     assert result.seeds == ("gradients/grad_ys_0", "gradients_1/grad_ys_0")
+    assert result.differentiated == tuple(sorted((d_loss.op.name, g_loss.op.name)))
     assert named_backward(imported, "gradients/") <= result.backward
     assert named_backward(imported, "gradients_1/") <= result.backward
+
+
+def test_each_of_two_gradients_finds_its_own_loss(tmp_path):
+    from graphrewrite.analysis.step import default_fetches
+
+    """A GAN's losses in no collection: the discriminator's depends on every activation the
+    generator's does (through the fake images), so over both flows at once it alone covered
+    the most and the generator's loss was neither modelled nor compared. Each seed's flow
+    names its own. (The generator's one-term logistic loss leaves its seed ambiguous: the
+    constant 1 of `Log1p`'s gradient `grad / (1 + x)` reaches every anchor the seed does and
+    fewer sinks, so it is taken for the seed; the flow from it still finds the loss.)"""
+    v1 = tf.compat.v1
+    graph = tf.Graph()
+    with graph.as_default():
+        z = v1.placeholder(tf.float32, [16, 8], name="z")
+        real = v1.placeholder(tf.float32, [16, 8], name="real")
+        fake = v1.layers.dense(z, 8, name="gen")
+        critic = v1.layers.Dense(1, name="disc")
+        bce = tf.nn.sigmoid_cross_entropy_with_logits
+        d_real, d_fake = critic(real), critic(fake)
+        d_loss = (tf.reduce_mean(bce(labels=tf.ones_like(d_real), logits=d_real))
+                  + tf.reduce_mean(bce(labels=tf.zeros_like(d_fake), logits=d_fake)))
+        g_loss = tf.reduce_mean(bce(labels=tf.ones_like(d_fake), logits=d_fake))
+        d_train = v1.train.AdamOptimizer(0.1).minimize(d_loss, var_list=critic.trainable_variables)
+        with tf.control_dependencies([d_train]):
+            g_train = v1.train.AdamOptimizer(0.1).minimize(
+                g_loss, var_list=v1.trainable_variables("gen"))
+        tf.group(d_train, g_train, name="train_op")
+    imported = Graph.from_graph_def(graph.as_graph_def())
+    result = split(imported)
+    assert len(result.seeds) == 2
+    assert result.differentiated == tuple(sorted((d_loss.op.name, g_loss.op.name)))
+    path = tmp_path / "gan.meta"
+    with graph.as_default():
+        meta = tf.compat.v1.train.export_meta_graph()
+    path.write_bytes(meta.SerializeToString())
+    assert sorted(default_fetches(io.load(path))) == sorted(
+        ["train_op", d_loss.op.name, g_loss.op.name])
 
 
 def test_what_waits_on_the_collected_train_op_is_the_step(tmp_path):

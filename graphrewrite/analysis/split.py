@@ -147,8 +147,11 @@ def split(graph: Graph, backward_scope: str | None = None) -> Split:
     data_flow = reachable(data_full, seeds)
     returned = {r.node for n in sinks & flow - data_flow for r in graph.data_inputs(n)}
     outside = {n for n in sinks | returned if n not in constant} - flow
-    differentiated = (set(_mirrored(graph, seeds)) - flow) or _differentiated(
-        graph, data_full, flow, outside)
+    # Each seed's loss from its own flow: a GAN's generator loss reads fewer activations than
+    # the discriminator's, which depends on the generator's output too.
+    flows = [reachable(full, [s]) for s in seeds] if len(seeds) > 1 else [flow]
+    differentiated = (set(_mirrored(graph, seeds)) - flow) or set().union(
+        *(_differentiated(graph, data_full, f, outside) for f in flows))
     losses = differentiated | outside
     forward = reachable(full, (losses | _forward_value_inputs(graph)) - flow, upstream=True) - flow
     backward = set(graph.nodes()) - forward
