@@ -264,13 +264,9 @@ def optimize(ctx, model_path, output, in_place, mode, checkpoints, swap_tensors,
         if levered:  # the budget of the step as run, every lever allowed
             from graphrewrite.pipeline import levers
 
-            # swap joins the levers on a device with a host, when one is named
-            names = [name for name, _ in grammar.parse_pipeline(text)]
-            swap = (device_profile is not None and PROFILES[device_profile].has_host
-                    and "recompute" in names and "swap" not in names)
-            result = levers.fit(model, mode, analysis, budget, device_profile or "default",
+            result = levers.fit(model, mode, analysis, budget, device_profile,
                                 as_run=not no_as_run, progress=stages, lossy=lossy,
-                                swap=swap, **composing)
+                                **composing)
         else:
             result = pipeline.optimize(model, mode, analysis, composed=text, plan=chosen,
                                        as_run=not no_as_run, progress=stages,

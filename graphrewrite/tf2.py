@@ -76,9 +76,11 @@ class RewrittenStep:
 
 
 def rewrite(fn, *input_signature, mode: str = "memory", budget: str | None = None,
-            **options) -> RewrittenStep:
+            device_profile: str | None = None, **options) -> RewrittenStep:
     """Rewrite the training step `fn` with `mode` (and `budget`, and the pipeline options of
     `grammar.compose`) and return the function that runs the result on fn's own variables.
+    `device_profile` (`devices.PROFILES`) times the swap pass and a budget's levers, and makes
+    swapping one of those on a device with a host, as `optimize --device-profile` does.
 
     `fn` is a `tf.function` (its own `input_signature`, or the `tf.TensorSpec`s given here) or a
     concrete function (`step.get_concrete_function(...)`, for keyword or nested specs). Every
@@ -116,8 +118,11 @@ def rewrite(fn, *input_signature, mode: str = "memory", budget: str | None = Non
                         "rewrite (an inference function keeps no activations for a backward "
                         "pass)")
     if budget and options.get("passes") is None:  # as the CLI: the budget of the step as run
-        result = levers.fit(model, mode, None, budget, **options)
+        result = levers.fit(model, mode, None, budget, device_profile, **options)
     else:
+        if device_profile:  # the swap pass's transfers timed on it
+            options["swap_options"] = {**(options.get("swap_options") or {}),
+                                       "profile": device_profile}
         result = pipeline.optimize(model, mode, composed=grammar.compose(mode, budget=budget,
                                                                          **options))
     rewritten = result.graph.to_graph_def()

@@ -14,14 +14,13 @@ from graphrewrite.pipeline import levers
 
 from conftest import fixture_path, run_cli
 
-pytestmark = pytest.mark.tf
-
 
 @pytest.fixture(scope="module")
 def model():
     return io.load(fixture_path("keras_train"))
 
 
+@pytest.mark.tf
 def test_a_budget_below_the_lossless_floor_takes_the_fastest_set_that_meets_it(model):
     result = levers.fit(model, "memory", None, "67%", as_run=False, lossy=True)
     rows = {tuple(row["levers"]): row for row in result.levers}
@@ -42,12 +41,14 @@ def test_a_budget_below_the_lossless_floor_takes_the_fastest_set_that_meets_it(m
     assert "diet" in result.pipeline
 
 
+@pytest.mark.tf
 def test_a_budget_recomputation_reaches_keeps_the_numbers(model):
     result = levers.fit(model, "memory", None, "90%", as_run=False, lossy=True)
     assert [row["levers"] for row in result.levers] == [[]] and result.budget_met
     assert not {"diet", "chunk_loss"} & set(result.pipeline.split())
 
 
+@pytest.mark.tf
 def test_cli_reports_the_levers_tried(tmp_path):
     out = tmp_path / "out.meta"
     shown = run_cli("optimize", str(fixture_path("keras_train")), "-o", str(out),
@@ -122,7 +123,8 @@ def test_swap_joins_the_lossless_levers_and_every_lossy_set(monkeypatch):
     beside each lossy set; its exposed transfer time counts in the step's."""
     asked = []
 
-    def optimize(model, mode, analysis, as_run, budget, lossy, swap_checkpoints, **options):
+    def optimize(model, mode, analysis, as_run, budget, lossy, swap_checkpoints=False,
+                 **options):
         asked.append((lossy, swap_checkpoints))
         planned = _Planned(500, 500)  # out of reach however planned: every set is tried
         planned.asked = 400
@@ -130,10 +132,21 @@ def test_swap_joins_the_lossless_levers_and_every_lossy_set(monkeypatch):
 
     monkeypatch.setattr(levers, "optimize", optimize)
     monkeypatch.setattr(levers, "step_seconds", lambda graph, analysis, device: 1.0)
-    result = levers.fit(types.SimpleNamespace(graph=None), "memory", None, "40%", lossy=True,
-                        swap=True, swap_checkpoints=False)
+    result = levers.fit(types.SimpleNamespace(graph=None), "memory", None, "40%", "h200",
+                        lossy=True)
     tried = [tuple(row["levers"]) for row in result.levers]
     assert tried == [(), ("swap",), ("chunk_loss", "swap"), ("diet", "swap"),
                      ("chunk_loss", "diet", "swap")]
     assert asked[::2] == [((), False), ((), True), (("chunk_loss",), True), (("diet",), True),
                           (("chunk_loss", "diet"), True)]  # each planned again without budget
+
+
+@pytest.mark.parametrize("profile, mode", [(None, "memory"), ("cpu", "memory"), ("h200", "swap")])
+def test_swap_is_no_lever_unnamed_without_a_host_or_already_in_the_mode(monkeypatch, profile,
+                                                                        mode):
+    """Swap joins the levers only on a device named to have a host, and only where the mode
+    does not swap already: the library's callers (`tf2.rewrite`) get it as the CLI's do."""
+    monkeypatch.setattr(levers, "optimize", lambda *args, **options: _Planned(500, 500))
+    monkeypatch.setattr(levers, "step_seconds", lambda graph, analysis, device: 1.0)
+    result = levers.fit(types.SimpleNamespace(graph=None), mode, None, "40%", profile)
+    assert [row["levers"] for row in result.levers] == [[]]

@@ -227,3 +227,12 @@ def test_readme_example_prints_what_the_readme_says(tmp_path):
     low_before, high_before, low_after, high_after = (float(v) for v in stated)
     assert 0.95 * low_before <= before <= 1.05 * high_before, (before, stated)
     assert 0.9 * low_after <= after <= 1.1 * high_after, (after, stated)
+
+
+def test_a_budget_on_a_named_device_with_a_host_tries_swapping_too():
+    """`device_profile` gives the library's budget the CLI's levers: on an H200 moving kept
+    tensors to host memory is planned beside recomputation alone, each timed on its figures."""
+    step, _, _ = _step()
+    rewritten = tf2.rewrite(step, budget="60%", device_profile="h200")
+    assert [row["levers"] for row in rewritten.report["levers"]][:2] == [[], ["swap"]]
+    assert sum(row["chosen"] for row in rewritten.report["levers"]) == 1

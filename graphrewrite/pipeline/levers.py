@@ -7,9 +7,9 @@ recomputation that reaches it (the swap pass the fewest transfers); here the los
 only when no lossless rewrite reaches it, and then every combination is planned under the same
 budget and the one of least modelled step time that meets it wins (the time: every node of the
 rewritten step's schedule on the device profile, `devices.node_times`; recomputation,
-dequantization and the loss's blocks are nodes there). Where none meets it, the lowest peak wins and the result
-says so. Diet is per variable in a coarse way: the set with diet that wins is tried again with
-diet taking only the largest variables (`DIET_SHARES`).
+dequantization and the loss's blocks are nodes there). Where none meets it, the lowest peak
+wins and the result says so. Diet is per variable in a coarse way: the set with diet that wins
+is tried again with diet taking only the largest variables (`DIET_SHARES`).
 
 The budget is for the step as TensorFlow runs it (what `verify` measures: the predicted peak,
 as run where modelled; a share is of the original's), while the passes plan on the step as
@@ -34,7 +34,7 @@ from ..passes.diet.options import DietOptions, DietResult
 from ..passes.swap import SwapResult
 from ..planning import devices
 from ..planning.budget import parse_budget
-from .grammar import LOSSY_LEVERS
+from .grammar import LOSSY_LEVERS, compose, parse_pipeline
 from .run import OptimizeResult, optimize
 
 __all__ = ["LEVER_SETS", "DIET_SHARES", "step_seconds", "fit"]
@@ -56,16 +56,20 @@ def step_seconds(graph, analysis, profile: devices.DeviceProfile) -> float:
 
 
 def fit(model: Model, mode: str, analysis: AnalysisOptions | None, budget: str,
-        profile: str = "default", as_run: bool = True,
+        profile: str | None = None, as_run: bool = True,
         progress: Callable[[str], None] | None = None, lossy: bool = False,
-        swap: bool = False, **options) -> OptimizeResult:
-    """Mode `mode` under `budget`: the lever set of least modelled step time whose rewrite
-    meets the budget, the lossless ones first (recomputation; with `swap`, also moving kept
-    tensors to host memory), the lossy ones only where no lossless one does and `lossy`
-    allows them; else the lowest peak. `options` are `compose`'s. The result's `levers` lists
-    each set tried."""
+        **options) -> OptimizeResult:
+    """Mode `mode` under `budget`: the lever set of least modelled step time on the device
+    `profile` names (the default profile's figures when none) whose rewrite meets the budget,
+    the lossless ones first (recomputation; on a named device with a host, also moving kept
+    tensors there when the mode does not already), the lossy ones only where no lossless one
+    does and `lossy` allows them; else the lowest peak. `options` are `compose`'s. The result's
+    `levers` lists each set tried."""
     start = time.perf_counter()
-    device = devices.profile(profile)
+    device = devices.profile(profile or "default")
+    names = [name for name, _ in parse_pipeline(compose(mode, **options))]
+    swap = (profile is not None and device.has_host and "recompute" in names
+            and "swap" not in names)
     stage = progress or (lambda text: None)
     rows, best, fixed = [], None, {}  # fixed: the budget as run, the original's step time
 
@@ -75,7 +79,7 @@ def fit(model: Model, mode: str, analysis: AnalysisOptions | None, budget: str,
         chosen = {**options, "lossy": tuple(lever for lever in levers if lever != "swap")}
         if "swap" in levers:  # timed on the profile the levers are
             chosen.update(swap_checkpoints=True, swap_options={
-                **(options.get("swap_options") or {}), "profile": profile})
+                **(options.get("swap_options") or {}), "profile": device.name})
         result = optimize(model, mode, analysis, as_run=as_run, budget=budget, **chosen)
         if not fixed:  # the budget for the step as run, of the original's peak
             fixed["target"] = parse_budget(budget, result.predicted_peaks[0])

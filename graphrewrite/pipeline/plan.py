@@ -133,7 +133,8 @@ def check_followed(plan: dict, result) -> None:
     done = set(result.of(RecomputeResult).recomputed)
     extra, missing = sorted(set(listed) - done), sorted(done - set(listed))
     if extra or missing:
-        example = f"'{extra[0]}' is listed but not" if extra else f"'{missing[0]}' is not listed but"
+        example = (f"'{extra[0]}' is listed but not" if extra
+                   else f"'{missing[0]}' is not listed but")
         raise GraphRewriteError(f"${{plan}}: 'recompute.recomputed' does not follow from the "
                                 f"checkpoints ({example} recomputed); it is derived: edit the "
                                 "checkpoints and delete the list")

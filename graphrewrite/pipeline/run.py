@@ -130,6 +130,7 @@ def optimize(model: Model, mode: str, analysis: AnalysisOptions | None = None,
     if plan is not None:
         plan_mod.check_recomputable(plan, Context.build(graph, found))
     peak_before = found.memory.peak()
+    steps = [(name, _budget_in_bytes(opts, peak_before)) for name, opts in steps]
     original = found
     # No backward pass: nothing to rewrite, so no as-run model beside the passes (most of a
     # minute at 100k nodes); it is made after them only if a pass changed the graph anyway.
@@ -172,8 +173,7 @@ def optimize(model: Model, mode: str, analysis: AnalysisOptions | None = None,
         graph, found, container = model.graph.copy(), original, None
         results = {name: type(r)(graph, False, note=r.note) for name, r in results.items()}
         run_reports = (run_reports[0], run_reports[0])
-    budgets = [parse_budget(opts.budget, peak_before) for _, opts in steps
-               if getattr(opts, "budget", None)]
+    budgets = [int(opts.budget) for _, opts in steps if getattr(opts, "budget", None)]
     result = OptimizeResult(graph, mode, text, len(model.graph), len(graph), peak_before,
                             found.memory.peak(), time.perf_counter() - start, results,
                             run_reports, reverted, container, min(budgets, default=None),
@@ -189,13 +189,9 @@ def _run_passes(model: Model, steps: list, found, again: AnalysisOptions, stage)
     analysis, each pass's result (runs of one pass combined) and what `importable.check`
     returns (the output as written, when it built it)."""
     graph = model.graph.copy()
-    peak_before = found.memory.peak()
     results: dict[str, PassResult] = {}
     made = []  # (pass, the passes before it, its output graph), for `importable.check`
     for index, (name, pass_opts) in enumerate(steps):
-        if getattr(pass_opts, "budget", None):
-            in_bytes = max(1, parse_budget(pass_opts.budget, peak_before))
-            pass_opts = dataclasses.replace(pass_opts, budget=str(in_bytes))
         before = [n for n, _ in steps[:index]]
         stage(f"pass {name}")
         try:
@@ -222,6 +218,14 @@ def _run_passes(model: Model, steps: list, found, again: AnalysisOptions, stage)
         stage("checking that TensorFlow imports the rewritten graph")
         container = importable.check(model, made)
     return graph, found, results, container
+
+
+def _budget_in_bytes(opts, peak_before: int):
+    """A pass's options with its budget in bytes: a share is of the original's modelled peak,
+    for every pass alike (not of the peak the passes before it left)."""
+    if not getattr(opts, "budget", None):
+        return opts
+    return dataclasses.replace(opts, budget=str(max(1, parse_budget(opts.budget, peak_before))))
 
 
 def _as_run(model: Model, original, before, graph: Graph, found, changed: bool) -> tuple:
