@@ -289,7 +289,8 @@ def optimize(ctx, model_path, output, in_place, mode, checkpoints, swap_tensors,
 
         stages("finding the largest batch that fits, before and after")
         facts["largest_batch"] = {
-            when: fit.largest_batch(model, device_memory, graph, analysis).to_json()
+            when: fit.largest_batch(model, device_memory, graph, analysis,
+                                    as_run=not no_as_run).to_json()
             for when, graph in (("before", model.graph), ("after", result.graph))}
     if tradeoff_path:
         _write_tradeoff(Path(tradeoff_path), model, model_path, stages, device_profile,

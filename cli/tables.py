@@ -151,8 +151,8 @@ def format_optimize(facts: dict) -> str:
     if facts.get("largest_batch"):
         before, after = facts["largest_batch"]["before"], facts["largest_batch"]["after"]
         rows.append(("largest batch", f"{before['batch']} -> {after['batch']} within "
-                                      f"{format_bytes(after['device_memory'])} (modelled as "
-                                      "written, on a GPU's allocator)"))
+                                      f"{format_bytes(after['device_memory'])} "
+                                      f"({_fit_model(after)})"))
     if facts["note"]:
         rows.append(("note", facts["note"]))
     return "\n".join(f"{key:<15} {value}" for key, value in rows)
@@ -172,7 +172,13 @@ def _fit_row(fit: dict) -> str:
     following = (f"; {fit['batch'] + 1} needs {format_bytes(fit['next_peak_bytes'])}"
                  if fit["next_peak_bytes"] else "; no larger batch tried")
     return (f"{fit['batch']} in {format_bytes(fit['device_memory'])} "
-            f"({format_bytes(fit['peak_bytes'])} modelled as written{following})")
+            f"({format_bytes(fit['peak_bytes'])} {_fit_model(fit)}{following})")
+
+
+def _fit_model(fit: dict) -> str:
+    """How a largest batch's steps were modelled: as run or as written, whose allocator."""
+    return (f"modelled {fit['model'].replace('_', ' ')}, on a "
+            f"{'GPU' if fit['device'] == 'gpu' else 'CPU'}'s allocator")
 
 
 def _diet_row(facts: dict) -> str:

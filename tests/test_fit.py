@@ -51,6 +51,7 @@ def test_inspect_and_optimize_report_the_largest_batch(tmp_path):
     assert shown.exit_code == 0, shown.stderr
     facts = json.loads(shown.stdout)["largest_batch"]
     assert facts["device_memory"] == 64 * MIB and facts["batch"] > 1
+    assert (facts["model"], facts["device"]) == ("as_run", "gpu")
     table = run_cli("inspect", tmp_path / "mlp.meta", "--device-memory", "64MiB").stdout
     assert f"largest batch {facts['batch']} in 64.0 MiB" in table
     done = run_cli("optimize", tmp_path / "mlp.meta", "-o", tmp_path / "out.meta", "--json",
@@ -60,6 +61,12 @@ def test_inspect_and_optimize_report_the_largest_batch(tmp_path):
     both = json.loads(done.stdout)["largest_batch"]
     assert both["before"]["batch"] == facts["batch"]
     assert both["after"]["batch"] >= both["before"]["batch"]
+    written = run_cli("optimize", tmp_path / "mlp.meta", "-o", tmp_path / "out2.meta", "--json",
+                      "--input-shape", "x:1024,256", "--input-shape", "y:1024",
+                      "--device-memory", "64MiB", "--no-as-run", "--device", "cpu")
+    assert written.exit_code == 0, written.stderr
+    assert {(fit_["model"], fit_["device"]) for fit_ in json.loads(
+        written.stdout)["largest_batch"].values()} == {("as_written", "cpu")}
     refused = run_cli("inspect", tmp_path / "mlp.meta", "--device-memory", "50%")
     assert refused.exit_code == 2 and "--device-memory" in refused.stderr
 
@@ -78,3 +85,23 @@ def test_the_predicted_batch_fits_as_measured_and_the_next_does_not(tmp_path):
         return verify.verify(model, model, options, isolated=True).original.peak_bytes
 
     assert measured(found.batch) <= 64 * MIB < measured(found.batch + 1)
+
+
+def test_each_analysis_warning_is_said_once_over_the_probes(tmp_path, monkeypatch, caplog):
+    """Every probe analyses the step again; the same warning at every batch is said once."""
+    from graphrewrite.analysis import step as analysis_mod
+
+    model = _mlp_meta(tmp_path / "mlp.meta")
+    analyse = analysis_mod.analyse
+
+    def warning_analyse(*args, **kwargs):
+        analysis_mod.log.warning("%d tensors have an unknown size", 3)
+        return analyse(*args, **kwargs)
+
+    monkeypatch.setattr(analysis_mod, "analyse", warning_analyse)
+    with caplog.at_level("WARNING", logger=analysis_mod.__name__):
+        found = fit.largest_batch(model, 16 * MIB, as_run=False)
+    assert found.batch > 1 and found.model == "as_written"
+    assert [r.getMessage() for r in caplog.records] == ["3 tensors have an unknown size"]
+    analysis_mod.log.warning("after the search")  # the filter is gone with it
+    assert caplog.records[-1].getMessage() == "after the search"

@@ -3,15 +3,19 @@ dimension (`inspect --device-memory`, and `optimize`'s report for the rewritten 
 
 Every fed input whose first dimension is unknown is the batch. The step is modelled at batch
 sizes doubling from 1, then bisected, each time with those inputs fixed (shape inference
-again: a few seconds a probe) and its peak taken as the allocator's, as written (`memory`'s
-BFC replay of the schedule; the step as run, after Grappler, would cost a Grappler run a
-probe). The answer is the largest batch whose modelled peak is within the limit; the next one
-up is not. A rewrite keeps its structure at every batch size (copies and triggers do not
-depend on it), so the rewritten graph is probed the same way.
+again: a few seconds a probe) and its peak taken as the allocator's (`memory`'s BFC replay of
+the schedule), of the step as TensorFlow runs it (after Grappler: a Grappler run a probe) or,
+without `as_run`, as written. The two can be far apart: a Keras transformer of unknown batch
+modelled 253.5 MiB as written at batch 53 and 176.5 MiB as run, which TensorFlow measured
+(176.5); within 200 MiB the as-written search answered 50, the as-run one 60 (measured 194.6
+MiB; README). The answer is the largest batch whose modelled peak is within the limit; the
+next one up is not. A rewrite keeps its structure at every batch size (copies and triggers do
+not depend on it), so the rewritten graph is probed the same way.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from dataclasses import dataclass, field
@@ -41,11 +45,13 @@ class Fit:
     peak_bytes: int           # at `batch` (at 1 when nothing fits)
     next_peak_bytes: int | None  # at `batch + 1` (None at the cap)
     inputs: list[str] = field(default_factory=list)  # the inputs whose first dimension varied
+    model: str = "as_run"     # the step probed: as_run (after Grappler) or as_written
+    device: str = "gpu"       # whose allocator and kernel scratch: gpu or cpu
 
     def to_json(self) -> dict:
         return {"device_memory": self.limit, "batch": self.batch, "peak_bytes": self.peak_bytes,
                 "next_peak_bytes": self.next_peak_bytes, "inputs": self.inputs,
-                "model": "as_written"}
+                "model": self.model, "device": self.device}
 
 
 def batch_inputs(graph: Graph, shapes: shapes_mod.Shapes) -> dict[str, tuple]:
@@ -70,11 +76,12 @@ def batch_inputs(graph: Graph, shapes: shapes_mod.Shapes) -> dict[str, tuple]:
 
 
 def largest_batch(model, limit: int, graph: Graph | None = None,
-                  analysis: AnalysisOptions | None = None) -> Fit:
+                  analysis: AnalysisOptions | None = None, as_run: bool = True) -> Fit:
     """The largest batch whose modelled step peak is within `limit` bytes (see the module's
     docstring), analysed as `analysis` says, on a device of its kind (its allocator and kernel
-    scratch: by default a GPU's, one region of device memory). Its `input_shapes` fix other
-    unknown dimensions; their first dimension is the batch too."""
+    scratch: by default a GPU's, one region of device memory), as run unless `as_run` is
+    False or Grappler cannot process the graph. Its `input_shapes` fix other unknown
+    dimensions; their first dimension is the batch too."""
     graph = graph or model.graph
     analysis = analysis or AnalysisOptions()
     input_shapes, fetches = analysis.input_shapes, analysis.fetches
@@ -85,6 +92,7 @@ def largest_batch(model, limit: int, graph: Graph | None = None,
         raise GraphRewriteError("${device_memory}: no input has an unknown batch dimension, so "
                                 "the step's peak does not depend on a batch size")
     peaks: dict[int, int] = {}
+    probed = {"model": "as_run" if as_run else "as_written"}
 
     def peak(batch: int) -> int:
         nonlocal fetches
@@ -94,12 +102,23 @@ def largest_batch(model, limit: int, graph: Graph | None = None,
                 analysis, input_shapes=fixed, fetches=fetches, device=device),
                 planned=fetches is None)
             fetches = found.fetches  # the step's own, found once
-            peaks[batch] = found.memory.allocated_peak()
+            run = analysis_mod.as_run(model, graph, found) if as_run else None
+            if as_run and run is None:
+                probed["model"] = "as_written"  # Grappler failed: every probe as written
+            peaks[batch] = (run or found.memory).allocated_peak()
             log.info("batch %d: modelled peak %d bytes", batch, peaks[batch])
         return peaks[batch]
 
+    with _each_warning_once():
+        found = _search(limit, peak)
+    return dataclasses.replace(found, inputs=sorted(inputs), model=probed["model"],
+                               device=device)
+
+
+def _search(limit: int, peak) -> Fit:
+    """Doubling, then bisection, over `peak` (batch -> modelled bytes)."""
     if peak(1) > limit:
-        return Fit(limit, 0, peak(1), peak(1), sorted(inputs))
+        return Fit(limit, 0, peak(1), peak(1))
     low = 1  # fits
     while low * 2 <= CAP and peak(low * 2) <= limit:
         low *= 2
@@ -111,4 +130,24 @@ def largest_batch(model, limit: int, graph: Graph | None = None,
         else:
             high = middle
     following = peak(low + 1) if low < CAP else None
-    return Fit(limit, low, peak(low), following, sorted(inputs))
+    return Fit(limit, low, peak(low), following)
+
+
+@contextlib.contextmanager
+def _each_warning_once():
+    """The analyses' warnings, each said once over the probes (the same unknown sizes at every
+    batch), not once a probe."""
+    said = set()
+
+    def first(record: logging.LogRecord) -> bool:
+        key = (record.name, record.msg)
+        fresh = key not in said
+        said.add(key)
+        return fresh
+
+    logger = logging.getLogger(analysis_mod.__name__)
+    logger.addFilter(first)
+    try:
+        yield
+    finally:
+        logger.removeFilter(first)
