@@ -157,9 +157,10 @@ def main(ctx, debug, verbose, quiet):
                    "and softmax cross entropy computed a block of rows at a time (chunk_loss: "
                    "the logits and their gradient never exist whole; the weight's gradient is "
                    "summed in another order). With --budget, where recomputation alone cannot "
-                   "reach it, also 16-bit variables and optimizer state (diet): of the "
-                   "combinations that reach it, the fastest on --device-profile. Check with "
-                   "verify --steps N --rtol R.")
+                   "reach it, also 16-bit variables (diet), the optimizer state made leaner "
+                   "only as far as the budget needs: of the least lossy combinations that "
+                   "reach it, the fastest on --device-profile. Check with verify --steps N "
+                   "--rtol R.")
 @click.option("--report", "report_path", type=click.Path(),
               help="Also write the report as JSON to this file.")
 @click.option("--explain", metavar="NODE", multiple=True,

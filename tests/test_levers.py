@@ -24,13 +24,17 @@ def model():
 def test_a_budget_below_the_lossless_floor_takes_the_fastest_set_that_meets_it(model):
     result = levers.fit(model, "memory", None, "67%", as_run=False, lossy=True)
     rows = {tuple(row["levers"]): row for row in result.levers}
-    standard = len(levers.LEVER_SETS)
-    assert [row["levers"] for row in result.levers[:standard]] == [
-        list(s) for s in levers.LEVER_SETS]
     assert not rows[()]["budget_met"]  # recomputation alone cannot reach it
+    # the lossy steps in order, up to the first that reaches it: no lossier one is tried
+    met_at = next(i for i, step in enumerate(levers.LOSSY_STEPS)
+                  if any(rows[levers_]["budget_met"] for levers_ in step))
+    tried = [(), *(levers_ for step in levers.LOSSY_STEPS[:met_at + 1] for levers_ in step)]
+    assert [tuple(row["levers"]) for row in result.levers[:len(tried)]] == tried
+    assert not any(rows[levers_]["budget_met"] for step in levers.LOSSY_STEPS[:met_at]
+                   for levers_ in step)
     # diet per variable: the set with diet again, diet taking only the largest variables
-    fewer = [row["levers"] for row in result.levers[standard:]]
-    assert fewer and all(any(lever.startswith("diet(min_size=") for lever in row)
+    fewer = [row["levers"] for row in result.levers[len(tried):]]
+    assert fewer and all(any(lever.startswith("diet(") and "min_size=" in lever for lever in row)
                          for row in fewer)
     chosen = [row for row in result.levers if row["chosen"]]
     met = [row for row in result.levers if row["budget_met"]]
@@ -59,7 +63,8 @@ def test_cli_reports_the_levers_tried(tmp_path):
     assert "diet" in facts["pipeline"] and len(io.load(out).graph) == facts["nodes_after"]
     table = run_cli("optimize", str(fixture_path("keras_train")), "-o", str(tmp_path / "t.meta"),
                     "--budget", "67%", "--lossy", "--no-as-run")
-    assert "recompute + diet(min_size=9216) (chosen)" in table.stdout
+    chosen = next(row for row in facts["levers"] if row["chosen"])
+    assert f"recompute + {' + '.join(chosen['levers'])} (chosen)" in table.stdout
 
 
 class _Planned:
@@ -135,10 +140,29 @@ def test_swap_joins_the_lossless_levers_and_every_lossy_set(monkeypatch):
     result = levers.fit(types.SimpleNamespace(graph=None), "memory", None, "40%", "h200",
                         lossy=True)
     tried = [tuple(row["levers"]) for row in result.levers]
-    assert tried == [(), ("swap",), ("chunk_loss", "swap"), ("diet", "swap"),
-                     ("chunk_loss", "diet", "swap")]
-    assert asked[::2] == [((), False), ((), True), (("chunk_loss",), True), (("diet",), True),
-                          (("chunk_loss", "diet"), True)]  # each planned again without budget
+    lossy = [levers_ for step in levers.LOSSY_STEPS for levers_ in step]
+    assert tried == [(), ("swap",), *((*levers_, "swap") for levers_ in lossy)]
+    assert asked[::2] == [((), False), ((), True), *((levers_, True) for levers_ in lossy)]
+    # (each planned again without budget)
+
+
+def test_no_lossier_step_is_tried_once_one_reaches_the_budget(monkeypatch):
+    """16-bit weights with Adam's moments whole reach 40% here: neither a factored second
+    moment nor a dropped first one is tried (they change the numbers more)."""
+    faithful = levers.DIETS[0]
+
+    def optimize(model, mode, analysis, as_run, budget, lossy, **options):
+        planned = _Planned(*(2 * (300 if faithful in lossy else 500,)))
+        planned.asked = 400
+        planned.analyses = (types.SimpleNamespace(shapes=None), None)  # diet took nothing
+        return planned
+
+    monkeypatch.setattr(levers, "optimize", optimize)
+    monkeypatch.setattr(levers, "step_seconds", lambda graph, analysis, device: 1.0)
+    result = levers.fit(types.SimpleNamespace(graph=None), "memory", None, "40%", lossy=True)
+    assert [tuple(row["levers"]) for row in result.levers] == [
+        (), ("chunk_loss",), (faithful,), ("chunk_loss", faithful)]
+    assert [row["levers"] for row in result.levers if row["chosen"]] == [[faithful]]
 
 
 @pytest.mark.parametrize("profile, mode", [(None, "memory"), ("cpu", "memory"), ("h200", "swap")])
