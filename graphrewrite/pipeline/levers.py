@@ -9,8 +9,9 @@ the numbers to the most (`LOSSY_STEPS`), a step only while none before it reache
 each set is planned under the same budget, and of those that meet it the one of least modelled
 step time wins (the time: every node of the rewritten step's schedule on the device profile,
 `devices.node_times`; recomputation, dequantization and the loss's blocks are nodes there).
-Where none meets it, the lowest peak wins and the result says so. Diet is per variable in a coarse way: the set with diet that wins
-is tried again with diet taking only the largest variables (`DIET_SHARES`).
+Where none meets it, the lowest peak wins and the result says so. Diet is per variable in a
+coarse way: the set with diet that wins is tried again with diet taking only the largest
+variables (`DIET_SHARES`).
 
 The budget is for the step as TensorFlow runs it (what `verify` measures: the predicted peak,
 as run where modelled; a share is of the original's), while the passes plan on the step as
