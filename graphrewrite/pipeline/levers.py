@@ -32,6 +32,7 @@ from collections.abc import Callable
 from ..analysis import parameters
 from ..analysis.step import AnalysisOptions
 from ..core.io import Model
+from ..passes.chunk_loss import ChunkLossResult
 from ..passes.diet.options import DietOptions, DietResult
 from ..passes.swap import SwapResult
 from ..planning import devices
@@ -81,6 +82,7 @@ def fit(model: Model, mode: str, analysis: AnalysisOptions | None, budget: str,
             and "swap" not in names)
     stage = progress or (lambda text: None)
     rows, best, fixed = [], None, {}  # fixed: the budget as run, the original's step time
+    inert: set[str] = set()  # levers that changed nothing
 
     def plan(levers: tuple[str, ...]) -> None:
         nonlocal best
@@ -90,6 +92,8 @@ def fit(model: Model, mode: str, analysis: AnalysisOptions | None, budget: str,
             chosen.update(swap_checkpoints=True, swap_options={
                 **(options.get("swap_options") or {}), "profile": device.name})
         result = optimize(model, mode, analysis, as_run=as_run, budget=budget, **chosen)
+        if "chunk_loss" in levers and not result.of(ChunkLossResult).modified:
+            inert.add("chunk_loss")  # no loss it can split: its sets repeat those without
         if not fixed:  # the budget for the step as run, of the original's peak
             fixed["target"] = parse_budget(budget, result.predicted_peaks[0])
             fixed["original"] = step_seconds(model.graph, result.analyses[0], device)
@@ -121,7 +125,8 @@ def fit(model: Model, mode: str, analysis: AnalysisOptions | None, budget: str,
         if best[0]["budget_met"]:  # nothing lossier than what reaches it
             break
         for levers in step:
-            plan(levers + moved)
+            if not inert.intersection(levers):
+                plan(levers + moved)
     if best[0]["budget_met"] and any(_name(lever) == "diet" for lever in best[0]["levers"]):
         for levers in _fewer_dieted(model, best[1], tuple(best[0]["levers"])):
             plan(levers)
