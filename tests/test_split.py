@@ -169,10 +169,10 @@ def test_a_custom_gradients_constants_of_ones_are_not_seeds():
     assert len(convolutions) == 2 and all(n in found.forward for n in convolutions)
 
 
-def test_a_second_optimizer_under_the_first_ones_control_dependencies():
-    """A GAN's habit: the generator's step built under `control_dependencies([d_train])`, so
-    its seed and every gradient op wait on the discriminator's update. That control edge does
-    not make the first seed the second's ancestor: both seeds are found, both flows backward."""
+def _gan(losses, optimizer):
+    """A generator and a critic on placeholders; `losses(critic, real, fake)` gives the
+    discriminator's and the generator's loss; the generator's step is built under a control
+    dependency on the discriminator's, and both are grouped as `train_op`."""
     v1 = tf.compat.v1
     graph = tf.Graph()
     with graph.as_default():
@@ -180,57 +180,56 @@ def test_a_second_optimizer_under_the_first_ones_control_dependencies():
         real = v1.placeholder(tf.float32, [16, 8], name="real")
         fake = v1.layers.dense(z, 8, name="gen")
         critic = v1.layers.Dense(1, name="disc")
-        d_loss = tf.reduce_mean(tf.square(critic(real) - 1.0) + tf.square(critic(fake)))
-        g_loss = tf.reduce_mean(tf.square(critic(fake) - 1.0))
-        d_train = v1.train.GradientDescentOptimizer(0.1).minimize(
-            d_loss, var_list=critic.trainable_variables)
+        d_loss, g_loss = losses(critic, real, fake)
+        d_train = optimizer().minimize(d_loss, var_list=critic.trainable_variables)
         with tf.control_dependencies([d_train]):
-            v1.train.GradientDescentOptimizer(0.1).minimize(
-                g_loss, var_list=v1.trainable_variables("gen"))
+            g_train = optimizer().minimize(g_loss, var_list=v1.trainable_variables("gen"))
+        tf.group(d_train, g_train, name="train_op")
+    return graph, d_loss.op.name, g_loss.op.name
+
+
+def test_a_second_optimizer_under_the_first_ones_control_dependencies():
+    """A GAN's habit: the generator's step built under `control_dependencies([d_train])`, so
+    its seed and every gradient op wait on the discriminator's update. That control edge does
+    not make the first seed the second's ancestor: both seeds are found, both flows backward."""
+    def squares(critic, real, fake):
+        return (tf.reduce_mean(tf.square(critic(real) - 1.0) + tf.square(critic(fake))),
+                tf.reduce_mean(tf.square(critic(fake) - 1.0)))
+
+    graph, d_loss, g_loss = _gan(squares, lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1))
     imported = Graph.from_graph_def(graph.as_graph_def())
     result = split(imported)
     assert result.seeds == ("gradients/grad_ys_0", "gradients_1/grad_ys_0")
-    assert result.differentiated == tuple(sorted((d_loss.op.name, g_loss.op.name)))
+    assert result.differentiated == tuple(sorted((d_loss, g_loss)))
     assert named_backward(imported, "gradients/") <= result.backward
     assert named_backward(imported, "gradients_1/") <= result.backward
 
 
 def test_each_of_two_gradients_finds_its_own_loss(tmp_path):
-    from graphrewrite.analysis.step import default_fetches
-
     """A GAN's losses in no collection: the discriminator's depends on every activation the
     generator's does (through the fake images), so over both flows at once it alone covered
     the most and the generator's loss was neither modelled nor compared. Each seed's flow
     names its own. (The generator's one-term logistic loss leaves its seed ambiguous: the
     constant 1 of `Log1p`'s gradient `grad / (1 + x)` reaches every anchor the seed does and
     fewer sinks, so it is taken for the seed; the flow from it still finds the loss.)"""
-    v1 = tf.compat.v1
-    graph = tf.Graph()
-    with graph.as_default():
-        z = v1.placeholder(tf.float32, [16, 8], name="z")
-        real = v1.placeholder(tf.float32, [16, 8], name="real")
-        fake = v1.layers.dense(z, 8, name="gen")
-        critic = v1.layers.Dense(1, name="disc")
+    from graphrewrite.analysis.step import default_fetches
+
+    def logistic(critic, real, fake):
         bce = tf.nn.sigmoid_cross_entropy_with_logits
         d_real, d_fake = critic(real), critic(fake)
-        d_loss = (tf.reduce_mean(bce(labels=tf.ones_like(d_real), logits=d_real))
-                  + tf.reduce_mean(bce(labels=tf.zeros_like(d_fake), logits=d_fake)))
-        g_loss = tf.reduce_mean(bce(labels=tf.ones_like(d_fake), logits=d_fake))
-        d_train = v1.train.AdamOptimizer(0.1).minimize(d_loss, var_list=critic.trainable_variables)
-        with tf.control_dependencies([d_train]):
-            g_train = v1.train.AdamOptimizer(0.1).minimize(
-                g_loss, var_list=v1.trainable_variables("gen"))
-        tf.group(d_train, g_train, name="train_op")
-    imported = Graph.from_graph_def(graph.as_graph_def())
-    result = split(imported)
+        return (tf.reduce_mean(bce(labels=tf.ones_like(d_real), logits=d_real))
+                + tf.reduce_mean(bce(labels=tf.zeros_like(d_fake), logits=d_fake)),
+                tf.reduce_mean(bce(labels=tf.ones_like(d_fake), logits=d_fake)))
+
+    graph, d_loss, g_loss = _gan(logistic, lambda: tf.compat.v1.train.AdamOptimizer(0.1))
+    result = split(Graph.from_graph_def(graph.as_graph_def()))
     assert len(result.seeds) == 2
-    assert result.differentiated == tuple(sorted((d_loss.op.name, g_loss.op.name)))
-    path = tmp_path / "gan.meta"
+    assert result.differentiated == tuple(sorted((d_loss, g_loss)))
     with graph.as_default():
-        meta = tf.compat.v1.train.export_meta_graph()
-    path.write_bytes(meta.SerializeToString())
-    assert sorted(default_fetches(io.load(path))) == sorted(
-        ["train_op", d_loss.op.name, g_loss.op.name])
+        (tmp_path / "gan.meta").write_bytes(
+            tf.compat.v1.train.export_meta_graph().SerializeToString())
+    assert sorted(default_fetches(io.load(tmp_path / "gan.meta"))) == sorted(
+        ["train_op", d_loss, g_loss])
 
 
 def test_what_waits_on_the_collected_train_op_is_the_step(tmp_path):
