@@ -104,8 +104,10 @@ def format_optimize(facts: dict) -> str:
         rows.append(("budget", f"{format_bytes(facts['budget_bytes'])}: "
                                + ("met" if facts["budget_met"] else "not met (see the note)")))
     if facts["levers"]:
+        from graphrewrite.pipeline import levers  # (TensorFlow is loaded by now)
+
         rows.append(("levers", "; ".join(
-            f"{' + '.join(['recompute', *row['levers']])}{' (chosen)' if row['chosen'] else ''}"
+            f"{levers.label(row)}{' (chosen)' if row['chosen'] else ''}"
             f": {format_bytes(row['peak_bytes'])}, step {row['step_time']}x modelled"
             for row in facts["levers"])))
     if facts["recomputed"]:

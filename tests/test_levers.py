@@ -124,17 +124,19 @@ def test_a_budget_out_of_reach_as_written_is_planned_again_without_one(monkeypat
     result = levers.fit(types.SimpleNamespace(graph=None), "memory", None, "40%", lossy=False)
     assert asked == ["40%", None]
     assert result.levers == [{"levers": [], "peak_bytes": 600, "budget_met": False,
-                              "step_seconds": 1.0, "step_time": 1.0, "chosen": True}]
+                              "step_seconds": 1.0, "step_time": 1.0, "chosen": True,
+                              "recompute": True}]
 
 
 def test_swap_joins_the_lossless_levers_and_every_lossy_set(monkeypatch):
-    """On a device with a host, moving kept tensors there is tried before anything lossy, and
-    beside each lossy set; its exposed transfer time counts in the step's."""
+    """On a device with a host, swapping is tried before anything lossy, alone (mode swap) and
+    after recomputation, and beside each lossy set; its exposed transfer time counts in the
+    step's."""
     asked = []
 
-    def optimize(model, mode, analysis, as_run, budget, lossy, swap_checkpoints=False,
+    def optimize(model, mode, analysis, as_run, budget, lossy=(), swap_checkpoints=False,
                  **options):
-        asked.append((lossy, swap_checkpoints))
+        asked.append((mode, lossy, swap_checkpoints))
         planned = _Planned(500, 500)  # out of reach however planned: every set is tried
         planned.asked = 400
         return planned
@@ -143,10 +145,12 @@ def test_swap_joins_the_lossless_levers_and_every_lossy_set(monkeypatch):
     monkeypatch.setattr(levers, "step_seconds", lambda graph, analysis, device: 1.0)
     result = levers.fit(types.SimpleNamespace(graph=None), "memory", None, "40%", "h200",
                         lossy=True)
-    tried = [tuple(row["levers"]) for row in result.levers]
+    tried = [levers.label(row) for row in result.levers]
     lossy = [levers_ for step in levers.LOSSY_STEPS for levers_ in step]
-    assert tried == [(), ("swap",), *((*levers_, "swap") for levers_ in lossy)]
-    assert asked[::2] == [((), False), ((), True), *((levers_, True) for levers_ in lossy)]
+    assert tried == ["recompute", "swap", "recompute + swap",
+                     *(" + ".join(("recompute", *levers_, "swap")) for levers_ in lossy)]
+    assert asked[::2] == [("memory", (), False), ("swap", (), False), ("memory", (), True),
+                          *(("memory", levers_, True) for levers_ in lossy)]
     # (each planned again without budget)
 
 

@@ -24,6 +24,7 @@ transformer). The lower of the two as run is kept.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -40,7 +41,7 @@ from ..planning.budget import parse_budget
 from .grammar import compose, format_pipeline, parse_pipeline
 from .run import OptimizeResult, optimize
 
-__all__ = ["DIETS", "LOSSY_STEPS", "DIET_SHARES", "step_seconds", "fit"]
+__all__ = ["DIETS", "LOSSY_STEPS", "DIET_SHARES", "step_seconds", "fit", "label"]
 
 log = logging.getLogger(__name__)
 
@@ -71,12 +72,16 @@ def fit(model: Model, mode: str, analysis: AnalysisOptions | None, budget: str,
         **options) -> OptimizeResult:
     """Mode `mode` under `budget`: the lever set of least modelled step time on the device
     `profile` names (the default profile's figures when none) whose rewrite meets the budget,
-    the lossless ones first (recomputation; on a named device with a host, also moving kept
-    tensors there when the mode does not already), the lossy ones only where no lossless one
+    the lossless ones first (recomputation; on a named device with a host, also swapping to it,
+    alone and after recomputation, when the mode does not already), the lossy ones only where no lossless one
     does and `lossy` allows them; else the lowest peak. `options` are `compose`'s. The result's
     `levers` lists each set tried."""
     start = time.perf_counter()
     device = devices.profile(profile or "default")
+    if profile is not None and device.has_host and (analysis is None or analysis.device is None):
+        # every set modelled on that kind of device (its allocator and kernel scratch): swapping
+        # places the step there, and its peak must be compared with the others' alike
+        analysis = dataclasses.replace(analysis or AnalysisOptions(), device="gpu")
     names = [name for name, _ in parse_pipeline(compose(mode, **options))]
     swap = (profile is not None and device.has_host and "recompute" in names
             and "swap" not in names)
@@ -84,14 +89,20 @@ def fit(model: Model, mode: str, analysis: AnalysisOptions | None, budget: str,
     rows, best, fixed = [], None, {}  # fixed: the budget as run, the original's step time
     inert: set[str] = set()  # levers that changed nothing
 
-    def plan(levers: tuple[str, ...]) -> None:
+    def plan(levers: tuple[str, ...], recompute: bool = True) -> None:
         nonlocal best
-        stage(f"planning under the budget with {' + '.join(('recompute', *levers))}")
-        chosen = {**options, "lossy": tuple(lever for lever in levers if lever != "swap")}
-        if "swap" in levers:  # timed on the profile the levers are
-            chosen.update(swap_checkpoints=True, swap_options={
-                **(options.get("swap_options") or {}), "profile": device.name})
-        result = optimize(model, mode, analysis, as_run=as_run, budget=budget, **chosen)
+        stage("planning under the budget with "
+              + " + ".join((*(("recompute",) if recompute else ()), *levers)))
+        swapping = {"swap_options": {**(options.get("swap_options") or {}),
+                                     "profile": device.name}}  # timed on the levers' profile
+        if not recompute:  # swapping alone: mode swap
+            planned, chosen = "swap", swapping
+        else:
+            planned = mode
+            chosen = {**options, "lossy": tuple(lever for lever in levers if lever != "swap")}
+            if "swap" in levers:
+                chosen.update(swap_checkpoints=True, **swapping)
+        result = optimize(model, planned, analysis, as_run=as_run, budget=budget, **chosen)
         if "chunk_loss" in levers and not result.of(ChunkLossResult).modified:
             inert.add("chunk_loss")  # no loss it can split: its sets repeat those without
         if not fixed:  # the budget for the step as run, of the original's peak
@@ -105,11 +116,12 @@ def fit(model: Model, mode: str, analysis: AnalysisOptions | None, budget: str,
             inner = (str(max(1, int(result.peak_after * target / predicted)))
                      if result.budget_met else None)
             stage(f"planning again under {inner or 'no budget'}")
-            again = optimize(model, mode, analysis, as_run=as_run, budget=inner, **chosen)
+            again = optimize(model, planned, analysis, as_run=as_run, budget=inner, **chosen)
             result = min((result, again), key=lambda r: r.predicted_peaks[1])
         seconds = (step_seconds(result.graph, result.analyses[1], device)
                    + result.of(SwapResult).exposed_seconds)  # transfers not hidden
-        row = {"levers": list(levers), "peak_bytes": result.predicted_peaks[1],
+        row = {"levers": list(levers), "recompute": recompute,
+               "peak_bytes": result.predicted_peaks[1],
                "budget_met": result.predicted_peaks[1] <= target,
                "step_seconds": round(seconds, 6),
                "step_time": round(seconds / fixed["original"], 3) if fixed["original"]
@@ -119,8 +131,10 @@ def fit(model: Model, mode: str, analysis: AnalysisOptions | None, budget: str,
             best = (row, result)  # only the best result is held: each holds a whole graph
 
     moved = ("swap",) if swap else ()
-    for levers in ((), *((moved,) if swap else ())):
-        plan(levers)
+    plan(())
+    if swap:  # swapping alone, and the checkpoints recomputation keeps swapped too
+        plan(moved, recompute=False)
+        plan(moved)
     for step in LOSSY_STEPS if lossy else ():
         if best[0]["budget_met"]:  # nothing lossier than what reaches it
             break
@@ -130,9 +144,8 @@ def fit(model: Model, mode: str, analysis: AnalysisOptions | None, budget: str,
     if best[0]["budget_met"] and any(_name(lever) == "diet" for lever in best[0]["levers"]):
         for levers in _fewer_dieted(model, best[1], tuple(best[0]["levers"])):
             plan(levers)
-    log.info("levers: %s", ", ".join(f"{'+'.join(row['levers']) or 'lossless'} "
-                                      f"{row['peak_bytes']} bytes {row['step_seconds']} s"
-                                      for row in rows))
+    log.info("levers: %s", ", ".join(f"{label(row)} {row['peak_bytes']} bytes "
+                                      f"{row['step_seconds']} s" for row in rows))
     for row in rows:
         row["chosen"] = row is best[0]
     final = best[1]
@@ -159,6 +172,11 @@ def _fewer_dieted(model: Model, result: OptimizeResult, levers: tuple[str, ...])
     return [tuple(_with(lever, min_size=size) if _name(lever) == "diet" else lever
                   for lever in levers)
             for size in thresholds if size > least and size != sizes[-1]]
+
+
+def label(row: dict) -> str:
+    """A set of levers as the report's table names it: `recompute + chunk_loss`, `swap`."""
+    return " + ".join((*(("recompute",) if row.get("recompute", True) else ()), *row["levers"]))
 
 
 def _name(lever: str) -> str:
