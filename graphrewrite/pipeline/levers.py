@@ -73,9 +73,9 @@ def fit(model: Model, mode: str, analysis: AnalysisOptions | None, budget: str,
     """Mode `mode` under `budget`: the lever set of least modelled step time on the device
     `profile` names (the default profile's figures when none) whose rewrite meets the budget,
     the lossless ones first (recomputation; on a named device with a host, also swapping to it,
-    alone and after recomputation, when the mode does not already), the lossy ones only where no lossless one
-    does and `lossy` allows them; else the lowest peak. `options` are `compose`'s. The result's
-    `levers` lists each set tried."""
+    alone and after recomputation, when the mode does not already), the lossy ones only where
+    no lossless one does and `lossy` allows them; else the lowest peak. `options` are
+    `compose`'s. The result's `levers` lists each set tried."""
     start = time.perf_counter()
     device = devices.profile(profile or "default")
     if profile is not None and device.has_host and (analysis is None or analysis.device is None):
