@@ -173,6 +173,27 @@ def test_no_lossier_step_is_tried_once_one_reaches_the_budget(monkeypatch):
     assert [row["levers"] for row in result.levers if row["chosen"]] == [[faithful]]
 
 
+def test_out_of_reach_the_least_lossy_set_near_the_lowest_peak_wins(monkeypatch):
+    """No set reaches 40%: the lowest peak (lean diet's) is within 2% of the chunked loss's,
+    which changes the numbers less: that one is planned again and returned."""
+    peaks = {(): 500, ("chunk_loss",): 495, **{(diet,): 499 for diet in levers.DIETS},
+             **{("chunk_loss", diet): 499 for diet in levers.DIETS[:2]},
+             ("chunk_loss", "diet"): 490}
+    asked = []
+
+    def optimize(model, mode, analysis, as_run, budget, lossy, **options):
+        asked.append(lossy)
+        planned = _Planned(*(2 * (peaks[lossy],)))
+        planned.asked = 400
+        return planned
+
+    monkeypatch.setattr(levers, "optimize", optimize)
+    monkeypatch.setattr(levers, "step_seconds", lambda graph, analysis, device: 1.0)
+    result = levers.fit(types.SimpleNamespace(graph=None), "memory", None, "40%", lossy=True)
+    assert [row["levers"] for row in result.levers if row["chosen"]] == [["chunk_loss"]]
+    assert asked[-1] == ("chunk_loss",) and result.predicted_peaks[1] == 495
+
+
 @pytest.mark.parametrize("profile, mode", [(None, "memory"), ("cpu", "memory"), ("h200", "swap")])
 def test_swap_is_no_lever_unnamed_without_a_host_or_already_in_the_mode(monkeypatch, profile,
                                                                         mode):
