@@ -79,13 +79,13 @@ def fit(model: Model, mode: str, analysis: AnalysisOptions | None, budget: str,
     `compose`'s. The result's `levers` lists each set tried."""
     start = time.perf_counter()
     device = devices.profile(profile or "default")
-    if profile is not None and device.has_host and (analysis is None or analysis.device is None):
+    accelerator = profile is not None and device.has_host  # named, with a host to swap to
+    if accelerator and (analysis is None or analysis.device is None):
         # every set modelled on that kind of device (its allocator and kernel scratch): swapping
         # places the step there, and its peak must be compared with the others' alike
         analysis = dataclasses.replace(analysis or AnalysisOptions(), device="gpu")
     names = [name for name, _ in parse_pipeline(compose(mode, **options))]
-    swap = (profile is not None and device.has_host and "recompute" in names
-            and "swap" not in names)
+    swap = accelerator and "recompute" in names and "swap" not in names
     stage = progress or (lambda text: None)
     rows, best, fixed = [], None, {}  # fixed: the budget as run, the original's step time
     inert: set[str] = set()  # levers that changed nothing
@@ -94,8 +94,8 @@ def fit(model: Model, mode: str, analysis: AnalysisOptions | None, budget: str,
         """Plan the set under the budget; its row and result (`record`: kept, the best so far
         held) are returned."""
         nonlocal best
-        stage("planning under the budget with "
-              + " + ".join((*(("recompute",) if recompute else ()), *levers)))
+        stage(f"planning under the budget with "
+              f"{label({'levers': levers, 'recompute': recompute})}")
         swapping = {"swap_options": {**(options.get("swap_options") or {}),
                                      "profile": device.name}}  # timed on the levers' profile
         if not recompute:  # swapping alone: mode swap
