@@ -244,10 +244,13 @@ def test_other_optimizer_forms_are_dieted_and_train(graphs, tmp_path, key):
 
 
 @pytest.mark.tf
-def test_checkpoint_holds_float_weights_and_the_diet_slots_and_restores(graphs, tmp_path):
+@pytest.mark.parametrize("key", ["adam_resource", "adam_ref"])
+def test_checkpoint_holds_float_weights_and_the_diet_slots_and_restores(graphs, tmp_path, key):
+    """A ref variable's Saver reads the variable itself: it gets a dequantization of its own
+    (sharing the step's, which waits for the forward pass, saving needed the step's input)."""
     import tensorflow as tf
 
-    _diet(graphs["adam_resource"], tmp_path / "diet.meta")
+    _diet(graphs[key], tmp_path / "diet.meta")
     _, saved = _train(tmp_path / "diet.meta", 5, checkpoint=tmp_path / "ckpt")
     reader = tf.train.load_checkpoint(str(tmp_path / "ckpt"))
     kinds = reader.get_variable_to_dtype_map()
@@ -954,3 +957,54 @@ def test_sparse_adam_of_an_embedding_is_dieted_and_trains(tmp_path):
     original, dieted = curves
     assert dieted[-1] < 0.5 * dieted[0]
     assert abs(dieted[-1] - original[-1]) <= 0.15 * original[0], (original[-1], dieted[-1])
+
+
+@pytest.mark.tf
+@pytest.mark.parametrize("key,slot", [("adam_resource", "Adam"), ("adam_ref", "Adam"),
+                                      ("momentum_resource", "Momentum"),
+                                      ("momentum_ref", "Momentum")])
+def test_a_bfloat16_first_moment_replaces_the_float32_one_and_trains_as_kept(graphs, tmp_path,
+                                                                             key, slot):
+    from tensorflow.core.framework import types_pb2
+
+    kernel = "mlp/dense_1/kernel"
+    _, model = _diet(graphs[key], tmp_path / "half.meta", "diet(momentum=bfloat16)")
+    new = [n for n in model.graph.nodes() if n.startswith(kernel + "/diet_")
+           and model.graph.op(n) in ("VarHandleOp", "VariableV2")
+           and model.graph.node_def(n).attr["dtype"].type == types_pb2.DT_BFLOAT16]
+    assert len(new) == 1 and f"{kernel}/{slot}" not in model.graph
+    import tensorflow as tf
+
+    _train(tmp_path / "half.meta", 2, checkpoint=tmp_path / "ckpt")  # the Saver keeps it
+    assert tf.train.load_checkpoint(str(tmp_path / "ckpt")).get_variable_to_dtype_map()[
+        new[0]] == tf.bfloat16
+    _diet(graphs[key], tmp_path / "keep.meta", "diet(momentum=keep)")
+    _diet(graphs[key], tmp_path / "drop.meta", "diet")
+    original, _ = _train(graphs[key], 50)
+    half, _ = _train(tmp_path / "half.meta", 50)
+    keep, _ = _train(tmp_path / "keep.meta", 50)
+    drop, _ = _train(tmp_path / "drop.meta", 50)
+    print(key, original[-1], keep[-1], half[-1], drop[-1])
+    # 16 bits of momentum train as 32 do: closer to the kept moment than dropping it is
+    assert abs(half[-1] - keep[-1]) < 0.25 * abs(drop[-1] - keep[-1]), (keep[-1], half[-1],
+                                                                          drop[-1])
+
+
+@pytest.mark.tf
+@pytest.mark.parametrize("optimizer,lr", [("adam", 2e-3), ("momentum", 0.05)])
+def test_tf2_keras_steps_take_a_bfloat16_first_moment(tmp_path, optimizer, lr):
+    from graphrewrite.analysis import bind
+
+    *_, graph_def = _keras_step(optimizer, lr)
+    (tmp_path / "step.pb").write_bytes(graph_def.SerializeToString())
+    original = io.load(tmp_path / "step.pb")
+    losses = {}
+    for momentum in ("keep", "bfloat16", "drop"):
+        _, model = _diet(tmp_path / "step.pb", tmp_path / f"{momentum}.pb",
+                         f"diet(momentum={momentum})")
+        added = [n for n in bind.resource_placeholders(model.graph) if n not in original.graph]
+        assert any(n.endswith(("/diet_first", "/diet_momentum")) for n in added) == (
+            momentum == "bfloat16")
+        losses[momentum] = _tf2_losses(model, 30)[-1]
+    print(optimizer, losses)
+    assert abs(losses["bfloat16"] - losses["keep"]) < 0.25 * abs(losses["drop"] - losses["keep"])

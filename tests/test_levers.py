@@ -177,7 +177,7 @@ def test_out_of_reach_the_least_lossy_set_near_the_lowest_peak_wins(monkeypatch)
     """No set reaches 40%: the lowest peak (lean diet's) is within 2% of the chunked loss's,
     which changes the numbers less: that one is planned again and returned."""
     peaks = {(): 500, ("chunk_loss",): 495, **{(diet,): 499 for diet in levers.DIETS},
-             **{("chunk_loss", diet): 499 for diet in levers.DIETS[:2]},
+             **{("chunk_loss", diet): 499 for diet in levers.DIETS[:-1]},
              ("chunk_loss", "diet"): 490}
     asked = []
 

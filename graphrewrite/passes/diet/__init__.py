@@ -13,10 +13,10 @@ model code instead) bring that to a little over 2 bytes:
   weights and convolution kernels (a row and a column accumulator over (kh*kw*cin, cout),
   Adafactor's rank-1 estimate `r c / mean(c)`), full otherwise; the first moment is dropped
   (beta1 = 0; momentum optimizers then step with `lr / (1 - momentum)`, momentum's
-  steady-state step) unless `momentum=keep`; the new value
-  is quantized with stochastic rounding (a random op: unbiased, so updates smaller than one
-  quantum still move the weight on average; recomputation never copies random ops) or to
-  nearest;
+  steady-state step) unless `momentum=keep` (float32, in its own slot) or `momentum=bfloat16`
+  (a new 16-bit slot, rounded to nearest); the new value is quantized with stochastic
+  rounding (a random op: unbiased, so updates smaller than one quantum still move the weight
+  on average; recomputation never copies random ops) or to nearest;
 - slots no longer read are removed with their initializers and checkpoint entries; new slots
   are added to the Saver, to the `variables` collection (through `metagraph.sync`) and to the
   init ops that run their weight's initializer (`init`, whatever its name), so the graph's own

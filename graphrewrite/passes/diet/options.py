@@ -35,8 +35,9 @@ SLOT_USERS = ("ReadVariableOp", "Identity", "AssignVariableOp", "Assign", "VarIs
 @dataclass(frozen=True)
 class DietOptions(PassOptions):
     """format: int16 (fixed point, x scale) or bfloat16; scale: the int16 quantum; momentum:
-    drop (beta1 = 0) or keep the first moment; factored: a row and a column second-moment
-    accumulator for 2-D weights; rounding: stochastic or nearest when the update is written;
+    drop (beta1 = 0), keep the first moment, or keep it stored as bfloat16 (a new slot,
+    rounded to nearest); factored: a row and a column second-moment accumulator for 2-D
+    weights; rounding: stochastic or nearest when the update is written;
     min_size: variables (and frozen constants) with fewer elements stay float32."""
 
     format: str = "int16"
@@ -47,7 +48,7 @@ class DietOptions(PassOptions):
     min_size: int = 1024
 
     def __post_init__(self):
-        for key, allowed in (("format", tuple(FORMATS)), ("momentum", ("drop", "keep")),
+        for key, allowed in (("format", tuple(FORMATS)), ("momentum", ("drop", "keep", "bfloat16")),
                              ("rounding", ("stochastic", "nearest"))):
             if getattr(self, key) not in allowed:
                 raise GraphRewriteError(f"pass 'diet': option '{key}' expects "

@@ -225,8 +225,14 @@ class Diet:
                 graph.set_attr(user, "dtype", type_attr(self.fmt))
             else:
                 readers.append(user)
+        b = Builder(graph, f"{var}/{PREFIX}", graph.node_def(var).device)
+        savers = [u for u in readers if graph.op(u) == "SaveV2"]
+        if savers:  # their own dequantization: the step's forward read may wait for the step
+            op, args = dequantize(b, TensorRef(var), self.fmt, self.options.scale)
+            graph.replace_uses(TensorRef(var), b.op("saved", op, args,
+                                                    **dequantize_attrs(self.fmt)), savers)
+            readers = [u for u in readers if u not in savers]
         if readers:
-            b = Builder(graph, f"{var}/{PREFIX}", graph.node_def(var).device)
             op, args = dequantize(b, TensorRef(var), self.fmt, self.options.scale)
             value = b.op("value", op, args, **dequantize_attrs(self.fmt))
             self.forward_reads[value.node] = value.node if len(args) == 1 else args[0].node
@@ -425,11 +431,23 @@ class Diet:
                                          "second", shape)
             writes.append(w)
         if keras:
-            rate = terms["rate_keep" if self.options.momentum == "keep" else "rate_drop"]
+            rate = terms["rate_drop" if self.options.momentum == "drop" else "rate_keep"]
         else:
             power2 = b.binary("Sub", one, terms["beta2_power"], "one_minus_beta2_power")
             rate = b.binary("Mul", terms["lr"], b.unary("Sqrt", power2, "correction"), "rate")
-        if self.options.momentum == "keep":
+        if self.options.momentum == "bfloat16":  # a new 16-bit slot, the old one goes
+            beta1 = b.binary("Sub", one, terms["decay1"], "beta1") if keras else terms["beta1"]
+            take = terms["decay1"] if keras else b.binary("Sub", one, beta1, "one_minus_beta1")
+            first, w = self._accumulate(b, self._new_slot(var, "diet_first", shape, resource,
+                                                          types_pb2.DT_BFLOAT16),
+                                        beta1, take, grad, resource, "first", shape,
+                                        types_pb2.DT_BFLOAT16)
+            writes.append(w)
+            self.removed.add(slots["m"])
+            if not keras:
+                power1 = b.binary("Sub", one, terms["beta1_power"], "one_minus_beta1_power")
+                rate = b.binary("RealDiv", rate, power1, "rate_corrected")
+        elif self.options.momentum == "keep":
             if keras:
                 first = terms["m_new"]
             else:
@@ -455,6 +473,17 @@ class Diet:
         `accum = momentum accum + g` and subtracts lr times it."""
         terms = update.terms
         grad, lr, momentum = terms["grad"], terms["lr"], terms["momentum"]
+        if self.options.momentum == "bfloat16":  # a new 16-bit slot, the old one goes
+            keras = update.form == "keras"
+            one = self._scalar(b, 1.0, "one")
+            slot = self._new_slot(var, "diet_momentum", shape, resource, types_pb2.DT_BFLOAT16)
+            accum, w = self._accumulate(b, slot, momentum, b.unary("Neg", lr, "minus_lr")
+                                        if keras else one, grad, resource, "accum", shape,
+                                        types_pb2.DT_BFLOAT16)
+            self.removed.add(update.slots["accum"])
+            if keras:  # m = momentum m - lr g; var += m
+                return b.unary("Neg", accum, "step"), [w]
+            return b.binary("Mul", lr, accum, "step"), [w]
         if self.options.momentum == "keep":
             if update.form == "keras":  # Keras's own update of m stays; read after it
                 return b.unary("Neg", terms["m_new"], "step"), []
@@ -478,35 +507,46 @@ class Diet:
         return b.binary("Mul", update.terms["lr"], update.terms["grad"], "step"), []
 
     def _accumulate(self, b, slot: str, keep: TensorRef, take: TensorRef, value: TensorRef,
-                    resource: bool, name: str, shape: tuple) -> tuple[TensorRef, str]:
-        """slot = keep * slot + take * value; returns (the new value, the write)."""
+                    resource: bool, name: str, shape: tuple,
+                    stored: int = types_pb2.DT_FLOAT) -> tuple[TensorRef, str]:
+        """slot = keep * slot + take * value; returns (the new value, the write). A bfloat16
+        slot is read as float32 and written rounded to nearest, the step using the new value
+        before its rounding: a moment moves by a tenth of the gradient each step, far more
+        than bfloat16's 2^-8, so rounding to nearest biases it little, and stochastic rounding
+        would hold three int32 tensors of the slot's size at each update (a transformer's
+        embedding: 31 MiB measured at its peak)."""
         if resource:
             old = b.gated(f"{name}_old", "ReadVariableOp", [TensorRef(slot)],
-                          dtype=type_attr(types_pb2.DT_FLOAT))
+                          dtype=type_attr(stored))
         else:
-            old = b.gated(f"{name}_old", "Identity", [TensorRef(slot)],
-                          T=type_attr(types_pb2.DT_FLOAT))
+            old = b.gated(f"{name}_old", "Identity", [TensorRef(slot)], T=type_attr(stored))
         record_shape(self.graph, old.node, shape)
+        if stored != types_pb2.DT_FLOAT:
+            old = b.cast(old, stored, types_pb2.DT_FLOAT, f"{name}_old_float")
         new = b.binary("AddV2", b.binary("Mul", keep, old, f"{name}_kept"),
                        b.binary("Mul", take, value, f"{name}_taken"), f"{name}_new")
+        written = new
+        if stored != types_pb2.DT_FLOAT:
+            written = b.cast(new, types_pb2.DT_FLOAT, stored, f"{name}_rounded")
         if resource:
-            write = b.op(f"{name}_write", "AssignVariableOp", [TensorRef(slot), new],
-                         dtype=type_attr(types_pb2.DT_FLOAT))
+            write = b.op(f"{name}_write", "AssignVariableOp", [TensorRef(slot), written],
+                         dtype=type_attr(stored))
         else:
-            write = b.op(f"{name}_write", "Assign", [TensorRef(slot), new],
-                         T=type_attr(types_pb2.DT_FLOAT), use_locking=bool_attr(False),
+            write = b.op(f"{name}_write", "Assign", [TensorRef(slot), written],
+                         T=type_attr(stored), use_locking=bool_attr(False),
                          validate_shape=bool_attr(True))
         return new, write.node
 
-    def _new_slot(self, var: str, suffix: str, shape: tuple, resource: bool) -> str:
-        """A zero-initialised float32 variable beside `var`, with its initializer, a read for
-        the Saver, and a VariableDef for the `variables` collection; beside a TF2 step's
-        captured variable, a captured one (a resource placeholder: whoever runs the step binds
-        it, see `bind`)."""
+    def _new_slot(self, var: str, suffix: str, shape: tuple, resource: bool,
+                  dtype: int = types_pb2.DT_FLOAT) -> str:
+        """A zero-initialised variable (float32 unless `dtype`) beside `var`, with its
+        initializer, a read for the Saver, and a VariableDef for the `variables` collection;
+        beside a TF2 step's captured variable, a captured one (a resource placeholder: whoever
+        runs the step binds it, see `bind`)."""
         graph = self.graph
         name = graph.unique_name(f"{var}/{suffix}")
         device = graph.node_def(var).device
-        self.bytes_saved -= int(np.prod(shape)) * 4
+        self.bytes_saved -= int(np.prod(shape)) * np.dtype(_numpy(dtype)).itemsize
         self.slots_added.append(name)
         if bind.is_resource_placeholder(graph.node_def(var)):
             graph.add_node(name, "Placeholder", [], {
@@ -515,23 +555,23 @@ class Diet:
             graph.set_attr(name, SLOT_OF_ATTR, attr_value_pb2.AttrValue(s=var.encode()))
             return name
         b = Builder(graph, name, device)
-        zeros = b.const("Initializer/zeros", np.zeros(shape, np.float32))
-        flt = type_attr(types_pb2.DT_FLOAT)
+        zeros = b.const("Initializer/zeros", np.zeros(shape, np.float32), _numpy(dtype))
+        kind = type_attr(dtype)
         if resource:
             graph.add_node(name, RESOURCE_VARIABLE, [], {
-                "dtype": flt, "shape": shape_attr(shape),
+                "dtype": kind, "shape": shape_attr(shape),
                 "container": attr_value_pb2.AttrValue(s=b""),
                 "shared_name": attr_value_pb2.AttrValue(s=name.encode())}, device)
-            init = b.op("Assign", "AssignVariableOp", [TensorRef(name), zeros], dtype=flt)
-            read = b.op("Read/ReadVariableOp", "ReadVariableOp", [TensorRef(name)], dtype=flt)
+            init = b.op("Assign", "AssignVariableOp", [TensorRef(name), zeros], dtype=kind)
+            read = b.op("Read/ReadVariableOp", "ReadVariableOp", [TensorRef(name)], dtype=kind)
         else:
             graph.add_node(name, "VariableV2", [], {
-                "dtype": flt, "shape": shape_attr(shape),
+                "dtype": kind, "shape": shape_attr(shape),
                 "container": attr_value_pb2.AttrValue(s=b""),
                 "shared_name": attr_value_pb2.AttrValue(s=b"")}, device)
-            init = b.op("Assign", "Assign", [TensorRef(name), zeros], T=flt,
+            init = b.op("Assign", "Assign", [TensorRef(name), zeros], T=kind,
                         use_locking=bool_attr(True), validate_shape=bool_attr(True))
-            read = b.op("read", "Identity", [TensorRef(name)], T=flt)
+            read = b.op("read", "Identity", [TensorRef(name)], T=kind)
         for group in initializer_groups(graph, var, self.apply):
             graph.add_control(init.node, group)
         definition = variable_pb2.VariableDef(
@@ -541,7 +581,7 @@ class Diet:
         graph.set_attr(name, NEW_VARIABLE_ATTR,
                        attr_value_pb2.AttrValue(s=definition.SerializeToString()))
         graph.set_attr(name, SLOT_OF_ATTR, attr_value_pb2.AttrValue(s=var.encode()))
-        self.added.append(NewEntry(name, read, name, types_pb2.DT_FLOAT, resource))
+        self.added.append(NewEntry(name, read, name, dtype, resource))
         return name
 
     # ---------------------------------------------------------------- slots
@@ -559,3 +599,9 @@ class Diet:
             if not remove_variable(graph, slot):
                 self.removed.discard(slot)
         prune(graph, self.orphans)
+
+
+def _numpy(dtype: int):
+    import tensorflow as tf
+
+    return tf.dtypes.as_dtype(dtype).as_numpy_dtype
