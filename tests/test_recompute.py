@@ -366,6 +366,33 @@ def reuse_rewrites():
     return model, found, ctx, plain, reused
 
 
+def test_reuse_removes_served_copies_that_others_wait_for():
+    """Served copies that wait for one another by control edges (a diet pass's dequantization
+    waits for the activation its reader multiplies, and copies mirror such waits) are all
+    removed, whatever order they are removed in: the waits move to the ahead copies. A copy
+    removed before the copy waiting for it was refused (a recompute pass error that came and
+    went with the order a set of names iterated in)."""
+    from graphrewrite.analysis import step as analysis
+    from graphrewrite.core.names import COPY_SUFFIX
+    from graphrewrite.passes import recompute
+    from graphrewrite.planning import checkpoints
+
+    model, _, _, plain, reused = reuse_rewrites()
+    served = set(plain.recomputed) & set(plain.ahead) - set(reused.recomputed)
+    graph = model.graph
+    order = [n for n in graph.topological_order() if n in served]
+    for before in order[:-1]:  # each waits on the one after it: the last waits on them all
+        graph.add_control(before, order[-1])
+    found = analysis.analyse(model)
+    ctx = checkpoints.Context.build(graph, found)
+    kept = checkpoints.bottlenecks(ctx)[1::2]
+    rewrite = recompute.apply(ctx, set(kept), frozenset(kept[:2]), reuse=True)
+    assert rewrite.reuse and not any(n + COPY_SUFFIX in rewrite.graph for n in served)
+    last = rewrite.ahead[order[-1]]
+    assert {rewrite.ahead[n] for n in order[:-1]} <= set(rewrite.graph.control_inputs(last))
+    assert rewrite.graph.check() == []
+
+
 def test_reuse_serves_the_first_segment_from_the_ahead_pass():
     """With reuse, the segment back-propagation reaches first among those the ahead pass
     computes reads the ahead pass's values instead of computing them a third time."""

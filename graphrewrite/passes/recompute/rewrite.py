@@ -160,9 +160,13 @@ def _reuse_ahead(graph: Graph, ctx, copies: dict[str, str], early: dict[str, str
             moved = TensorRef(copy, ref.port)
             graph.replace_uses(moved, TensorRef(ahead, ref.port),
                                [v for v, _ in graph.consumers(moved)])
-        for after in graph.successors(copy):
-            if after not in removed and copy in graph.control_inputs(after):
-                graph.add_control(ahead, after)
+        for after in graph.successors(copy):  # what waited for the copy waits for `ahead`
+            if copy in graph.control_inputs(after):
+                node = graph.node_def(after)
+                inputs = [r for r in graph.inputs(after) if not (r.is_control and r.node == copy)]
+                if after not in removed and ahead not in graph.control_inputs(after):
+                    inputs.append(TensorRef(ahead, -1))
+                graph.redefine(after, node.op, inputs, dict(node.attr))
     for copy in removed:
         graph.remove_node(copy)
     return True
