@@ -49,7 +49,11 @@ ROW_KEEPING_OPS = frozenset({"Reshape", "Identity"})  # kept only when the last 
 @dataclass(frozen=True)
 class ChunkLossOptions(PassOptions):
     chunks: int = 0           # blocks of rows; 0: enough that one block's logits <= max_bytes
-    max_bytes: int = 8 << 20  # a block's logits at most this (chunks=0)
+    # A block's logits at most this (chunks=0). The weight's gradient (two running sums) and
+    # the dequantized weight of a diet step are whole whatever the block; the blocks' logits
+    # are what shrinks: the zoo's TF2 transformer (1,024 rows x 8,000 classes) with a 16-bit
+    # first moment modelled 92.6, 89.3 and 82.9 MiB at 30% with blocks of 8, 4 and 2 MiB.
+    max_bytes: int = 2 << 20
     min_bytes: int = 4 << 20  # logits smaller than this are left whole
 
 
