@@ -554,6 +554,26 @@ def test_a_trusted_estimate_skips_simulations_and_keeps_the_plan(monkeypatch):
     assert search.TRUST_AFTER <= trusted < untrusted
 
 
+def test_a_huge_graph_trusts_the_estimate_from_the_start(monkeypatch):
+    """Above HUGE_NODES nodes the finalists are taken as estimated from the start (the final
+    graph's simulation checks the plan): fewer plans are applied and simulated, and the plan is
+    the same."""
+    from graphrewrite.passes import recompute
+
+    evaluate, calls = recompute.evaluate, []
+    monkeypatch.setattr(recompute, "evaluate",
+                        lambda *a, **k: calls.append(1) or evaluate(*a, **k))
+    found = {}
+    for huge in (10**9, 0):  # the mlp fixture as it is, then as if it were huge
+        monkeypatch.setattr(search, "HUGE_NODES", huge)
+        calls.clear()
+        result = pipeline.optimize(io.load(fixture_path("mlp")), "memory", as_run=False)
+        found[huge] = (len(calls), result.results["recompute"].checkpoints, result.peak_after)
+    (small, *plan), (huge, *same) = found.values()
+    assert plan == same
+    assert huge < small
+
+
 def test_a_plan_chosen_on_estimates_its_simulation_refutes_is_planned_again(monkeypatch):
     """The final graph's simulation checks a plan the estimate planner took on trust: when its
     peak is not the estimated one, the pass plans again with every finalist simulated, and

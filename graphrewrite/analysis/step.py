@@ -6,8 +6,9 @@ Analyses only read the graph. `analyse` runs them in order, once.
 from __future__ import annotations
 
 import logging
+import weakref
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..core import dtypes
 from ..core.errors import GraphRewriteError
@@ -50,6 +51,19 @@ class Analysis:
     flops: int
     sized_by_data: tuple = ()  # unknown sizes no --input-shape can fix (`SIZED_BY_DATA`, strings)
     options: AnalysisOptions = AnalysisOptions()  # what it was asked: its rewrites' analyses too
+    # (the graph asked about, weakly held; its parameters): `parameters`'s last answer
+    _parameters: tuple = field(default=(None, frozenset()), init=False, repr=False,
+                               compare=False)
+
+    def parameters(self, graph: Graph) -> frozenset:
+        """`parameters.parameter_nodes` of `graph`, the graph analysed (with the split's
+        constant-valued nodes), found once: the defer pass and the recompute planner's context
+        both ask for it (2 s at 99k nodes). Asked of another graph, it is found again."""
+        held, found = self._parameters
+        if held is None or held() is not graph:
+            found = parameters.parameter_nodes(graph, self.split.constant)
+            self._parameters = (weakref.ref(graph), found)
+        return found
 
 
 def sinks(graph: Graph) -> list[str]:

@@ -42,7 +42,7 @@ def run(graph: Graph, analysis: Analysis, options: DeferOptions, model=None):
     """Give each large parameter-only value read only by the gradient flow the gradient-flow
     inputs of its readers as control inputs (see the module's docstring)."""
     flow = analysis.split.gradient_flow
-    params = parameters.parameter_nodes(graph, analysis.split.constant)
+    params = analysis.parameters(graph)
     deferrable = [n for n in graph.nodes()
                   if _deferrable(graph, analysis, params, flow, n, options.min_bytes)]
     if not deferrable:  # the usual case outside training steps: no note, modes run it always

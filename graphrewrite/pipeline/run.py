@@ -138,7 +138,7 @@ def optimize(model: Model, mode: str, analysis: AnalysisOptions | None = None,
     # Grappler on the original runs beside the passes (it releases the GIL).
     grappled = (analysis_mod.start_as_run(model, model.graph, original)
                 if as_run and backward else None)
-    graph, found, results, container = _run_passes(model, steps, found, again, stage)
+    graph, found, results, container = _run_passes(model, steps, found, again, stage, graph)
     changed = any(r.modified for r in results.values())  # else Grappler's run repeats
     run_steps = (None, None)
     if as_run and (backward or changed):
@@ -151,8 +151,9 @@ def optimize(model: Model, mode: str, analysis: AnalysisOptions | None = None,
                  "planned again without copying them", ", ".join(refused))
         steps = [(name, _never_copied(opts, refused) if name == "recompute" else opts)
                  for name, opts in steps]
+        analysed = model.graph.copy()
         graph, found, results, container = _run_passes(model, steps, analysis_mod.analyse(
-            model, model.graph.copy(), analysis), again, stage)
+            model, analysed, analysis), again, stage, analysed)
         changed = any(r.modified for r in results.values())
         run_steps = _as_run(model, original, run_steps[0], graph, found, changed)
         refused = _refused(run_steps) if changed else []
@@ -183,12 +184,15 @@ def optimize(model: Model, mode: str, analysis: AnalysisOptions | None = None,
     return result
 
 
-def _run_passes(model: Model, steps: list, found, again: AnalysisOptions, stage):
-    """Run `steps` on a copy of the model's graph, analysed as `found`, each rewrite analysed
-    again (`again`); check that TensorFlow imports what they made. Returns the last graph, its
-    analysis, each pass's result (runs of one pass combined) and what `importable.check`
-    returns (the output as written, when it built it)."""
-    graph = model.graph.copy()
+def _run_passes(model: Model, steps: list, found, again: AnalysisOptions, stage,
+                analysed: Graph):
+    """Run `steps` on a copy of `analysed` (a copy of the model's graph, analysed as `found`),
+    each rewrite analysed again (`again`); check that TensorFlow imports what they made.
+    Returns the last graph, its analysis, each pass's result (runs of one pass combined) and
+    what `importable.check` returns (the output as written, when it built it). A copy of the
+    analysed graph, not of the model's: it shares the topological order and the input lists
+    the analysis cached (rebuilt for a fresh copy: 2 s at 99k nodes)."""
+    graph = analysed.copy()
     results: dict[str, PassResult] = {}
     made = []  # (pass, the passes before it, its output graph), for `importable.check`
     for index, (name, pass_opts) in enumerate(steps):

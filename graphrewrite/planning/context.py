@@ -185,7 +185,7 @@ class Context:
         functions = frozenset(f.signature.name for f in graph.shell.library.function)
         constant = analysis.split.constant
         return cls(graph, analysis, constant, loop_frame_nodes(graph), functions,
-                   parameters.parameter_nodes(graph, constant))
+                   analysis.parameters(graph))
 
     def pin_never(self, names, reason: str) -> None:
         """Never copy `names` (a user's pin): `reason` is their blocker, before any is asked."""

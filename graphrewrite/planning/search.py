@@ -25,7 +25,8 @@ from .estimate import PlanEstimator
 
 __all__ = ["Pins", "MIN_GAIN", "PEAK_SLACK", "REFINE_ROUNDS", "REFINE_TRIES", "AHEAD_GAIN",
            "AHEAD_FLOPS", "REUSE_TRIES", "FINALISTS", "STAGE_FINALISTS", "TRUST_ERROR", "TRUST_AFTER",
-           "FREE_ROUNDS", "FREE_TRIES", "FREE_NODES", "Rewrite", "Simulate", "plan", "decide",
+           "HUGE_NODES", "HUGE_TRUST_AFTER", "FREE_ROUNDS", "FREE_TRIES", "FREE_NODES", "Rewrite",
+           "Simulate", "plan", "decide",
            "Pricer", "estimate", "choose", "add_free", "ahead_trials", "two_level_trials"]
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,18 @@ FINALISTS, STAGE_FINALISTS = 4, 2
 # first finalist can match while later plans are a few percent off (a small ResNet with Adam
 # then kept 2 MiB more, its plan checked correct at the end).
 TRUST_ERROR, TRUST_AFTER = 0.001, 2  # the best two of the first stage's finalists
+
+
+# Graphs of more than HUGE_NODES nodes take the estimate on trust from the start
+# (HUGE_TRUST_AFTER plans simulated first): the final graph's simulation still checks the plan,
+# and one it refutes is planned again with every finalist simulated (`recompute.run`). Applying
+# and simulating a finalist costs about 10 s at 100k nodes. Measured on the 99k-node residual
+# MLP (`fixtures/scaling.py --depths 11000`): its two finalists simulated to exactly their
+# estimates (error 0.0), and trusting from the start leaves its rewrite byte-identical (same
+# checkpoints, modelled peak 366886952 bytes) in 70 s of CPU instead of 92. Should the check
+# refute a plan, the search is repeated at about the cost of one with every finalist simulated
+# (up to 25 s more at 99k); no graph of the zoo or the fixtures is this large.
+HUGE_NODES, HUGE_TRUST_AFTER = 50_000, 0
 
 
 FREE_ROUNDS, FREE_TRIES, FREE_NODES = 3, 24, 2000  # `add_free`: rounds, tries, graph size
@@ -165,8 +178,10 @@ class Pricer:
     returns the rest of the finalists as estimated, from within the first stage on: the same
     choices for a fraction of the applies and simulations (the residual MLPs of 9k, 37k and 99k
     nodes: 6, 4 and 4 -> 2 each, rewrites byte-identical; ResNet-50's estimates are 0.1-4.3%
-    off and it is simulated throughout). The plan chosen so is checked by the simulation of the
-    final graph (`run`): should that miss its estimate, the search runs again without trust."""
+    off and it is simulated throughout). On graphs of more than HUGE_NODES nodes the estimate
+    is trusted after HUGE_TRUST_AFTER plans instead. The plan chosen so is checked by the
+    simulation of the final graph (`run`): should that miss its estimate, the search runs
+    again without trust."""
 
     def __init__(self, ctx: Context, planner: str, budget: int, simulate: Simulate,
                  trust: bool = True, pins: Pins | None = None):
@@ -181,9 +196,11 @@ class Pricer:
         self.evaluated: dict[tuple, Rewrite] = {}
         self.errors: list[float] = []  # |estimated / simulated - 1| of each plan simulated
         self.took_estimates = False  # some finalist was kept as estimated, not simulated
+        self.trust_after = TRUST_AFTER if len(ctx.graph) <= HUGE_NODES else HUGE_TRUST_AFTER
 
     def trusted(self) -> bool:
-        return self.trust and len(self.errors) >= TRUST_AFTER and max(self.errors) <= TRUST_ERROR
+        return self.trust and len(self.errors) >= self.trust_after and \
+            max(self.errors, default=0.0) <= TRUST_ERROR
 
     def score(self, checkpoints: set[str], ahead: frozenset = frozenset()) -> Rewrite:
         if self.estimator is None:  # `simulate` applies the pins
