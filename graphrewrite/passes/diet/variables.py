@@ -435,32 +435,26 @@ class Diet:
         else:
             power2 = b.binary("Sub", one, terms["beta2_power"], "one_minus_beta2_power")
             rate = b.binary("Mul", terms["lr"], b.unary("Sqrt", power2, "correction"), "rate")
-        if self.options.momentum == "bfloat16":  # a new 16-bit slot, the old one goes
+        momentum = self.options.momentum
+        if momentum == "drop":
+            first = grad
+            self.removed.add(slots["m"])
+        elif momentum == "keep" and keras:  # Keras's own update of m stays; read after it
+            first = terms["m_new"]
+        else:  # updated here: in the optimizer's float32 slot, or in a new 16-bit one
             beta1 = b.binary("Sub", one, terms["decay1"], "beta1") if keras else terms["beta1"]
             take = terms["decay1"] if keras else b.binary("Sub", one, beta1, "one_minus_beta1")
-            first, w = self._accumulate(b, self._new_slot(var, "diet_first", shape, resource,
-                                                          types_pb2.DT_BFLOAT16),
-                                        beta1, take, grad, resource, "first", shape,
-                                        types_pb2.DT_BFLOAT16)
+            slot, stored = slots["m"], types_pb2.DT_FLOAT
+            if momentum == "bfloat16":
+                stored = types_pb2.DT_BFLOAT16
+                slot = self._new_slot(var, "diet_first", shape, resource, stored)
+                self.removed.add(slots["m"])
+            first, w = self._accumulate(b, slot, beta1, take, grad, resource, "first", shape,
+                                        stored)
             writes.append(w)
-            self.removed.add(slots["m"])
             if not keras:
                 power1 = b.binary("Sub", one, terms["beta1_power"], "one_minus_beta1_power")
                 rate = b.binary("RealDiv", rate, power1, "rate_corrected")
-        elif self.options.momentum == "keep":
-            if keras:
-                first = terms["m_new"]
-            else:
-                beta1 = terms["beta1"]
-                first, w = self._accumulate(b, slots["m"], beta1,
-                                            b.binary("Sub", one, beta1, "one_minus_beta1"),
-                                            grad, resource, "first", shape)
-                writes.append(w)
-                power1 = b.binary("Sub", one, terms["beta1_power"], "one_minus_beta1_power")
-                rate = b.binary("RealDiv", rate, power1, "rate_corrected")
-        else:
-            first = grad
-            self.removed.add(slots["m"])
         denominator = b.binary("AddV2", b.unary("Sqrt", second, "root"), terms["epsilon"],
                                "denominator")
         step = b.binary("Mul", rate, b.binary("RealDiv", first, denominator, "direction"),
@@ -473,23 +467,20 @@ class Diet:
         `accum = momentum accum + g` and subtracts lr times it."""
         terms = update.terms
         grad, lr, momentum = terms["grad"], terms["lr"], terms["momentum"]
-        if self.options.momentum == "bfloat16":  # a new 16-bit slot, the old one goes
-            keras = update.form == "keras"
-            one = self._scalar(b, 1.0, "one")
-            slot = self._new_slot(var, "diet_momentum", shape, resource, types_pb2.DT_BFLOAT16)
-            accum, w = self._accumulate(b, slot, momentum, b.unary("Neg", lr, "minus_lr")
-                                        if keras else one, grad, resource, "accum", shape,
-                                        types_pb2.DT_BFLOAT16)
-            self.removed.add(update.slots["accum"])
+        keras = update.form == "keras"
+        if self.options.momentum == "keep" and keras:  # Keras's own update of m stays
+            return b.unary("Neg", terms["m_new"], "step"), []
+        if self.options.momentum != "drop":  # updated here: its float32 slot or a 16-bit one
+            slot, stored = update.slots["accum"], types_pb2.DT_FLOAT
+            if self.options.momentum == "bfloat16":
+                stored = types_pb2.DT_BFLOAT16
+                slot = self._new_slot(var, "diet_momentum", shape, resource, stored)
+                self.removed.add(update.slots["accum"])
+            take = b.unary("Neg", lr, "minus_lr") if keras else self._scalar(b, 1.0, "one")
+            accum, w = self._accumulate(b, slot, momentum, take, grad, resource, "accum", shape,
+                                        stored)
             if keras:  # m = momentum m - lr g; var += m
                 return b.unary("Neg", accum, "step"), [w]
-            return b.binary("Mul", lr, accum, "step"), [w]
-        if self.options.momentum == "keep":
-            if update.form == "keras":  # Keras's own update of m stays; read after it
-                return b.unary("Neg", terms["m_new"], "step"), []
-            one = self._scalar(b, 1.0, "one")
-            accum, w = self._accumulate(b, update.slots["accum"], momentum, one, grad, resource,
-                                        "accum", shape)
             attr = self.graph.node_def(update.node).attr
             nesterov = "use_nesterov" in attr and attr["use_nesterov"].b
             if nesterov:
