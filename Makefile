@@ -61,7 +61,8 @@ bench: install $(ZOO)/manifest.json
 		--lossy-table out/bench/lossy.md
 	$(BIN)/python fixtures/bench.py --runs 3 --recipe-table out/bench/recipes.md
 	$(BIN)/python fixtures/budgets.py --zoo $(ZOO) --markdown out/bench/budgets.md --cases \
-		transformer_adam_meta:60%,40%L,30%L transformer_adam_tf2:40%L,30%L deep_mlp_meta:50%,25%L \
+		transformer_adam_meta:60%,40%L,30%L transformer_adam_tf2:40%L,30%L,25%L \
+		deep_mlp_meta:50%,25%L \
 		resnet_adam_meta:85%,50%L
 	$(BIN)/python fixtures/scaling.py --depths 128,1111,4096,11000 --planners none,estimate \
 		--no-as-run --as-run-depths 1111 --out out/scaling --markdown out/bench/scaling.md
