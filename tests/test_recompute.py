@@ -538,18 +538,8 @@ def test_a_trusted_estimate_skips_simulations_and_keeps_the_plan(monkeypatch):
     """The mlp fixture's estimates equal its simulated peaks: after the first plans the
     estimate planner stops applying and simulating finalists, and chooses what it chose when
     it simulated them all."""
-    from graphrewrite.passes import recompute
-
-    evaluate, calls = recompute.evaluate, []
-    monkeypatch.setattr(recompute, "evaluate",
-                        lambda *a, **k: calls.append(1) or evaluate(*a, **k))
-    found = {}
-    for error in (search.TRUST_ERROR, -1.0):  # -1: never trusted
-        monkeypatch.setattr(search, "TRUST_ERROR", error)
-        calls.clear()
-        result = pipeline.optimize(io.load(fixture_path("mlp")), "memory", as_run=False)
-        found[error] = (len(calls), result.results["recompute"].checkpoints, result.peak_after)
-    (trusted, *plan), (untrusted, *same) = found.values()
+    (trusted, *plan), (untrusted, *same) = _evaluations(monkeypatch, "TRUST_ERROR",
+                                                        (search.TRUST_ERROR, -1.0))  # -1: never
     assert plan == same
     assert search.TRUST_AFTER <= trusted < untrusted
 
@@ -558,18 +548,8 @@ def test_a_huge_graph_trusts_the_estimate_from_the_start(monkeypatch):
     """Above HUGE_NODES nodes the finalists are taken as estimated from the start (the final
     graph's simulation checks the plan): fewer plans are applied and simulated, and the plan is
     the same."""
-    from graphrewrite.passes import recompute
-
-    evaluate, calls = recompute.evaluate, []
-    monkeypatch.setattr(recompute, "evaluate",
-                        lambda *a, **k: calls.append(1) or evaluate(*a, **k))
-    found = {}
-    for huge in (10**9, 0):  # the mlp fixture as it is, then as if it were huge
-        monkeypatch.setattr(search, "HUGE_NODES", huge)
-        calls.clear()
-        result = pipeline.optimize(io.load(fixture_path("mlp")), "memory", as_run=False)
-        found[huge] = (len(calls), result.results["recompute"].checkpoints, result.peak_after)
-    (small, *plan), (huge, *same) = found.values()
+    # the mlp fixture as it is, then as if it were huge
+    (small, *plan), (huge, *same) = _evaluations(monkeypatch, "HUGE_NODES", (10**9, 0))
     assert plan == same
     assert huge < small
 
@@ -638,3 +618,20 @@ def test_a_priced_rewrite_leaves_nothing_for_the_cyclic_collector():
         if enabled:
             gc.enable()
     assert found.peak and found.graph is None
+
+
+def _evaluations(monkeypatch, constant: str, values) -> list[tuple]:
+    """For each value of `search.<constant>`: how many plans the mlp fixture's memory mode
+    applied and simulated, its checkpoints and its peak."""
+    from graphrewrite.passes import recompute
+
+    evaluate, calls = recompute.evaluate, []
+    monkeypatch.setattr(recompute, "evaluate",
+                        lambda *a, **k: calls.append(1) or evaluate(*a, **k))
+    found = []
+    for value in values:
+        monkeypatch.setattr(search, constant, value)
+        calls.clear()
+        result = pipeline.optimize(io.load(fixture_path("mlp")), "memory", as_run=False)
+        found.append((len(calls), result.results["recompute"].checkpoints, result.peak_after))
+    return found
