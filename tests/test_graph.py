@@ -1,7 +1,6 @@
 import copy
 
 import pytest
-from tensorflow.core.framework import attr_value_pb2, graph_pb2, types_pb2
 
 from graphrewrite.core.errors import GraphError
 from graphrewrite.core.graph import Graph
@@ -142,23 +141,3 @@ def test_topological_order_by_name_ignores_file_order():
     forward = Graph.from_graph_def(graph_def(*nodes)).topological_order(tie_break="name")
     backward = Graph.from_graph_def(graph_def(*reversed(nodes))).topological_order("name")
     assert forward == backward == ["x", "a", "b"]
-
-
-def test_a_loaded_graph_writes_what_was_read_until_it_changes():
-    """A graph read with `keep_source` gives back the GraphDef it was read from while unchanged
-    (copied whole), and builds it again once a node is added, in a copy as in the original."""
-    source = graph_pb2.GraphDef()
-    x = source.node.add(name="x", op="Placeholder")
-    x.attr["dtype"].type = types_pb2.DT_FLOAT
-    source.node.add(name="y", op="Neg", input=["x:0"]).attr["T"].type = types_pb2.DT_FLOAT
-    source.versions.producer = 1
-    graph = Graph.from_graph_def(source, keep_source=True)
-    assert graph.to_graph_def() == source
-    assert graph.to_graph_def() is not source
-    other = graph.copy()
-    other.add_node("z", "Neg", [TensorRef("y")])
-    assert [n.name for n in other.to_graph_def().node] == ["x", "y", "z"]
-    assert graph.to_graph_def() == source
-    other.set_attr("x", "shape", attr_value_pb2.AttrValue())
-    graph.set_attr("y", "T", attr_value_pb2.AttrValue(type=types_pb2.DT_DOUBLE))
-    assert graph.to_graph_def().node[1].attr["T"].type == types_pb2.DT_DOUBLE

@@ -75,19 +75,11 @@ class Graph:
         # consumer) pairs whose edge-key dicts no copy shares: only those are edited in place.
         self._owned: set[str] = set()
         self._owned_pairs: set[tuple[str, str]] = set()
-        # The GraphDef the graph was read from (`from_graph_def(keep_source=True)`) while no
-        # node, edge or attribute changed: `to_graph_def` copies it whole instead of building
-        # it node by node. Shared by copies; never changed in place.
-        self._source: graph_pb2.GraphDef | None = None
 
     # ----------------------------------------------------------------- conversion
 
     @classmethod
-    def from_graph_def(cls, graph_def: graph_pb2.GraphDef, keep_source: bool = False) -> "Graph":
-        """The graph of `graph_def`. With `keep_source`, the graph holds on to `graph_def`
-        (which the caller must not change after) while it is unchanged: `to_graph_def` then
-        copies it in one call, about a tenth of the time of building it again (1.5 s at 99k
-        nodes; the original's shape inference and an unchanged graph's save both ask)."""
+    def from_graph_def(cls, graph_def: graph_pb2.GraphDef) -> "Graph":
         shell = graph_pb2.GraphDef()
         shell.CopyFrom(graph_def)
         del shell.node[:]
@@ -120,16 +112,11 @@ class Graph:
                                 None if canonical else text)
                 if not ref.is_control:
                     slot += 1
-        if keep_source and not graph._load_problems:  # else it differs from what was read
-            graph._source = graph_def
         return graph
 
     def to_graph_def(self) -> graph_pb2.GraphDef:
         """The GraphDef: original node order, new nodes appended, all other fields untouched."""
         out = graph_pb2.GraphDef()
-        if self._source is not None:  # unchanged since read: the same message
-            out.CopyFrom(self._source)
-            return out
         out.CopyFrom(self.shell)
         for name in self.nodes():
             node = out.node.add()
@@ -151,7 +138,6 @@ class Graph:
         other._refs_cache = dict(self._refs_cache)
         other._nodes_cache = None if self._nodes_cache is None else list(self._nodes_cache)
         other._topo_cache = self._topo_cache  # never changed in place: shared
-        other._source = self._source  # likewise
         return other
 
     def drop_views(self) -> None:
@@ -170,7 +156,6 @@ class Graph:
         payload.attr[key].CopyFrom(value)
         self._own(name)
         self.nx._node[name]["node_def"] = payload
-        self._source = None
 
     # ----------------------------------------------------------------- queries
 
@@ -363,7 +348,7 @@ class Graph:
         for u in list(self.nx._pred[name]):
             self._own_pair(u, name)
         self.nx.remove_edges_from(list(self.nx.in_edges(name, keys=True)))
-        self._topo_cache = self._source = None
+        self._topo_cache = None
         self.nx._node[name]["node_def"] = payload
         self.nx._node[name]["op"] = op
         self._forget(name)
@@ -436,7 +421,7 @@ class Graph:
         for u in list(self.nx._pred[name]):
             self._own(u)
         self.nx.remove_node(name)
-        self._topo_cache = self._source = None
+        self._topo_cache = None
         self._forget(name)
         self._owned.discard(name)
         self._owned_pairs = {p for p in self._owned_pairs if name not in p}
@@ -522,13 +507,13 @@ class Graph:
         keyed[key] = {"port": port, "slot": slot, "text": text}
         if cache := getattr(graph, "__networkx_cache__", None):  # as networkx's add_edge does
             cache.clear()
-        self._topo_cache = self._source = None
+        self._topo_cache = None
 
     def _insert(self, payload: node_def_pb2.NodeDef) -> None:
         self.nx.add_node(payload.name, node_def=payload, op=payload.op, order=self._next_order)
         self._owned.add(payload.name)  # new dicts, shared with no copy
         self._next_order += 1
-        self._topo_cache = self._source = None
+        self._topo_cache = None
         if self._nodes_cache is not None:  # the largest order: last in file order
             self._nodes_cache.append(payload.name)
 

@@ -133,7 +133,7 @@ def load(path: str | os.PathLike, tag: str | None = None) -> Model:
     graph_def, index = _graph_def_of(path, fmt, container, tag)
     if not graph_def.HasField("versions"):
         raise InputError(path, "the graph has no 'versions' record; the file looks truncated")
-    graph = Graph.from_graph_def(graph_def, keep_source=True)  # nothing changes `graph_def`
+    graph = Graph.from_graph_def(graph_def)
     problems = graph.check()
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
