@@ -499,6 +499,22 @@ def test_a_batch_norm_read_only_for_its_statistics_is_not_copied():
     assert held and copied
 
 
+@pytest.mark.parametrize("name", ["keras_step_tf2", "cnn_step_tf2"])
+def test_a_tf2_steps_returned_loss_is_held_not_run_again(name):
+    """A TF2 step returns its scalar loss through an Identity that waits for every update, so
+    the backward pass reads it. Copying it saved four bytes and ran the loss again (a chunked
+    loss's every projection with it, dequantized weights included)."""
+    model, result = rewrite(name, "memory")
+    graph = result.graph
+    assert result.of(RecomputeResult).recomputed
+    returned = [n for n in model.graph.nodes() if model.graph.op(n) == "Identity"
+                and model.graph.control_inputs(n)]  # waits for the updates
+    assert returned
+    for output in returned:
+        loss = model.graph.data_inputs(output)[0].node
+        assert graph.data_inputs(output)[0].node == loss and loss + COPY_SUFFIX not in graph
+
+
 @pytest.mark.parametrize("mode", ["memory", "speed"])
 def test_a_dropout_mask_is_held_not_its_uniform_draw(mode):
     """Copies read the one-byte mask `GreaterEqual(uniform, rate)`, so the four-byte uniform

@@ -13,7 +13,7 @@ from .context import Context
 
 __all__ = ["recomputed_nodes", "flow_starts", "recomputable_test", "removed", "Unchecked",
            "unchecked", "ahead_members", "segments", "worth_nodes", "worth_recomputing",
-           "with_ancestors", "SIDE_OUTPUT_RATIO"]
+           "with_ancestors", "SIDE_OUTPUT_RATIO", "TINY_BYTES"]
 
 
 def recomputed_nodes(ctx: Context, checkpoints: set[str], blocked: dict[str, set[str]]):
@@ -143,11 +143,15 @@ def worth_recomputing(ctx: Context, name: str, reads: list[TensorRef]) -> bool:
     """Whether the gradient flow reads an output of `name` that is worth recomputing. Outputs
     under 1/SIDE_OUTPUT_RATIO of the node's largest (a batch norm's batch statistics beside its
     normalized output) are not: holding them costs next to nothing, while recomputing them
-    costs the large output too, if only for a moment. A node copied anyway (its large output
-    feeds other copies) gives the flow all its outputs from the copy."""
+    costs the large output too, if only for a moment. Nor are outputs of at most TINY_BYTES
+    (a TF2 step's scalar loss, which the returned value reads after every update: copying it
+    ran the whole loss again, a chunked loss's sixteen projections with it). A node copied
+    anyway (its large output feeds other copies) gives the flow all its outputs from the
+    copy."""
     shapes = ctx.analysis.shapes
     largest = max((shapes.nbytes(r) or 0 for r in shapes.outputs(name)), default=0)
-    return any((shapes.nbytes(r) or 0) * SIDE_OUTPUT_RATIO >= largest for r in reads)
+    return any((shapes.nbytes(r) or 0) * SIDE_OUTPUT_RATIO >= largest
+               and (shapes.nbytes(r) or 0) > TINY_BYTES for r in reads)
 
 
 def with_ancestors(ctx: Context, starts, include) -> set[str]:
@@ -163,3 +167,4 @@ def with_ancestors(ctx: Context, starts, include) -> set[str]:
 
 
 SIDE_OUTPUT_RATIO = 16  # outputs this many times smaller than their node's largest are held
+TINY_BYTES = 64  # outputs of at most this many bytes (a scalar, a few numbers) are held

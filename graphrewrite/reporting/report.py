@@ -79,8 +79,9 @@ def explain(result: OptimizeResult, original: Graph, name: str) -> str:
     if name not in original:
         return f"{name}: not a node of the input graph"
     if recompute.recomputed or swap.swapped:
-        return (f"{name}: left alone (the backward pass does not read it, or it is backward "
-                "itself)")
+        return (f"{name}: left alone (the backward pass reads none of its outputs worth "
+                "recomputing (none, or only small ones: side outputs, scalars), or it is "
+                "backward itself)")
     return f"{name}: left alone ({_note(result) or 'mode ' + result.mode + ' rewrote nothing'})"
 
 
