@@ -75,6 +75,6 @@ def test_an_original_that_differs_from_itself_now_and_then_is_named(monkeypatch)
     """One run of three differs (the ViT with AdamW): two agreeing runs are not enough."""
     runs = iter(["step", "step", "other", "step", "step"])
     monkeypatch.setattr(mismatch.measure, "run_step", lambda *a, **k: next(runs))
-    cause = mismatch.diagnose("original", "rewritten", {}, ["out"], lambda a, b: a == b,
+    cause = mismatch.diagnose("original", "rewritten", {}, {}, ["out"], lambda a, b: a == b,
                               isolated=False)
     assert cause == mismatch.ORIGINAL_CAUSE

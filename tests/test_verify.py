@@ -112,8 +112,9 @@ def _matmul_chain(matmuls):
 def _time_light_and_heavy():
     from graphrewrite.execution import measure
 
-    return measure.time_interleaved([(_matmul_chain(0), None), (_matmul_chain(60), None)],
-                                    {"x": np.ones((256, 256), np.float32)}, ["y"], runs=3,
+    feeds = {"x": np.ones((256, 256), np.float32)}
+    return measure.time_interleaved([(_matmul_chain(0), None, feeds),
+                                     (_matmul_chain(60), None, feeds)], ["y"], runs=3,
                                     isolated=False)
 
 

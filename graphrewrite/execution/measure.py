@@ -111,22 +111,23 @@ def run_step_isolated(message, feeds: dict[str, np.ndarray], fetches: list[str],
     return _in_fresh_process(_run_serialized, [_serialize(message, config)], feeds, fetches, runs)
 
 
-def time_interleaved(runnables: list, feeds: dict[str, np.ndarray], fetches: list[str],
-                     runs: int, isolated: bool = True) -> list[list[float]]:
-    """Step times of several `(message, config)` pairs, each in its own session of one process
-    (a fresh one when `isolated`), timed in turns: round r times one step of each, starting
-    with model r mod n. A shared machine's load drifts over seconds; timed one after the
-    other, two models can differ by 20% from that alone, timed in turns both see the same.
-    If they do not fit in the device's memory together, each is timed alone."""
+def time_interleaved(runnables: list, fetches: list[str], runs: int,
+                     isolated: bool = True) -> list[list[float]]:
+    """Step times of several `(message, config, feeds)` triples, each in its own session of one
+    process (a fresh one when `isolated`), timed in turns: round r times one step of each,
+    starting with model r mod n. A shared machine's load drifts over seconds; timed one after
+    the other, two models can differ by 20% from that alone, timed in turns both see the same.
+    Each model gets its own feeds (a dieted TF2 step's variables are stored in 16 bits). If
+    they do not fit in the device's memory together, each is timed alone."""
     if isolated:
-        seconds = _in_fresh_process(_time_serialized, [_serialize(m, c) for m, c in runnables],
-                                    feeds, fetches, runs)
+        seconds = _in_fresh_process(_time_serialized, [_serialize(m, c) for m, c, _ in runnables],
+                                    [f for _, _, f in runnables], fetches, runs)
     else:
-        seconds = time_steps(runnables, feeds, fetches, runs)
+        seconds = time_steps(runnables, fetches, runs)
     if seconds is None:
         log.warning("the models do not fit in memory together: each timed alone")
         run = run_step_isolated if isolated else run_step
-        seconds = [run(m, feeds, fetches, runs, c).step_seconds for m, c in runnables]
+        seconds = [run(m, f, fetches, runs, c).step_seconds for m, c, f in runnables]
     return seconds
 
 
@@ -211,15 +212,15 @@ def _run_serialized(payloads, feeds, fetches, runs) -> StepMeasurement:
 
 def _time_serialized(payloads, feeds, fetches, runs) -> list[list[float]]:
     measurement_environment()
-    return time_steps([_deserialize(p) for p in payloads], feeds, fetches, runs)
+    return time_steps([(*_deserialize(p), f) for p, f in zip(payloads, feeds)], fetches, runs)
 
 
-def time_steps(runnables, feeds, fetches, runs) -> list[list[float]] | None:
+def time_steps(runnables, fetches, runs) -> list[list[float]] | None:
     import tensorflow as tf
 
     opened = []
     try:
-        opened.extend(_open_session(_import(m, feeds), feeds, fetches, c) for m, c in runnables)
+        opened.extend(_open_session(_import(m, f), f, fetches, c) for m, c, f in runnables)
         for session, run_list, feed_dict, _ in opened:
             session.run(run_list, feed_dict)  # warm-up: Grappler, kernel creation, allocations
         seconds = [[] for _ in opened]

@@ -72,11 +72,13 @@ def grappler_off_config():
     return config
 
 
-def diagnose(original, rewritten, feeds: dict, fetches: list[str], agree,
+def diagnose(original, rewritten, feeds: dict, own: dict, fetches: list[str], agree,
              isolated: bool = True) -> str:
     """The cause of a mismatch (see the module docstring), or "" when none was found.
-    `original` and `rewritten` are runnable messages (`Model.runnable()`); `agree(first,
-    second)` says whether two step measurements are bitwise equal (verify's comparison)."""
+    `original` and `rewritten` are runnable messages (`Model.runnable()`), `feeds` and `own`
+    their inputs (`verify.own_variables`: a dieted TF2 step's weights are stored in 16 bits);
+    `agree(first, second)` says whether two step measurements are bitwise equal (verify's
+    comparison)."""
     run = measure.run_step_isolated if isolated else measure.run_step
     first = run(original, feeds, fetches, 0)
     if not all(agree(first, run(original, feeds, fetches, 0)) for _ in range(ORIGINAL_RUNS - 1)):
@@ -85,7 +87,7 @@ def diagnose(original, rewritten, feeds: dict, fetches: list[str], agree,
     for cause, config in ((ARITHMETIC_CAUSE, arithmetic_off_config()),
                           (GRAPPLER_CAUSE, grappler_off_config())):
         first = run(original, feeds, fetches, 0, config)
-        second = run(rewritten, feeds, fetches, 0, config)
+        second = run(rewritten, own, fetches, 0, config)
         if agree(first, second):
             log.warning("verify: the outputs differ only through %s", cause)
             return cause

@@ -252,19 +252,20 @@ def verify(original: Model, rewritten: Model, options: VerifyOptions | None = No
     stage("running the original")
     first = run(original.runnable(), inputs, fetches, 0)
     stage("running the rewritten")
-    second = run(rewritten.runnable(), own_variables(rewritten, inputs, seed), fetches, 0)
+    own = own_variables(rewritten, inputs, seed)
+    second = run(rewritten.runnable(), own, fetches, 0)
     if runs:
         stage("timing both in turns")
         first.step_seconds, second.step_seconds = measure.time_interleaved(
-            [(original.runnable(), None), (rewritten.runnable(), None)], inputs, fetches, runs,
-            isolated)
+            [(original.runnable(), None, inputs), (rewritten.runnable(), None, own)], fetches,
+            runs, isolated)
     comparisons = compare(first, second, rtol, atol)
     match = all(c.equal for c in comparisons)
     if not (match or rtol or atol):
         stage("looking for the cause of the mismatch")
     # A bitwise mismatch is run again under other Grappler settings, to name its cause.
     cause = "" if match or rtol or atol else mismatch.diagnose(
-        original.runnable(), rewritten.runnable(), inputs, fetches,
+        original.runnable(), rewritten.runnable(), inputs, own, fetches,
         lambda a, b: all(c.equal for c in compare(a, b, 0.0, 0.0)), isolated)
     return VerifyResult(match, comparisons, first, second, fetches, len(first.step_outputs),
                         cause)
