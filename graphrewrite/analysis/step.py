@@ -208,8 +208,10 @@ def as_run(model: Model, graph: Graph, found: Analysis, started: Future | None =
            ) -> memory.MemoryReport | None:
     """The simulated step of `graph` as TensorFlow runs it, after Grappler (see `grappler.py`);
     None when Grappler cannot process the graph. `found` is `graph`'s analysis: the tensors
-    Grappler keeps under their names keep their shapes (its output records none, and a TF2
-    step's variable reads cannot be inferred without them). `started`: `start_as_run`'s
+    Grappler keeps (same name, op and inputs) keep their shapes (its output records none, and
+    a TF2 step's variable reads cannot be inferred without them; a node it made under an old
+    name, `mul_1` a scalar product where a [7,16,64] one was, would get a false shape that
+    the importer refuses, and every size with it). `started`: `start_as_run`'s
     Grappler call for this graph, when it was begun earlier. The input shapes and device are
     `found`'s options."""
     step = as_run_step(model, graph, found, started)
@@ -224,8 +226,9 @@ def as_run_step(model: Model, graph: Graph, found: Analysis, started: Future | N
     optimized = grappler.finish(started or start_as_run(model, graph, found))
     if optimized is None:
         return None
-    for name in optimized.nodes():
-        if name in graph and graph.op(name) == optimized.op(name):
+    for name in optimized.nodes():  # the same node: Grappler reuses names for new ones too
+        if name in graph and graph.op(name) == optimized.op(name) \
+                and graph.data_inputs(name) == optimized.data_inputs(name):
             shapes_mod.record(optimized, name, found.shapes)
     kept = [f for f in found.fetches if f.split(":")[0] in optimized]
     device = found.options.device
