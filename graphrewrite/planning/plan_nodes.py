@@ -150,8 +150,13 @@ def worth_recomputing(ctx: Context, name: str, reads: list[TensorRef]) -> bool:
     copy."""
     shapes = ctx.analysis.shapes
     largest = max((shapes.nbytes(r) or 0 for r in shapes.outputs(name)), default=0)
-    return any((shapes.nbytes(r) or 0) * SIDE_OUTPUT_RATIO >= largest
-               and (shapes.nbytes(r) or 0) > TINY_BYTES for r in reads)
+
+    def worth(size: int | None) -> bool:
+        if size is None:  # unknown: worth it unless a known output is larger
+            return largest == 0
+        return size > TINY_BYTES and size * SIDE_OUTPUT_RATIO >= largest
+
+    return any(worth(shapes.nbytes(r)) for r in reads)
 
 
 def with_ancestors(ctx: Context, starts, include) -> set[str]:
