@@ -2,8 +2,9 @@
 
 import dataclasses
 
+from graphrewrite.analysis import optimizers
 from graphrewrite.analysis import step as analysis
-from graphrewrite.analysis.memory import DEVICE
+from graphrewrite.analysis.memory import DEVICE, STATE
 from graphrewrite.core import io
 from graphrewrite.passes import recompute
 from graphrewrite.planning import peak
@@ -40,7 +41,34 @@ def test_parameter_state_at_the_peak_points_to_diet():
     assert state  # the frozen MLP's weights are live at its peak
     only_state = type(report)(**{**report.__dict__, "live_at_peak": {
         DEVICE: [(ref, size) for ref, size in report.live_at_peak[DEVICE] if ref in state]}})
-    assert "--mode diet" in peak.why_so_little(ctx, only_state)
+    assert "--mode diet stores" in peak.why_so_little(ctx, only_state)  # its constants
+
+
+def test_parameter_state_of_an_optimizer_diet_does_not_read_says_so(tmp_path):
+    """An RNN with Adadelta (built outside the repo) was pointed to --mode diet, which did
+    nothing: it reads Adam's, momentum's and SGD's updates only."""
+    import tensorflow as tf
+
+    from tfgraphs import build
+
+    def step():
+        x = tf.compat.v1.placeholder(tf.float32, [8, 256], name="x")
+        w = tf.compat.v1.get_variable("w", [256, 256])
+        loss = tf.reduce_mean(tf.square(tf.matmul(x, w)))
+        tf.compat.v1.train.AdagradOptimizer(0.1).minimize(loss, name="train")
+
+    path = tmp_path / "adagrad.pb"
+    path.write_bytes(build(step).to_graph_def().SerializeToString())
+    model = io.load(path)
+    ctx = Context.build(model.graph, analysis.analyse(model))
+    report = ctx.analysis.memory
+    assert not optimizers.updates(ctx.graph)
+    state = [(ref, size) for ref, size in report.live_at_peak[DEVICE]
+             if report.buffer_of[ref].lifetime == STATE]
+    assert state
+    only_state = type(report)(**{**report.__dict__, "live_at_peak": {DEVICE: state}})
+    note = peak.why_so_little(ctx, only_state)
+    assert "diet reads no update here" in note and "diet stores" not in note
 
 
 def test_no_candidates_says_why():

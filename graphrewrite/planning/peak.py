@@ -8,6 +8,7 @@ pass's own values, values inside loops and function calls) and the option that r
 
 from __future__ import annotations
 
+from ..analysis import optimizers, parameters
 from ..analysis.memory import DEVICE
 from ..analysis.memory import STATE as STATE_LIFETIME
 from .context import CALL_OPS, Context
@@ -47,6 +48,9 @@ def why_so_little(ctx: Context, report) -> str:
     shares = ", ".join(f"{kind} {size / total:.0%}" for kind, size in
                        sorted(parts.items(), key=lambda item: -item[1]) if size)
     top = max(parts, key=parts.get)
+    if top == STATE and parameters.variables(ctx.graph) and not optimizers.updates(ctx.graph):
+        return (f"at the modelled peak ({shares}) recomputation cannot lower it, and --mode "
+                "diet reads no update here (it rewrites Adam's, momentum's and SGD's)")
     advice = {
         ACTIVATIONS: "activations hold it, but none can be recomputed more cheaply than kept: "
                      "try --mode swap, or --mode collection --checkpoints to choose them",
