@@ -23,6 +23,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before TensorFlow is impor
 
 import click  # noqa: E402
 
+from graphrewrite.core import lifetime  # noqa: E402
 from graphrewrite.planning.devices import PROFILES  # noqa: E402  (no TensorFlow import)
 
 from graphrewrite.cli.options import (FLAGS, analysis_options, device_option,  # noqa: E402
@@ -281,7 +282,8 @@ def optimize(ctx, model_path, output, in_place, mode, checkpoints, swap_tensors,
                                      param_hint="--explain")
     made = plan.dumps(plan.plan_of(result, model.graph)) if plan_out else None
     stages("saving")
-    fmt = io.save(model, result.graph, output, in_place=in_place, container=result.container)
+    fmt = io.save(model, result.graph, output, in_place=in_place,
+                  serialized=result.serialized)
     if made:
         io.write_atomic(Path(plan_out), made)
     facts = report.optimize_report(model_path, output, fmt, result)
@@ -312,6 +314,7 @@ def optimize(ctx, model_path, output, in_place, mode, checkpoints, swap_tensors,
         curves = [curve for label, found in zip(("original", "rewritten"), result.run_reports)
                   if found is not None for curve in plot.modelled(found, label, flow)]
         plot.draw(plot_path, curves, f"{model_path}: one step, modelled ({mode})")
+    lifetime.hold((model, result))  # freed by the exit, not one object at a time here
 
 
 def _write_tradeoff(path: Path, model, model_path, stages, profile, analysis) -> None:
@@ -574,6 +577,7 @@ def entry() -> None:
     above all the first one after the rewrite, which paused it (`optimize`): on a 99k-node
     model 700k objects, and a tenth of the command's time in collections all told."""
     gc.disable()
+    lifetime.hold_until_exit()
     try:
         main()  # standalone: always ends in SystemExit with the command's code
         code = EXIT_OK

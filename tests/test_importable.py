@@ -75,3 +75,18 @@ def test_the_first_pass_that_broke_the_graph_is_named_and_a_refused_original_is_
     model.graph = broken  # an input TensorFlow refuses: not graphrewrite's bug
     importable.check(model, [("swap", [], broken)])
     assert "TensorFlow cannot import the original either" in caplog.text
+
+
+@pytest.mark.tf
+def test_a_graphdefs_checked_bytes_are_the_bytes_written(tmp_path):
+    model = io.load(fixture_path("resnet_cnn"))
+    graph = model.graph.copy()
+    graph.set_attr("stem/Conv2D", "_marked", attr_value_pb2.AttrValue(b=True))
+    checked = importable.check(model, [("recompute", [], graph)])
+    assert checked == io.serialize(model.with_graph(graph), text=False)
+    io.save(model, graph, tmp_path / "built.pb")  # built and serialized again
+    io.save(model, graph, tmp_path / "checked.pb", serialized=checked)
+    assert (tmp_path / "checked.pb").read_bytes() == (tmp_path / "built.pb").read_bytes()
+    # another format than the checked one's is built from the graph, not from those bytes
+    io.save(model, graph, tmp_path / "text.pbtxt", serialized=b"not these")
+    assert b"_marked" in (tmp_path / "text.pbtxt").read_bytes()

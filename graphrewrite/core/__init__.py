@@ -1,5 +1,5 @@
 """What every layer shares: the Graph, tensor references, reading and writing models, canonical
-text, dtypes, the names of added nodes, and facts about op types."""
+text, dtypes, the names of added nodes, facts about op types, and what a command never frees."""
 
-__all__ = ["dtypes", "errors", "graph", "io", "metagraph", "names", "ops", "selectors",
+__all__ = ["dtypes", "errors", "graph", "io", "lifetime", "metagraph", "names", "ops", "selectors",
            "tensor_ref", "text", "topo"]

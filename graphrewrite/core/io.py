@@ -320,15 +320,20 @@ def refuse_overwriting(source: str | os.PathLike, out: str | os.PathLike) -> Non
 
 
 def save(model: Model, graph: Graph, out: str | os.PathLike, fmt: Format | None = None,
-         in_place: bool = False, container=None) -> Format:
+         in_place: bool = False, serialized: bytes | None = None) -> Format:
     """Write `graph` in the container of `model` to `out`, atomically; returns the format used.
-    Writing over the model's own file is refused unless `in_place`. `container`:
-    `model.with_graph(graph)`, if already built."""
+    Writing over the model's own file is refused unless `in_place`. `serialized`: the bytes
+    of a GraphDef model's `model.with_graph(graph)` in binary, if already made (the import
+    check's), written as they are when the output is a binary GraphDef."""
     if not in_place:
         refuse_overwriting(model.path, out)
     fmt = fmt or output_format(model, out)
     given, out = out, _through_links(out)
-    container = model.with_graph(graph) if container is None else container
+    if serialized is not None and fmt == Format(GRAPHDEF, False) and \
+            model.format.kind == GRAPHDEF:
+        write_atomic(out, serialized, name=given)
+        return fmt
+    container = model.with_graph(graph)
     if fmt.kind == METAGRAPH and model.format.kind != METAGRAPH:
         container = _as_meta_graph(model, container)
     if fmt.kind == SAVEDMODEL:

@@ -11,17 +11,18 @@ initializer before the rewrite must still do so after it, or the user has to bui
 A failure is a PassError naming the first pass whose output fails, unless the original fails the
 same check (then it is the input's, not graphrewrite's: a custom op, an old graph), which is
 logged and let through. One import of the final graph per rewrite, by the C++ importer alone for
-a GraphDef (`tf_import`); the passes' own outputs are imported only to name the culprit.
+a GraphDef (`tf_import`), of the bytes `io.save` then writes; the passes' own outputs are
+imported only to name the culprit.
 """
 
 from __future__ import annotations
 
 import logging
 
-from ..core import tf_import
+from ..core import lifetime, tf_import
 from ..core.errors import PassError
 from ..core.graph import Graph
-from ..core.io import GRAPHDEF, METAGRAPH, Model
+from ..core.io import GRAPHDEF, METAGRAPH, Model, serialize
 
 __all__ = ["VARIABLES", "INITIALIZES", "check", "importing", "uninitialised"]
 
@@ -34,10 +35,10 @@ INITIALIZES = ("Assign", "AssignVariableOp")
 def check(model: Model, made: list[tuple[str, list[str], Graph]]):
     """Raise a PassError if the last graph of `made` ((pass, passes before it, its output) in
     order) cannot be imported as `io.save` would write it, or leaves a variable its init ops
-    initialised uninitialised; the error names the first pass that did it. Returns the
-    GraphDef imported when the C++ importer alone read it (it is left as built), for
-    `io.save` to write instead of building it again (a second or two at 150k nodes), else
-    None."""
+    initialised uninitialised; the error names the first pass that did it. Returns the bytes
+    of the binary GraphDef imported when the C++ importer alone read them, for `io.save` to
+    write instead of building and serializing it again (two seconds or so at 150k nodes),
+    else None."""
     if not made:
         return None
     built = []
@@ -61,17 +62,20 @@ def _problem(model: Model, graph: Graph, built: list | None = None) -> str | Non
 
 def importing(model: Model, graph: Graph, built: list | None = None) -> str | None:
     """Why TensorFlow cannot import `graph` in `model`'s container (as `io.save` writes it:
-    a MetaGraphDef with its collections and Saver), or None. A GraphDef the C++ importer
-    alone read, unchanged, is appended to `built`."""
+    a MetaGraphDef with its collections and Saver), or None. The bytes of a GraphDef the C++
+    importer alone read (binary, deterministic: as `io.save` writes them) are appended to
+    `built`."""
     import tensorflow as tf
 
     message = model.with_graph(graph)
     kind = model.format.kind
     try:
-        if kind == GRAPHDEF and not message.library.function and _c_imports(message):
-            if built is not None:
-                built.append(message)
-            return None
+        if kind == GRAPHDEF and not message.library.function:
+            serialized = serialize(message, text=False)
+            if _c_imports(message, serialized):
+                if built is not None:
+                    built.append(serialized)
+                return None
         with tf.Graph().as_default():
             if kind == GRAPHDEF:
                 tf.graph_util.import_graph_def(message, name="")
@@ -85,13 +89,14 @@ def importing(model: Model, graph: Graph, built: list | None = None) -> str | No
     return None
 
 
-def _c_imports(graph_def) -> bool:
-    """Whether the C++ importer took `graph_def` (a function library aside, all the public
-    importer checks: its Python side only wraps the operations, `tf_import`), or False when
-    TensorFlow's internals differ and the public importer must say. Raises what the importer
-    raises."""
+def _c_imports(graph_def, serialized: bytes) -> bool:
+    """Whether the C++ importer took `graph_def` (`serialized`: its bytes; a function library
+    aside, all the public importer checks: its Python side only wraps the operations,
+    `tf_import`), or False when TensorFlow's internals differ and the public importer must
+    say. Raises what the importer raises."""
     try:
-        tf_import.c_import(graph_def, validate_colocation=True)
+        lifetime.hold(tf_import.c_import(graph_def, validate_colocation=True,
+                                         serialized=serialized))
     except (AttributeError, ImportError) as err:  # not this TensorFlow's internals
         log.debug("import checked by the public importer (%s)", err)
         return False

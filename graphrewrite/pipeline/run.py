@@ -45,7 +45,7 @@ class OptimizeResult:
     run_reports: tuple = (None, None)  # (before, after) memory reports of the steps as
     # TensorFlow runs them, after Grappler (None where Grappler failed)
     reverted: str = ""  # why the passes' rewrite was dropped (it rose as run)
-    container: object = None  # `model.with_graph(graph)` if built for the import check
+    serialized: bytes | None = None  # the binary GraphDef the import check read, if it did
     budget: int | None = None  # the modelled peak the passes were asked to reach, in bytes
     analyses: tuple = (None, None)  # (original, rewritten) steps as written (`analysis.step`)
     levers: list = field(default_factory=list)  # the lever sets a budget tried (`levers.fit`)
@@ -138,7 +138,7 @@ def optimize(model: Model, mode: str, analysis: AnalysisOptions | None = None,
     # Grappler on the original runs beside the passes (it releases the GIL).
     grappled = (analysis_mod.start_as_run(model, model.graph, original)
                 if as_run and backward else None)
-    graph, found, results, container = _run_passes(model, steps, found, again, stage, graph)
+    graph, found, results, serialized = _run_passes(model, steps, found, again, stage, graph)
     changed = any(r.modified for r in results.values())  # else Grappler's run repeats
     run_steps = (None, None)
     if as_run and (backward or changed):
@@ -152,7 +152,7 @@ def optimize(model: Model, mode: str, analysis: AnalysisOptions | None = None,
         steps = [(name, _never_copied(opts, refused) if name == "recompute" else opts)
                  for name, opts in steps]
         analysed = model.graph.copy()
-        graph, found, results, container = _run_passes(model, steps, analysis_mod.analyse(
+        graph, found, results, serialized = _run_passes(model, steps, analysis_mod.analyse(
             model, analysed, analysis), again, stage, analysed)
         changed = any(r.modified for r in results.values())
         run_steps = _as_run(model, original, run_steps[0], graph, found, changed)
@@ -171,13 +171,13 @@ def optimize(model: Model, mode: str, analysis: AnalysisOptions | None = None,
                     "graph left unchanged (--passes runs the same passes and keeps their "
                     "rewrite)")
     if reverted:
-        graph, found, container = model.graph.copy(), original, None
+        graph, found, serialized = model.graph.copy(), original, None
         results = {name: type(r)(graph, False, note=r.note) for name, r in results.items()}
         run_reports = (run_reports[0], run_reports[0])
     budgets = [int(opts.budget) for _, opts in steps if getattr(opts, "budget", None)]
     result = OptimizeResult(graph, mode, text, len(model.graph), len(graph), peak_before,
                             found.memory.peak(), time.perf_counter() - start, results,
-                            run_reports, reverted, container, min(budgets, default=None),
+                            run_reports, reverted, serialized, min(budgets, default=None),
                             (original, found))
     if plan is not None:
         plan_mod.check_followed(plan, result)
@@ -189,7 +189,7 @@ def _run_passes(model: Model, steps: list, found, again: AnalysisOptions, stage,
     """Run `steps` on a copy of `analysed` (a copy of the model's graph, analysed as `found`),
     each rewrite analysed again (`again`); check that TensorFlow imports what they made.
     Returns the last graph, its analysis, each pass's result (runs of one pass combined) and
-    what `importable.check` returns (the output as written, when it built it). A copy of the
+    what `importable.check` returns (the output's bytes as written, when it made them). A copy of the
     analysed graph, not of the model's: it shares the topological order and the input lists
     the analysis cached (rebuilt for a fresh copy: 2 s at 99k nodes)."""
     graph = analysed.copy()
@@ -217,11 +217,11 @@ def _run_passes(model: Model, steps: list, found, again: AnalysisOptions, stage,
             found = analysis_mod.analyse(model, graph, again, shapes=result.shapes,
                                          planned=index < len(steps) - 1,  # a pass follows
                                          report=result.memory)
-    container = None
+    serialized = None
     if made:  # nothing is written that TensorFlow cannot import or its init ops initialise
         stage("checking that TensorFlow imports the rewritten graph")
-        container = importable.check(model, made)
-    return graph, found, results, container
+        serialized = importable.check(model, made)
+    return graph, found, results, serialized
 
 
 def _budget_in_bytes(opts, peak_before: int):
