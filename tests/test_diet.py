@@ -978,6 +978,15 @@ def test_a_bfloat16_first_moment_replaces_the_float32_one_and_trains_as_kept(gra
            and model.graph.op(n) in ("VarHandleOp", "VariableV2")
            and model.graph.node_def(n).attr["dtype"].type == types_pb2.DT_BFLOAT16]
     assert len(new) == 1 and f"{kernel}/{slot}" not in model.graph
+    if slot == "Adam":  # the first moment's update waits for the factored second moment's
+        import networkx as nx
+
+        graph = model.graph
+        ends = {e: [n for n in graph.nodes() if kernel in n and n.endswith(e)]
+                for e in ("/second", "/first_old", "/first_taken")}
+        assert all(len(found) == 1 for found in ends.values()), ends
+        for later in ("/first_old", "/first_taken"):
+            assert nx.has_path(graph.nx, ends["/second"][0], ends[later][0])
     import tensorflow as tf
 
     _train(tmp_path / "half.meta", 2, checkpoint=tmp_path / "ckpt")  # the Saver keeps it

@@ -442,6 +442,15 @@ class Diet:
         elif momentum == "keep" and keras:  # Keras's own update of m stays; read after it
             first = terms["m_new"]
         else:  # updated here: in the optimizer's float32 slot, or in a new 16-bit one
+            if matrix is not None and self.options.factored:
+                # Read once the factored second moment is done: the executor would otherwise
+                # run both moments at once, the gradient's square beside the old first moment
+                # and its decay (a transformer's embedding: four float32 tensors of the
+                # table's size at once, its measured peak). The Identity forwards the buffer.
+                b.gate = TensorRef(second.node, -1)
+                grad = b.gated("gradient_later", "Identity", [grad],
+                               T=type_attr(types_pb2.DT_FLOAT))
+                record_shape(self.graph, grad.node, shape)
             beta1 = b.binary("Sub", one, terms["decay1"], "beta1") if keras else terms["beta1"]
             take = terms["decay1"] if keras else b.binary("Sub", one, beta1, "one_minus_beta1")
             slot, stored = slots["m"], types_pb2.DT_FLOAT
