@@ -91,7 +91,7 @@ def test_the_matrix_covers_every_value_of_every_axis():
                                              "adagrad", "lso"}
     assert {e for c in cells_ for e in c.extras} == {"clip_norm", "clip_value", "bn", "dropout",
                                                      "embed", "gelu_nobias", "swish",
-                                                     "bidirectional", "ema"}
+                                                     "bidirectional", "ema", "phase"}
     tf1 = [c for c in cells_ if c.construction in recipes.TF1]
     assert {c.loss for c in tf1} == {"collection", "plain"}
     assert {c.train_op for c in tf1} == {"collection", "grouped", "none"}
