@@ -37,8 +37,8 @@ def check(model: Model, made: list[tuple[str, list[str], Graph]]):
     order) cannot be imported as `io.save` would write it, or leaves a variable its init ops
     initialised uninitialised; the error names the first pass that did it. Returns the bytes
     of the binary GraphDef imported when the C++ importer alone read them, for `io.save` to
-    write instead of building and serializing it again (two seconds or so at 150k nodes),
-    else None."""
+    write instead of building and serializing it again (a few seconds at 150k nodes), else
+    None."""
     if not made:
         return None
     built = []
