@@ -189,9 +189,9 @@ def _run_passes(model: Model, steps: list, found, again: AnalysisOptions, stage,
     """Run `steps` on a copy of `analysed` (a copy of the model's graph, analysed as `found`),
     each rewrite analysed again (`again`); check that TensorFlow imports what they made.
     Returns the last graph, its analysis, each pass's result (runs of one pass combined) and
-    what `importable.check` returns (the output's bytes as written, when it made them). A copy of the
-    analysed graph, not of the model's: it shares the topological order and the input lists
-    the analysis cached (rebuilt for a fresh copy: 2 s at 99k nodes)."""
+    what `importable.check` returns (the output's bytes as written, when it made them). A copy
+    of the analysed graph, not of the model's: it shares the topological order and the input
+    lists the analysis cached (rebuilt for a fresh copy: 2 s at 99k nodes)."""
     graph = analysed.copy()
     results: dict[str, PassResult] = {}
     made = []  # (pass, the passes before it, its output graph), for `importable.check`
