@@ -1,12 +1,27 @@
 """Shapes inside v1 while loops that TensorFlow's shape inference leaves unknown, refined by
-inferring again with each loop variable at its initial shape."""
+inferring again with each loop variable at its initial shape.
+
+A v2 loop lowered by Grappler keeps the forward pass for its gradient in TensorLists whose
+`element_shape` is unknown (-1): the gradient loop's pops, and everything computed from them,
+get their shapes from what the forward loop pushed (measured on a lowered while_v2 RNN: its
+weight gradient's terms were otherwise of unknown size, and counted as nothing)."""
 
 from __future__ import annotations
 
 import copy
 import logging
 
+from tensorflow.core.framework import types_pb2
+
 from .loops import ENTER, MERGE, NEXT, PASS_THROUGH
+
+# Writers: op -> the input that holds the element it adds (a scatter's or a list made from a
+# tensor: the elements are that tensor's rows).
+_WRITTEN = {"StackPushV2": 1, "TensorArrayWriteV3": 2, "TensorListPushBack": 1,
+            "TensorListSetItem": 2, "TensorArrayScatterV3": 2, "TensorListFromTensor": 0}
+_ROWS = ("TensorArrayScatterV3", "TensorListFromTensor")
+# Readers of one element, inferred again with it at the shape written.
+_READ = ("StackPopV2", "TensorArrayReadV3", "TensorListGetItem", "TensorListPopBack")
 
 __all__ = ["refine_shapes"]
 
@@ -43,6 +58,7 @@ def refine_shapes(graph_def, inferred: dict, infer) -> None:
 
 def _cut_loops(graph_def, nodes, varying: set[str], elements: dict):
     trial = copy.deepcopy(graph_def)
+    popped = []  # a list's pop: its element from a placeholder, its list passed on
     for node in trial.node:
         if node.op in ENTER:
             node.attr["is_constant"].b = True
@@ -52,38 +68,50 @@ def _cut_loops(graph_def, nodes, varying: set[str], elements: dict):
                     for i in node.input]
             del node.input[:]
             node.input.extend(kept)
-        elif node.name in elements:  # a pop or read: a placeholder of the element's shape
-            dtype, shape = elements[node.name]
-            kept = [i for i in node.input if i.startswith("^")]
-            node.op = "Placeholder"
+        elif node.name in elements and node.op == "TensorListPopBack":
+            dtype, _ = elements[node.name]
+            node.input[1] = node.name + "/_element"
+            node.op = "IdentityN"
             node.ClearField("attr")
-            node.attr["dtype"].type = dtype
-            for dim in shape:
-                node.attr["shape"].shape.dim.add(size=dim)
+            node.attr["T"].list.type.extend([types_pb2.DT_VARIANT, dtype])
+            popped.append(node.name)
+        elif node.name in elements:  # a pop or read: a placeholder of the element's shape
+            kept = [i for i in node.input if i.startswith("^")]
             del node.input[:]
             node.input.extend(kept)
+            _placeholder(node, *elements[node.name])
+    for name in popped:
+        _placeholder(trial.node.add(name=name + "/_element"), *elements[name])
     return trial
 
 
+def _placeholder(node, dtype: int, shape: tuple) -> None:
+    node.op = "Placeholder"
+    node.ClearField("attr")
+    node.attr["dtype"].type = dtype
+    for dim in shape:
+        node.attr["shape"].shape.dim.add(size=dim)
+
+
 def _element_shapes(nodes, inferred) -> dict[str, tuple[int, tuple]]:
-    """Pops and reads (single-output ones: StackPopV2, TensorArrayReadV3) -> the (dtype, shape)
-    their container's writers add, where all writers agree and the shape is known."""
+    """Pops and reads (`_READ`) -> the (dtype, shape) their container's writers
+    add, where all writers agree and the shape is known."""
     written: dict[str, set] = {}
     for node in nodes.values():
-        if node.op in ("StackPushV2", "TensorArrayWriteV3", "TensorArrayScatterV3"):
-            index = {"StackPushV2": 1, "TensorArrayWriteV3": 2, "TensorArrayScatterV3": 2}[node.op]
+        if node.op in _WRITTEN:
             data = [i for i in node.input if not i.startswith("^")]
-            source = _source_name(nodes, data[0])
-            shape = _shape_of(inferred, data[index])
+            source = node.name if node.op == "TensorListFromTensor" \
+                else _source_name(nodes, data[0])  # the list it adds to
+            shape = _shape_of(inferred, data[_WRITTEN[node.op]])
             if shape is None or shape[1] is None or None in shape[1]:
                 written.setdefault(source, set()).add(None)
                 continue
-            if node.op == "TensorArrayScatterV3":
+            if node.op in _ROWS:
                 shape = (shape[0], shape[1][1:])
             written.setdefault(source, set()).add(shape)
     found = {}
     for node in nodes.values():
-        if node.op in ("StackPopV2", "TensorArrayReadV3"):
+        if node.op in _READ:
             data = [i for i in node.input if not i.startswith("^")]
             options = written.get(_source_name(nodes, data[0]), set())
             if len(options) == 1 and None not in options:
@@ -92,14 +120,19 @@ def _element_shapes(nodes, inferred) -> dict[str, tuple[int, tuple]]:
 
 
 def _source_name(nodes, text: str) -> str:
-    name, seen = _name(text), set()
+    """The container `text` (a handle or list) belongs to: the loop variable nearest the op that
+    made it (its Merge), else that op. Grappler merges equal EmptyTensorLists, so two lists of
+    different elements can share their maker but not the variable each loop carries."""
+    name, seen, merge = _name(text), set(), None
     while nodes[name].op in PASS_THROUGH and name not in seen:
         seen.add(name)
+        if nodes[name].op in MERGE:
+            merge = name
         data = [i for i in nodes[name].input if not i.startswith("^")]
         if not data:
             break
         name = _name(data[0])
-    return name
+    return merge or name
 
 
 def _varying_merges(nodes, inferred) -> set[str]:
