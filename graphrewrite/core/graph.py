@@ -38,13 +38,12 @@ __all__ = ["LOOP_BACK_OPS", "neighbours", "Graph", "op_histogram"]
 LOOP_BACK_OPS = frozenset({"NextIteration", "RefNextIteration"})
 
 
-
 def neighbours(graph: nx.DiGraph, upstream: bool = False) -> dict:
-    """networkx's own adjacency dict of `graph` (node -> {neighbour: edge data}), for walks
-    over every node: its public `succ`/`pred` build a view object per access, a second each
-    on a 100k-node graph. The one place outside networkx that reads its `_succ`/`_pred`;
-    callers only read it."""
+    """networkx's own adjacency dict of `graph` (node -> {neighbour: edge data}), for walks over
+    every node: its public `succ`/`pred` build a view per access, a second each at 100k nodes.
+    The one place outside networkx that reads its `_succ`/`_pred`; callers only read it."""
     return graph._pred if upstream else graph._succ
+
 
 class Graph:
     """A GraphDef held as a DAG (plus legal loop back edges), with its non-node fields kept aside.

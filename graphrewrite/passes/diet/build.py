@@ -77,6 +77,16 @@ class Builder:
     def unary(self, op: str, a: TensorRef, name: str | None = None) -> TensorRef:
         return self.op(name or op.lower(), op, [a], T=type_attr(types_pb2.DT_FLOAT))
 
+    def mean(self, name: str, value: TensorRef, axes, axes_name: str, keep: bool) -> TensorRef:
+        axes = self.const(axes_name, axes, np.int32)
+        return self.op(name, "Mean", [value, axes], T=type_attr(types_pb2.DT_FLOAT),
+                       Tidx=type_attr(types_pb2.DT_INT32), keep_dims=bool_attr(keep))
+
+    def reshape(self, name: str, value: TensorRef, shape, shape_name: str) -> TensorRef:
+        shape = self.const(shape_name, shape, np.int32)
+        return self.op(name, "Reshape", [value, shape], T=type_attr(types_pb2.DT_FLOAT),
+                       Tshape=type_attr(types_pb2.DT_INT32))
+
     def cast(self, value: TensorRef, src: int, dst: int, name: str = "cast") -> TensorRef:
         return self.op(name, "Cast", [value], SrcT=type_attr(src), DstT=type_attr(dst),
                        Truncate=bool_attr(False))

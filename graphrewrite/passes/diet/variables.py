@@ -400,29 +400,18 @@ class Diet:
             rows = self._new_slot(var, "diet_rows", (matrix[0], 1), resource)
             cols = self._new_slot(var, "diet_cols", (1, matrix[1]), resource)
             if len(shape) != 2:  # a convolution kernel: (kh*kw*cin, cout)
-                squared = b.op("grad_squared_matrix", "Reshape",
-                               [squared, b.const("matrix_shape", matrix, np.int32)],
-                               T=type_attr(types_pb2.DT_FLOAT),
-                               Tshape=type_attr(types_pb2.DT_INT32))
-            row_mean = b.op("row_mean", "Mean", [squared, b.const("axis_1", 1, np.int32)],
-                            T=type_attr(types_pb2.DT_FLOAT), Tidx=type_attr(types_pb2.DT_INT32),
-                            keep_dims=bool_attr(True))
-            col_mean = b.op("col_mean", "Mean", [squared, b.const("axis_0", 0, np.int32)],
-                            T=type_attr(types_pb2.DT_FLOAT), Tidx=type_attr(types_pb2.DT_INT32),
-                            keep_dims=bool_attr(True))
+                squared = b.reshape("grad_squared_matrix", squared, matrix, "matrix_shape")
+            row_mean = b.mean("row_mean", squared, 1, "axis_1", keep=True)
+            col_mean = b.mean("col_mean", squared, 0, "axis_0", keep=True)
             r, w1 = self._accumulate(b, rows, beta2, decay, row_mean, resource, "rows",
                                      (matrix[0], 1))
             c, w2 = self._accumulate(b, cols, beta2, decay, col_mean, resource, "cols",
                                      (1, matrix[1]))
             writes += [w1, w2]
-            c_mean = b.op("cols_mean", "Mean", [c, b.const("axes", [0, 1], np.int32)],
-                          T=type_attr(types_pb2.DT_FLOAT), Tidx=type_attr(types_pb2.DT_INT32),
-                          keep_dims=bool_attr(False))
+            c_mean = b.mean("cols_mean", c, [0, 1], "axes", keep=False)
             second = b.binary("RealDiv", b.binary("Mul", r, c, "outer"), c_mean, "second")
             if len(shape) != 2:
-                second = b.op("second_kernel", "Reshape",
-                              [second, b.const("kernel_shape", shape, np.int32)],
-                              T=type_attr(types_pb2.DT_FLOAT), Tshape=type_attr(types_pb2.DT_INT32))
+                second = b.reshape("second_kernel", second, shape, "kernel_shape")
             self.removed.add(slots["v"])
         elif keras:  # Keras's own update of the full second moment stays; read after it
             second = terms["v_new"]
