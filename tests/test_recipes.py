@@ -29,7 +29,13 @@ FAST = {"v1_cnn_momentum_bn", "kl_transformer_adam_dropout", "km_mlp_momentum_dr
         "tf2_mlp_sgd"}
 
 # Cells whose rewrite fails today (no candidates, or nothing lowers the modelled peak).
-REWRITE_XFAIL: dict[str, str] = {}
+REWRITE_XFAIL = {
+    "tf2_cnn_momentum_recompute": (
+        "the user's tf.recompute_grad already runs the first two stages again in the backward "
+        "pass: the peak as written is the backward pass's own values (2.2 MiB: recomputed "
+        "activations and their gradients), as run the convolution gradients' scratch (34 MiB); "
+        "memory mode leaves the graph and its note says why"),
+}
 
 # Cells whose rewrite lowers the step as written but raises it as run (bitwise all the same).
 AS_RUN_XFAIL = {
@@ -91,7 +97,8 @@ def test_the_matrix_covers_every_value_of_every_axis():
                                              "adagrad", "lso"}
     assert {e for c in cells_ for e in c.extras} == {"clip_norm", "clip_value", "bn", "dropout",
                                                      "embed", "gelu_nobias", "swish",
-                                                     "bidirectional", "ema", "phase"}
+                                                     "bidirectional", "ema", "phase",
+                                                     "recompute_grad"}
     tf1 = [c for c in cells_ if c.construction in recipes.TF1]
     assert {c.loss for c in tf1} == {"collection", "plain"}
     assert {c.train_op for c in tf1} == {"collection", "grouped", "none"}

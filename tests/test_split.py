@@ -1,5 +1,6 @@
 """Forward/backward split: exact sets on fixtures whose gradient ops carry their scope's name."""
 
+import networkx as nx
 import tensorflow as tf
 
 from graphrewrite.analysis.split import split
@@ -167,6 +168,41 @@ def test_a_custom_gradients_constants_of_ones_are_not_seeds():
     assert len(found.seeds) == 1 and graph.op(found.seeds[0]) in ("Const", "Fill", "OnesLike")
     convolutions = [n for n in graph.nodes() if graph.op(n) == "Conv2D"]
     assert len(convolutions) == 2 and all(n in found.forward for n in convolutions)
+
+
+class _Recomputed(tf.keras.layers.Layer):
+    """Two dense layers called under `tf.recompute_grad` (gradient checkpointing by hand)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = [tf.keras.layers.Dense(16, activation="relu") for _ in range(2)]
+
+    def call(self, x):
+        def f(h):
+            for layer in self.inner:
+                h = layer(h)
+            return h
+        return tf.recompute_grad(f)(x)
+
+
+def test_a_backward_pass_that_recomputes_its_forward_values_starts_at_the_tapes_seed():
+    """`tf.recompute_grad` runs the block again in the backward pass, after the incoming
+    gradient (its input plus a SelectV2 of that gradient): the seed is upstream of forward
+    values the gradient ops read, which ruled out every candidate ("no backward pass")."""
+    model = tf.keras.Sequential([tf.keras.layers.Dense(16), _Recomputed(), _Recomputed(),
+                                 tf.keras.layers.Dense(4)])
+    model.build((None, 8))
+    opt = tf.keras.optimizers.SGD(0.1)
+
+    graph = tf2_step(model, opt, [4, 8])
+    found = split(graph)
+    assert len(found.seeds) == 1 and graph.op(found.seeds[0]) in ("Const", "Fill", "OnesLike")
+    matmuls = {n for n in graph.nodes() if graph.op(n) == "MatMul"}
+    from_seed = nx.descendants(graph.nx, found.seeds[0])
+    recomputed = {n for n in matmuls & from_seed
+                  if any(graph.op(a) == "SelectV2" for a in nx.ancestors(graph.nx, n))}
+    assert len(recomputed) >= 4  # each block's two layers again, besides their gradients
+    assert matmuls & found.forward == matmuls - from_seed and len(matmuls - from_seed) == 6
 
 
 def _gan(losses, optimizer):

@@ -174,8 +174,12 @@ def find_seeds(graph: Graph, dag: nx.DiGraph, data: nx.DiGraph, constant: set[st
     # seed a forward value.
     forward_values = reachable(data, _forward_value_inputs(graph), upstream=True)
     reaches_anchor = reachable(dag, found, upstream=True)
-    candidates = {n for n in graph.nodes() if n in reaches_anchor and n not in forward_values
-                  and n in constant and _is_ones(graph, n)}
+    ones = [n for n in graph.nodes() if n in reaches_anchor and n in constant
+            and _is_ones(graph, n)]
+    # A backward pass that computes its forward values again (`tf.recompute_grad`: the
+    # recomputation reads the incoming gradient so as to run after it) has the seed upstream of
+    # forward values too: then the rules below pick it among all the ones.
+    candidates = {n for n in ones if n not in forward_values} or set(ones)
     # Drop each candidate another is reachable from: one pass from the sinks up, not a walk
     # over the whole backward pass per candidate. By data edges: a second optimizer's
     # gradients built under `control_dependencies([first_train_op])` (a GAN's generator step
