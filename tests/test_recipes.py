@@ -56,6 +56,17 @@ BITWISE_XFAIL = {
         "changed"),
 }
 
+# TF1 cells whose split does not find the loss the optimizer minimizes.
+LOSS_XFAIL = {
+    "v1_cnn_adam_bn_estimator": (
+        "the loss minimized adds the L2 regularization loss to the collection's cross-entropy: "
+        "the cross-entropy's constants of ones (its Const, num_present's ones_like) reach every "
+        "update through the backward pass's reads of the mean's divisor and reach the total "
+        "loss, a sink, while the seed reaches the regularizers' dead gradient Identities: no "
+        "candidate reaches strictly fewer sinks, four seeds stay, and the moving averages' "
+        "updates are taken for the loss"),
+}
+
 _rewrites = {}
 
 
@@ -98,12 +109,13 @@ def test_the_matrix_covers_every_value_of_every_axis():
     assert {e for c in cells_ for e in c.extras} == {"clip_norm", "clip_value", "bn", "dropout",
                                                      "embed", "gelu_nobias", "swish",
                                                      "bidirectional", "ema", "phase",
-                                                     "recompute_grad"}
+                                                     "recompute_grad", "estimator"}
     tf1 = [c for c in cells_ if c.construction in recipes.TF1]
     assert {c.loss for c in tf1} == {"collection", "plain"}
     assert {c.train_op for c in tf1} == {"collection", "grouped", "none"}
     assert {c.fetch_loss for c in tf1} == {c.fetch_loss for c in cells_} == {True, False}
-    assert set(REWRITE_XFAIL) | set(AS_RUN_XFAIL) | set(BITWISE_XFAIL) | FAST <= set(recipes.CELLS)
+    assert set(REWRITE_XFAIL) | set(AS_RUN_XFAIL) | set(BITWISE_XFAIL) | set(LOSS_XFAIL) \
+        | FAST <= set(recipes.CELLS)
 
 
 def test_every_cell_is_described_in_a_few_words_for_the_benchmark():
@@ -126,6 +138,20 @@ def test_rewrite_finds_candidates_and_lowers_the_modelled_peak(name):
         assert peak["after"] < peak["before"], (peak, facts["note"])
     else:  # a recurrent layer run again: priced as run (as written, its loop is one node)
         assert run["after"] < run["before"], (run, facts["note"])
+
+
+@pytest.mark.parametrize("name", [p for p in cells(LOSS_XFAIL, FAST)
+                                  if recipes.CELLS[p.values[0]].construction in recipes.TF1])
+def test_the_seeds_differentiate_the_loss_the_optimizer_minimizes(name):
+    """From the graph's structure alone: one seed per gradient computation (the GAN's two
+    optimizers: two), and among what they differentiate the loss the builder minimized."""
+    from graphrewrite.analysis.split import split
+    from graphrewrite.core import io
+
+    entry = recipes.ensure(name)
+    found = split(io.load(entry["path"]).graph)
+    assert len(found.seeds) == (2 if recipes.CELLS[name].arch == "gan" else 1), found.seeds
+    assert entry["loss"] in found.differentiated, (entry["loss"], found.differentiated)
 
 
 @pytest.mark.tf
