@@ -57,15 +57,7 @@ BITWISE_XFAIL = {
 }
 
 # TF1 cells whose split does not find the loss the optimizer minimizes.
-LOSS_XFAIL = {
-    "v1_cnn_adam_bn_estimator": (
-        "the loss minimized adds the L2 regularization loss to the collection's cross-entropy: "
-        "the cross-entropy's constants of ones (its Const, num_present's ones_like) reach every "
-        "update through the backward pass's reads of the mean's divisor and reach the total "
-        "loss, a sink, while the seed reaches the regularizers' dead gradient Identities: no "
-        "candidate reaches strictly fewer sinks, four seeds stay, and the moving averages' "
-        "updates are taken for the loss"),
-}
+LOSS_XFAIL: dict[str, str] = {}
 
 _rewrites = {}
 

@@ -170,6 +170,28 @@ def test_a_custom_gradients_constants_of_ones_are_not_seeds():
     assert len(convolutions) == 2 and all(n in found.forward for n in convolutions)
 
 
+def test_a_regularized_total_loss_keeps_one_seed_and_is_the_loss():
+    """An estimator's loss: `tf.compat.v1.losses`' cross-entropy plus the L2 regularization
+    loss. The cross-entropy's constants of ones reach every update (through the backward pass's
+    reads of the mean's divisor) and the total loss; the seed reaches the regularization
+    term's dead gradients instead: over all sinks neither reached strictly fewer, and the
+    constants were kept as seeds (the moving averages' updates then taken for the loss)."""
+    def model():
+        x = placeholder("x", (8, 16))
+        labels = tf.compat.v1.placeholder(tf.int32, (8,), name="labels")
+        l2 = tf.keras.regularizers.l2(1e-4)
+        h = tf.compat.v1.layers.dense(x, 32, tf.nn.relu, kernel_regularizer=l2)
+        logits = tf.compat.v1.layers.dense(h, 4, kernel_regularizer=l2)
+        loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+        total = tf.add(loss, tf.compat.v1.losses.get_regularization_loss(), name="total")
+        tf.compat.v1.train.AdamOptimizer(0.1).minimize(total)
+
+    graph = build(model)
+    found = split(graph)
+    assert found.seeds == ("gradients/grad_ys_0",) and found.differentiated == ("total",)
+    assert {"total", "sparse_softmax_cross_entropy_loss/value"} <= found.forward
+
+
 class _Recomputed(tf.keras.layers.Layer):
     """Two dense layers called under `tf.recompute_grad` (gradient checkpointing by hand)."""
 

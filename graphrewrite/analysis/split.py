@@ -204,6 +204,12 @@ def find_seeds(graph: Graph, dag: nx.DiGraph, data: nx.DiGraph, constant: set[st
     # `Identity` waits on every update by a control edge, so every node reaches it that way.
     sinks = {n for n in graph.nodes() if data.out_degree(n) == 0 and n not in constant}
     ends = {n: reach[n] & sinks for n in candidates}
+    candidates = {n for n in candidates if not any(ends[o] < ends[n] for o in candidates)}
+    # The same over the sinks that depend on the batch: a loss with a second term (an
+    # estimator's L2 regularization loss) has the seed reach that term's dead gradients with
+    # respect to its constants, which no constant of the first term reaches.
+    batch = reachable(data, _fed(graph)) if len(candidates) > 1 else set()
+    ends = {n: ends[n] & batch for n in candidates}
     return sorted(n for n in candidates if not any(ends[o] < ends[n] for o in candidates))
 
 
@@ -359,9 +365,7 @@ def _differentiated(graph: Graph, data: nx.DiGraph, flow: set[str], sinks: set[s
     loss tracker's update, a write that waits (by control edges) before the optimizer's and
     returns nothing. Then the value written, of all the writes outside the flow the one that
     covers the most, is the loss."""
-    fed = [n for n in graph.nodes() if graph.op(n) in FED_OPS  # (an iterator has no dtype)
-           and graph.node_def(n).attr.get("dtype", _NO_TYPE).type != dtypes.RESOURCE]
-    activations = reachable(data, fed)
+    activations = reachable(data, _fed(graph))
     reads = {r.node for n in flow for r in graph.data_inputs(n)
              if r.node not in flow and r.node in activations}
 
@@ -377,6 +381,12 @@ def _differentiated(graph: Graph, data: nx.DiGraph, flow: set[str], sinks: set[s
     if written and max(written.values()) > most:
         by_sink, most = written, max(written.values())
     return {n for n, count in by_sink.items() if count == most and most > 0}
+
+
+def _fed(graph: Graph) -> list[str]:
+    """The placeholders and iterators that feed data (not a TF2 step's resource handles)."""
+    return [n for n in graph.nodes() if graph.op(n) in FED_OPS  # (an iterator has no dtype)
+            and graph.node_def(n).attr.get("dtype", _NO_TYPE).type != dtypes.RESOURCE]
 
 
 def _mirrored(graph: Graph, seeds) -> list[str]:
