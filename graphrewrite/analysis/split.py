@@ -10,8 +10,10 @@ elsewhere, and the tape's seed (`ones`) sits outside any gradient scope; names d
    `FusedBatchNormGrad`'s x and reserve spaces) and everything those depend on.
 3. Gradient seeds: ones-valued tensors (`OnesLike`, `Fill(.., 1)`, an all-ones `Const`) computed
    from constants and shapes only, from which an anchor is reachable, and which are not forward
-   values. A forward constant of ones also reaches the loss, so of two candidates the one that
-   reaches strictly more sinks is not a seed. Back-propagation starts there.
+   values (unless none is: a backward pass that computes forward values again). A forward
+   constant of ones also reaches the loss, so of two candidates the one that reaches strictly
+   more sinks (of all, then of those that depend on the batch) is not a seed. Back-propagation
+   starts there.
 4. Gradient flow: the seeds and everything reachable from them. These run in backprop order.
 5. Forward: what the losses and the forward values depend on, minus the gradient flow; the losses
    being what the seeds were shaped after plus the sinks outside the gradient flow.
