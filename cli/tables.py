@@ -37,6 +37,10 @@ def format_verify(facts: dict) -> str:
         f"{ratio(step['original'], step['rewritten']):>7}",
         f"device        {facts['device']}",
     ]
+    if facts.get("swapped") and "GPU" not in facts["device"]:
+        lines.append(f"note          {facts['swapped']} tensors swapped to the host: on a CPU "
+                     "host and device are one memory, so the peak measured here cannot fall "
+                     "(on a GPU the swap lowers the device's peak)")
     return "\n".join(lines)
 
 

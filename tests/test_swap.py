@@ -258,6 +258,26 @@ def test_verify_explains_that_the_grappler_form_needs_a_gpu(tmp_path):
     assert len(shown.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.tf
+def test_verify_says_a_cpu_cannot_show_what_a_swap_saves(tmp_path):
+    import tensorflow as tf
+
+    if tf.config.list_physical_devices("GPU"):
+        pytest.skip("a GPU is present: the swap can lower the measured peak")
+    out = tmp_path / "swapped.pbtxt"
+    made = run_cli("optimize", fixture_path("mlp"), "-o", out, "--mode", "swap",
+                   "--json")
+    swapped = len(json.loads(made.stdout)["swapped"])
+    shown = run_cli("verify", fixture_path("mlp"), out, "--runs", "1")
+    assert shown.exit_code == 0 and f"{swapped} tensors swapped to the host" in shown.stdout
+    facts = json.loads(run_cli("verify", fixture_path("mlp"), out, "--runs", "1",
+                               "--json").stdout)
+    assert facts["swapped"] == swapped > 0
+    unswapped = json.loads(run_cli("verify", fixture_path("mlp"), fixture_path("mlp"),
+                                   "--runs", "1", "--json").stdout)
+    assert unswapped["swapped"] == 0
+
+
 def test_explain_names_the_swap_pair_and_its_trigger(tmp_path):
     shown = run_cli("optimize", fixture_path("mlp"), "-o", tmp_path / "o.pbtxt", "--mode", "swap",
                     "--explain", "dense_1/Relu", "--explain", "x")

@@ -26,7 +26,7 @@ from ..analysis import shapes as shapes_mod
 from ..analysis import step as analysis
 from ..core.errors import GraphRewriteError
 from ..core.io import Model
-from ..core.names import SLOT_OF_ATTR
+from ..core.names import SLOT_OF_ATTR, SWAP_OUT_SUFFIX
 from ..core.tensor_ref import TensorRef
 from . import measure, mismatch
 
@@ -59,6 +59,7 @@ class VerifyResult:
     steps: int = 0
     cause: str = ""  # why they differ, when a mismatch was traced to Grappler (mismatch.py)
     curves: dict = field(default_factory=dict)  # --steps: {"loss", "original", "rewritten"}
+    swapped: int = 0  # tensors the rewritten graph sends to the host and back
 
     @property
     def max_abs_diff(self) -> float:
@@ -80,6 +81,7 @@ class VerifyResult:
             "step_seconds": {"original": self.original.median_seconds,
                              "rewritten": self.rewritten.median_seconds},
             "device": self.original.device,
+            "swapped": self.swapped,
         }
 
 
@@ -268,7 +270,13 @@ def verify(original: Model, rewritten: Model, options: VerifyOptions | None = No
         original.runnable(), rewritten.runnable(), inputs, own, fetches,
         lambda a, b: all(c.equal for c in compare(a, b, 0.0, 0.0)), isolated)
     return VerifyResult(match, comparisons, first, second, fetches, len(first.step_outputs),
-                        cause)
+                        cause, swapped=_swapped(rewritten.graph))
+
+
+def _swapped(graph) -> int:
+    """How many tensors `graph` swaps out (either swap form)."""
+    return sum(name.endswith(SWAP_OUT_SUFFIX) or graph.op(name) == GPU_ONLY_OPS[0]
+               for name in graph.nodes())
 
 
 def without_saver(model: Model, fetches: list[str]) -> list[str]:
