@@ -243,12 +243,17 @@ def test_swapped_checkpoints_run_bitwise_equal(tmp_path):
     assert outcome.match and outcome.max_abs_diff == 0.0
 
 
-@pytest.mark.tf
-def test_verify_explains_that_the_grappler_form_needs_a_gpu(tmp_path):
+def _skip_on_a_gpu(why: str) -> None:
+    """These tests check what a CPU-only machine says; with a GPU, `why` holds instead."""
     import tensorflow as tf
 
     if tf.config.list_physical_devices("GPU"):
-        pytest.skip("a GPU is present: the copy pairs can run")
+        pytest.skip(f"a GPU is present: {why}")
+
+
+@pytest.mark.tf
+def test_verify_explains_that_the_grappler_form_needs_a_gpu(tmp_path):
+    _skip_on_a_gpu("the copy pairs can run")
     out = tmp_path / "grappler.pb"
     made = run_cli("optimize", fixture_path("resnet_cnn"), "-o", out, "--mode", "swap",
                    "--swap-form", "grappler")
@@ -260,10 +265,7 @@ def test_verify_explains_that_the_grappler_form_needs_a_gpu(tmp_path):
 
 @pytest.mark.tf
 def test_verify_says_a_cpu_cannot_show_what_a_swap_saves(tmp_path):
-    import tensorflow as tf
-
-    if tf.config.list_physical_devices("GPU"):
-        pytest.skip("a GPU is present: the swap can lower the measured peak")
+    _skip_on_a_gpu("the swap can lower the measured peak")
     out = tmp_path / "swapped.pbtxt"
     made = run_cli("optimize", fixture_path("mlp"), "-o", out, "--mode", "swap",
                    "--json")
