@@ -192,6 +192,34 @@ def test_a_regularized_total_loss_keeps_one_seed_and_is_the_loss():
     assert {"total", "sparse_softmax_cross_entropy_loss/value"} <= found.forward
 
 
+def test_a_collected_loss_that_is_not_minimised_is_fetched_with_the_minimised_one(tmp_path):
+    """An estimator collects the cross-entropy in `losses` but minimises it plus the
+    regularization: `verify` must compare the loss the optimizer minimises too; a minimised loss
+    that only renames a collected one (an `Identity`) is not fetched twice."""
+    from graphrewrite.analysis.step import default_fetches
+
+    def export(name, regularized):
+        with tf.Graph().as_default() as g:
+            x = placeholder("x", (8, 16))
+            labels = tf.compat.v1.placeholder(tf.int32, (8,), name="labels")
+            l2 = tf.keras.regularizers.l2(1e-4) if regularized else None
+            logits = tf.compat.v1.layers.dense(x, 4, kernel_regularizer=l2)
+            loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+            extra = tf.compat.v1.losses.get_regularization_loss() if regularized else 0.0
+            total = (tf.add(loss, extra, name="total") if regularized
+                     else tf.identity(loss, name="total"))
+            train = tf.compat.v1.train.AdamOptimizer(0.1).minimize(total)
+            tf.compat.v1.add_to_collection("train_op", train)
+            meta = tf.compat.v1.train.export_meta_graph(graph=g)
+        path = tmp_path / name
+        path.write_bytes(meta.SerializeToString())
+        return default_fetches(io.load(path))
+
+    assert export("estimator.meta", True)[1:] == ["sparse_softmax_cross_entropy_loss/value",
+                                                  "total"]
+    assert export("renamed.meta", False)[1:] == ["sparse_softmax_cross_entropy_loss/value"]
+
+
 class _Recomputed(tf.keras.layers.Layer):
     """Two dense layers called under `tf.recompute_grad` (gradient checkpointing by hand)."""
 

@@ -77,7 +77,7 @@ def default_fetches(model: Model, graph: Graph | None = None,
                     shapes: shapes_mod.Shapes | None = None,
                     split: split_mod.Split | None = None) -> list[str]:
     """What one training step fetches: a MetaGraphDef's `train_op` collection (or what waits
-    on its ops, `_run_after`) with its `losses` (else the loss: what the gradient seeds
+    on its ops, `_run_after`) with its `losses` and the loss (what the gradient seeds
     differentiate, from `split` or found here), a TF2 step's returned `Identity` nodes (they
     wait on its updates by control edges), else the sinks of the graph that can be fetched:
     not inside a while-loop frame, and (given `shapes`) holding a numeric tensor or nothing at
@@ -93,8 +93,12 @@ def default_fetches(model: Model, graph: Graph | None = None,
         found = [n.split(":")[0].lstrip("^") for n in names]
         if all(n in graph for n in found):
             found = _run_after(graph, found[:trains]) + found[trains:]
-            if "losses" not in meta.collection_def:
-                found += (split or split_mod.split(graph)).differentiated
+            # The collected loss need not be the one minimised (an estimator adds its
+            # regularisation to it): the differentiated loss is fetched too, unless it is
+            # a collected one renamed.
+            fetched = {_through_identities(graph, n) for n in found}
+            found += [n for n in (split or split_mod.split(graph)).differentiated
+                      if _through_identities(graph, n) not in fetched]
             return list(dict.fromkeys(found))
     in_loop = split_mod.loop_frame_nodes(graph)
     found = [n for n in sinks(graph) if n not in in_loop]
@@ -110,6 +114,13 @@ def default_fetches(model: Model, graph: Graph | None = None,
         return found
     return [n for n in found if not shapes.outputs(n)
             or dtypes.base(shapes[shapes.outputs(n)[0]].dtype) not in dtypes.HANDLES]
+
+
+def _through_identities(graph: Graph, name: str) -> str:
+    """The node whose value `name` passes on unchanged through `Identity` ops."""
+    while graph.op(name) == "Identity" and graph.inputs(name):
+        name = graph.inputs(name)[0].node
+    return name
 
 
 def _run_after(graph: Graph, collected: list[str]) -> list[str]:
