@@ -600,6 +600,10 @@ def test_tf2_keras_steps_are_dieted_and_train_like_the_original(tmp_path, optimi
     assert sorted(n.rsplit("/", 1)[1] for n in added) == sorted(slots)
     removed = [n for n in bind.resource_placeholders(original.graph) if n not in graph]
     assert len(removed) == {"adam": 2, "momentum": 1, "sgd": 1}[optimizer]  # Keras 2.15 SGD: m, momentum 0
+    # The kernel's 16 bits, the removed float32 slots of its shape (placeholders: their shape
+    # is the kernel's), less the factored moment's (32, 1) and (1, 128) float32 slots.
+    added_bytes = (32 + 128) * 4 if slots else 0
+    assert facts.bytes_saved == 32 * 128 * (2 + 4 * len(removed)) - added_bytes
     assert not graph.check()
     before = parameter_facts(original.graph, _shapes(original))
     after = parameter_facts(graph, _shapes(model))

@@ -35,6 +35,7 @@ class Diet:
         self.fmt = FORMATS[options.format]
         self.dieted: list[str] = []
         self.removed: set[str] = set()       # slot variables to remove
+        self.removed_shapes: dict[str, tuple] = {}  # their shapes (a placeholder has none)
         self.added: list[NewEntry] = []      # new slot variables a Saver keeps
         self.slots_added: list[str] = []     # every new slot (variables and placeholders)
         self.slots_seen: set[str] = set()    # slots of rewritten updates, kept or not
@@ -412,7 +413,7 @@ class Diet:
             second = b.binary("RealDiv", b.binary("Mul", r, c, "outer"), c_mean, "second")
             if len(shape) != 2:
                 second = b.reshape("second_kernel", second, shape, "kernel_shape")
-            self.removed.add(slots["v"])
+            self._remove(slots["v"], shape)
         elif keras:  # Keras's own update of the full second moment stays; read after it
             second = terms["v_new"]
         else:
@@ -427,7 +428,7 @@ class Diet:
         momentum = self.options.momentum
         if momentum == "drop":
             first = grad
-            self.removed.add(slots["m"])
+            self._remove(slots["m"], shape)
         elif momentum == "keep" and keras:  # Keras's own update of m stays; read after it
             first = terms["m_new"]
         else:  # updated here: in the optimizer's float32 slot, or in a new 16-bit one
@@ -446,7 +447,7 @@ class Diet:
             if momentum == "bfloat16":
                 stored = types_pb2.DT_BFLOAT16
                 slot = self._new_slot(var, "diet_first", shape, resource, stored)
-                self.removed.add(slots["m"])
+                self._remove(slots["m"], shape)
             first, w = self._accumulate(b, slot, beta1, take, grad, resource, "first", shape,
                                         stored)
             writes.append(w)
@@ -473,7 +474,7 @@ class Diet:
             if self.options.momentum == "bfloat16":
                 stored = types_pb2.DT_BFLOAT16
                 slot = self._new_slot(var, "diet_momentum", shape, resource, stored)
-                self.removed.add(update.slots["accum"])
+                self._remove(update.slots["accum"], shape)
             take = b.unary("Neg", lr, "minus_lr") if keras else self._scalar(b, 1.0, "one")
             accum, w = self._accumulate(b, slot, momentum, take, grad, resource, "accum", shape,
                                         stored)
@@ -486,7 +487,7 @@ class Diet:
             else:
                 direction = accum
             return b.binary("Mul", lr, direction, "step"), [w]
-        self.removed.add(update.slots["accum"])
+        self._remove(update.slots["accum"], shape)
         one = self._scalar(b, 1.0, "one")
         rate = b.binary("RealDiv", lr, b.binary("Sub", one, momentum, "one_minus_momentum"),
                         "rate")
@@ -575,17 +576,20 @@ class Diet:
 
     # ---------------------------------------------------------------- slots
 
+    def _remove(self, slot: str, shape: tuple) -> None:
+        """Mark a slot of the variable being rewritten (of its `shape`) for removal."""
+        self.removed.add(slot)
+        self.removed_shapes[slot] = shape
+
     def finish(self) -> None:
         """Saver entries follow the slots; removed slots go with everything that served only
         them (reads, initializers, restores); inputs of the old updates nothing reads go too."""
         graph = self.graph
         edit_saver(graph, self.removed, self.added)
         for slot in sorted(self.removed):
-            node = graph.node_def(slot)
-            shape = known_shape(node)
-            if shape is not None:
-                self.bytes_saved += int(np.prod(shape)) * 4
-            if not remove_variable(graph, slot):
+            if remove_variable(graph, slot):
+                self.bytes_saved += int(np.prod(self.removed_shapes[slot])) * 4
+            else:
                 self.removed.discard(slot)
         prune(graph, self.orphans)
 
