@@ -541,7 +541,8 @@ def _keras_step(optimizer: str, lr: float, hidden: int = HIDDEN, schedule: bool 
         lr = tf.keras.optimizers.schedules.ExponentialDecay(lr, 1000, 1.0)
     make = {"adam": lambda: tf.keras.optimizers.Adam(lr, jit_compile=False),
             "momentum": lambda: tf.keras.optimizers.SGD(lr, momentum=0.9, jit_compile=False),
-            "sgd": lambda: tf.keras.optimizers.SGD(lr, jit_compile=False)}
+            "sgd": lambda: tf.keras.optimizers.SGD(lr, jit_compile=False),
+            "adamw": lambda: tf.keras.optimizers.AdamW(lr, jit_compile=False)}
     optimizer = make[optimizer]()
     optimizer.build(model.trainable_variables)
     signature = [tf.TensorSpec([BATCH, FEATURES], tf.float32, name="x"),
@@ -836,6 +837,19 @@ def test_tf2_updates_of_other_forms_stay_float32_with_one_warning(caplog, tmp_pa
     facts = result.results["diet"]
     assert len(facts.dieted) == 10  # every weight (not the 2 statistics), with min_size=0
     assert not [r for r in caplog.records if "stay float32" in r.getMessage()]
+
+
+@pytest.mark.tf
+def test_a_variable_kept_float32_is_listed_once(tmp_path):
+    """AdamW writes each weight twice (its decay, then Adam's update): the kernel, refused for
+    the one and unread for the other, was listed under both reasons (a ViT's 27 weights
+    warned as 54)."""
+    *_, graph_def = _keras_step("adamw", 1e-3)
+    (tmp_path / "step.pb").write_bytes(graph_def.SerializeToString())
+    kept = pipeline.optimize(io.load(tmp_path / "step.pb"), "diet",
+                             composed="diet(min_size=0)").results["diet"].kept_float
+    listed = [name for names in kept.values() for name in names]
+    assert len(listed) == len(set(listed)) == 4, kept  # two kernels, two biases
 
 
 @pytest.mark.tf

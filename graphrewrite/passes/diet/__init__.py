@@ -103,7 +103,13 @@ def run(graph: Graph, analysis: Analysis, options: DietOptions, model=None) -> D
     for name in other_float_variables(graph, analysis.shapes, options, diet, slots,
                                        analysis.split.gradient_flow):
         kept.setdefault(diet.unread.get(name) or why_not(graph, name), []).append(name)
-    kept = {reason: sorted(set(names)) for reason, names in kept.items()}
+    # A variable written twice (AdamW's decay beside its update) is listed under one reason.
+    listed: set[str] = set()
+    for reason in list(kept):
+        kept[reason] = sorted(set(kept[reason]) - listed)
+        listed.update(kept[reason])
+        if not kept[reason]:
+            del kept[reason]
     # Small variables stay float32 by design (min_size); the others are worth a warning.
     unexpected = {r: v for r, v in kept.items() if not r.startswith(SMALL)}
     if unexpected:
