@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from graphrewrite.analysis.memory import MemoryReport
 from graphrewrite.core import io
 from graphrewrite.passes import PASSES
 from graphrewrite.passes.accumulate import AccumulateResult
@@ -30,6 +31,8 @@ class Step:
 
     def allocated_timeline(self):
         return [self.peak // 2, self.peak]
+
+    allocated_peak_at = MemoryReport.allocated_peak_at
 
 
 def result(as_run=(None, None), modified=True, written=(3 * MIB, 2 * MIB)):
@@ -199,6 +202,37 @@ def test_the_diet_report_says_what_diet_did():
     assert ("diet            2 variables now 16-bit; optimizer slots -1 +2; 3.0 MiB of "
             "persistent memory saved; forward reads gated") in lines.splitlines()
     assert "kept float32    1 variables: fewer than 1024 elements (e.g. b1)" in lines
+
+
+@pytest.mark.tf
+@pytest.mark.parametrize("optimizer, loss, named", [
+    ("rmsprop", "mse", ()), ("adam", "xent", ("--lossy", "--mode diet"))])
+def test_levers_that_go_lower_are_named_only_where_they_apply(tmp_path, optimizer, loss, named):
+    """A chunked loss needs a cross entropy of a projection's logits, diet an update it reads
+    (a SimCLR step, similarity logits and Nesterov momentum, was told to try both)."""
+    import tensorflow as tf
+
+    with tf.Graph().as_default() as g:
+        x = tf.compat.v1.placeholder(tf.float32, (32, 64), name="x")
+        h = tf.compat.v1.layers.dense(x, 256, tf.nn.relu)
+        out = tf.compat.v1.layers.dense(h, 10)
+        if loss == "mse":
+            target = tf.compat.v1.placeholder(tf.float32, (32, 10), name="y")
+            value = tf.reduce_mean(tf.square(out - target), name="loss")
+        else:
+            labels = tf.compat.v1.placeholder(tf.int32, (32,), name="y")
+            value = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                labels=labels, logits=out), name="loss")
+        make = {"rmsprop": tf.compat.v1.train.RMSPropOptimizer,
+                "adam": tf.compat.v1.train.AdamOptimizer}[optimizer]
+        make(1e-3).minimize(value, name="train")
+        meta = tf.compat.v1.train.export_meta_graph(graph=g)
+    (tmp_path / "step.meta").write_bytes(meta.SerializeToString())
+    facts = json.loads(run_cli("optimize", tmp_path / "step.meta", "-o", tmp_path / "b.meta",
+                               "--budget", "1%", "--no-as-run", "--json").stdout)
+    levers = facts["note"].split("levers not used here that go lower: ")[1]
+    assert "--swap-checkpoints" in levers
+    assert [flag for flag in ("--lossy", "--mode diet") if flag in levers] == list(named)
 
 
 @pytest.mark.parametrize("budget, met", [("90%", True), ("1%", False)])

@@ -194,6 +194,15 @@ class MemoryReport:
             timeline.append(in_use)
         return timeline
 
+    def allocated_peak_at(self) -> tuple[str, int] | None:
+        """Where the allocator's peak on the device falls: (node, the kernel scratch it holds
+        while it runs); None for an empty schedule."""
+        timeline = self.allocated_timeline()
+        if not timeline:
+            return None
+        step = max(range(len(timeline)), key=timeline.__getitem__)
+        return self.order[step], self.scratch.get(step, 0)
+
     def _replay(self, place: str, timeline: dict[int, int] | None = None) -> int:
         """`replay` of this step's buffers at `place` through the allocator that place has: a
         CPU's or a host's grows regions, an accelerator's holds one."""

@@ -50,6 +50,7 @@ class OptimizeResult:
     analyses: tuple = (None, None)  # (original, rewritten) steps as written (`analysis.step`)
     levers: list = field(default_factory=list)  # the lever sets a budget tried (`levers.fit`)
     budget_of: str = "as_written"  # the peak `budget` is for: or "predicted" (`levers.fit`)
+    dropped_run: object = None  # the dropped rewrite's memory report as run (`reverted`)
 
     @property
     def budget_met(self) -> bool | None:
@@ -170,15 +171,16 @@ def optimize(model: Model, mode: str, analysis: AnalysisOptions | None = None,
                     f"({before / 2**20:.1f} -> {after / 2**20:.1f} MiB after Grappler): "
                     "graph left unchanged (--passes runs the same passes and keeps their "
                     "rewrite)")
+    dropped_run = None
     if reverted:
         graph, found, serialized = model.graph.copy(), original, None
         results = {name: type(r)(graph, False, note=r.note) for name, r in results.items()}
-        run_reports = (run_reports[0], run_reports[0])
+        dropped_run, run_reports = run_reports[1], (run_reports[0], run_reports[0])
     budgets = [int(opts.budget) for _, opts in steps if getattr(opts, "budget", None)]
     result = OptimizeResult(graph, mode, text, len(model.graph), len(graph), peak_before,
                             found.memory.peak(), time.perf_counter() - start, results,
                             run_reports, reverted, serialized, min(budgets, default=None),
-                            (original, found))
+                            (original, found), dropped_run=dropped_run)
     if plan is not None:
         plan_mod.check_followed(plan, result)
     return result

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from ..analysis import optimizers, parameters
 from ..core.graph import Graph
 from ..core.names import AHEAD_SUFFIX, COPY_SUFFIX, PAD_PREFIX, SWAP_OUT_SUFFIX, TRIGGER_PREFIX
 from ..core.tensor_ref import TensorRef
-from ..passes import PASSES
+from ..passes import PASSES, chunk_loss
 from ..passes.base import EXAMPLES, merged
 from ..passes.recompute import RecomputeResult
 from ..passes.swap import SwapResult
@@ -91,8 +92,10 @@ LITTLE = 0.05  # a saving under this share is worth explaining
 def _note(result: OptimizeResult) -> str:
     """What the passes say they did not do, in the order they ran, and whether the rewrite is
     kept although the step as run (what `verify` measures) needs more memory."""
-    notes = [r.note for r in result.results.values()] + [result.reverted, _levers(result),
-                                                         _little_as_run(result)]
+    dropped = result.dropped_run
+    notes = [r.note for r in result.results.values()] + [
+        result.reverted, dropped and peak_as_run(dropped, dropped.allocated_peak()),
+        _levers(result), _little_as_run(result)]
     before, after = result.run_peaks
     if result.changed and before and after is not None and after > before:
         notes.append(f"the rewrite is kept although its modelled peak as run rises "
@@ -112,17 +115,21 @@ def _little_as_run(result: OptimizeResult) -> str:
             or after < (1 - LITTLE) * before \
             or result.peak_after > (1 - LITTLE) * result.peak_before:
         return ""
-    report = result.run_reports[1]
-    timeline = report.allocated_timeline()
-    if not timeline:
-        return ""
-    step = max(range(len(timeline)), key=timeline.__getitem__)
-    scratch = report.scratch.get(step, 0)
-    held = (f"; {_mib(scratch)} of it is that kernel's scratch, which no rewrite moves (on a "
-            "GPU, cuDNN's workspace takes its place)" if scratch >= LITTLE * after else "")
+    where = peak_as_run(result.run_reports[1], after)
     return (f"as written it saves {1 - result.peak_after / result.peak_before:.0%}, as run "
-            f"(after Grappler) {1 - after / before:.0%}: the peak as run is at "
-            f"{report.order[step]} ({_mib(after)}){held}")
+            f"(after Grappler) {1 - after / before:.0%}: {where}" if where else "")
+
+
+def peak_as_run(report, peak: int) -> str:
+    """Where a modelled step as run peaks, and the kernel scratch there when it is 5% or more
+    of the `peak` (the CPU's convolution gradients' column buffers, cuDNN's workspace)."""
+    at = report.allocated_peak_at()
+    if at is None:
+        return ""
+    node, scratch = at
+    held = (f"; {_mib(scratch)} of it is that kernel's scratch, which no rewrite moves (on a "
+            "GPU, cuDNN's workspace takes its place)" if scratch >= LITTLE * peak else "")
+    return f"the peak as run is at {node} ({_mib(peak)}){held}"
 
 
 def _levers(result: OptimizeResult) -> str:
@@ -135,10 +142,16 @@ def _levers(result: OptimizeResult) -> str:
     if "swap" not in ran:
         levers.append("moving what is kept to host memory (--swap-checkpoints, or --mode "
                       "swap), where the device has one")
-    if "chunk_loss" not in ran:
+    # Named only where they apply: a cross entropy of a projection's logits, an optimizer
+    # update diet reads or a frozen graph's constants (a SimCLR step's similarity logits and
+    # Nesterov momentum have neither).
+    rewritten = result.analyses[1]
+    if "chunk_loss" not in ran and rewritten is not None and \
+            chunk_loss.find(result.graph, rewritten)[0]:
         levers.append("computing a softmax cross entropy's logits a block of rows at a time "
                       "(--lossy)")
-    if "diet" not in ran:
+    if "diet" not in ran and (optimizers.updates(result.graph)
+                              or not parameters.variables(result.graph)):  # its constants
         levers.append("16-bit parameters and optimizer state (--lossy with --budget, or "
                       "--mode diet)")
     peak = result.predicted_peaks[1] if result.budget_of == "predicted" else result.peak_after
