@@ -59,7 +59,7 @@ bench: install $(ZOO)/manifest.json
 	$(BIN)/python fixtures/bench.py --zoo $(ZOO) --runs 3 \
 		--only transformer_adam_meta,transformer_adam_tf2,transformer_dropout \
 		--lossy-table out/bench/lossy.md
-	$(BIN)/python fixtures/bench.py --runs 3 --recipe-table out/bench/recipes.md
+	$(BIN)/python fixtures/bench.py --runs 3 --repeat 3 --recipe-table out/bench/recipes.md
 	$(BIN)/python fixtures/budgets.py --zoo $(ZOO) --markdown out/bench/budgets.md --cases \
 		transformer_adam_meta:60%,40%L,30%L transformer_adam_tf2:40%L,30%L,25%L \
 		deep_mlp_meta:50%,25%L \

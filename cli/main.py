@@ -364,6 +364,11 @@ def _write_tradeoff(path: Path, model, model_path, stages, profile, analysis) ->
 @click.option("--seed", default=0, show_default=True, help="Seed of the random inputs.")
 @click.option("--int-high", default=10, show_default=True, type=click.IntRange(min=1),
               help="Integer inputs are drawn from [0, INT_HIGH) (class ids, token ids).")
+@click.option("--repeat", default=1, show_default=True, metavar="N", type=click.IntRange(min=1),
+              help="Measure each graph's peak in N fresh processes, in turns, and report their "
+                   "median and range: where the allocator's regions fall depends on the "
+                   "executor's threads, so one graph's peak can move by a third from process "
+                   "to process.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object (keys in the README).")
 @plot_option("both graphs' measured allocator bytes in use over a traced step")
 @click.option("--trace", "trace_dir", type=click.Path(file_okay=False), metavar="DIR",
@@ -375,8 +380,8 @@ def _write_tradeoff(path: Path, model, model_path, stages, profile, analysis) ->
 @tag_option
 @click.pass_context
 def verify(ctx, original_path, rewritten_path, rtol, atol, feeds, runs, steps, batches, data_path,
-           seed, int_high, as_json, plot_path, trace_dir, input_shapes, outputs, backward_scope,
-           tag):
+           seed, int_high, repeat, as_json, plot_path, trace_dir, input_shapes, outputs,
+           backward_scope, tag):
     """Run ORIGINAL and REWRITTEN on the same seeded inputs and compare every output.
 
     Each runs two steps: the outputs of both steps and every variable after them (weights,
@@ -399,7 +404,8 @@ def verify(ctx, original_path, rewritten_path, rtol, atol, feeds, runs, steps, b
     options = verify_mod.VerifyOptions(
         fetches=outputs, input_shapes=input_shapes, feeds=verify_mod.load_feeds(feeds),
         rtol=rtol, atol=atol, runs=runs, seed=seed, int_high=int_high, steps=steps,
-        batches=batches, data=verify_mod.load_data(data_path) if data_path else None)
+        batches=batches, data=verify_mod.load_data(data_path) if data_path else None,
+        repeat=repeat)
     result = verify_mod.verify(original, rewritten, options, progress=stages)
     facts = result.to_json()
     if as_json:

@@ -33,6 +33,13 @@ def format_verify(facts: dict) -> str:
         f"{'':13} {'original':>12} {'rewritten':>12} {'ratio':>7}",
         f"{'peak memory':13} {format_bytes(peak['original'] or 0):>12} "
         f"{format_bytes(peak['rewritten'] or 0):>12} {ratio(peak['original'], peak['rewritten']):>7}",
+    ]
+    spread = facts.get("peak_bytes_runs") or {}
+    if len(spread.get("original", ())) > 1:
+        ranges = [_range(spread[k]) for k in ("original", "rewritten")]
+        lines.append(f"{'peak range':13} {ranges[0]:>12} {ranges[1]:>12}    MiB, the median of "
+                     f"{len(spread['original'])} processes each")
+    lines += [
         f"{'step time':13} {step['original'] * 1000:>10.1f}ms {step['rewritten'] * 1000:>10.1f}ms "
         f"{ratio(step['original'], step['rewritten']):>7}",
         f"device        {facts['device']}",
@@ -42,6 +49,12 @@ def format_verify(facts: dict) -> str:
                      "host and device are one memory, so the peak measured here cannot fall "
                      "(on a GPU the swap lowers the device's peak)")
     return "\n".join(lines)
+
+
+def _range(peaks: list) -> str:
+    """The least and most of measured peaks, in MiB: '11.0-15.6'."""
+    known = [p for p in peaks if p is not None]
+    return f"{min(known) / 2**20:.1f}-{max(known) / 2**20:.1f}" if known else "-"
 
 
 def _yes(flag: bool) -> str:

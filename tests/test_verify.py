@@ -69,6 +69,25 @@ def test_verify_cli_reports_side_by_side(tmp_path):
     assert all(v > 0 for v in facts["step_seconds"].values())
 
 
+def test_verify_repeat_reports_the_median_and_range_of_fresh_processes(tmp_path):
+    """One graph's measured peak moves between processes (the executor's threads place the
+    allocator's regions): --repeat measures each graph N times, in turns, and reports the
+    median with every peak, the table their range."""
+    shown = run_cli("verify", fixture_path("mlp"), fixture_path("mlp"), "--runs", "1",
+                    "--repeat", "3", "--json")
+    assert shown.exit_code == 0, shown.stderr
+    facts = json.loads(shown.stdout)
+    runs = facts["peak_bytes_runs"]
+    assert [len(runs["original"]), len(runs["rewritten"])] == [3, 3]
+    assert all(facts["peak_bytes"][k] == sorted(runs[k])[1] for k in runs)
+    table = run_cli("verify", fixture_path("mlp"), fixture_path("mlp"), "--runs", "1",
+                    "--repeat", "2").stdout
+    assert "MiB, the median of 2 processes each" in table
+    once = json.loads(run_cli("verify", fixture_path("mlp"), fixture_path("mlp"), "--runs", "1",
+                              "--json").stdout)
+    assert [len(once["peak_bytes_runs"][k]) for k in runs] == [1, 1]
+
+
 def test_verify_cli_exit_1_on_a_mismatch(tmp_path):
     model = io.load(fixture_path("mlp"))
     tampered = model.graph.copy()
