@@ -96,12 +96,13 @@ def test_the_matrix_covers_every_value_of_every_axis():
     cells_ = list(recipes.CELLS.values())
     assert {c.construction for c in cells_} == set(recipes.TF1 + recipes.TF2)
     assert {c.arch for c in cells_} == set(recipes.ARCHS)
-    assert {c.optimizer for c in cells_} == {"sgd", "momentum", "adam", "adamw", "rmsprop",
-                                             "adagrad", "lso"}
+    assert {c.optimizer for c in cells_} == {"sgd", "momentum", "nesterov", "adam", "adamw",
+                                             "rmsprop", "adagrad", "lso"}
     assert {e for c in cells_ for e in c.extras} == {"clip_norm", "clip_value", "bn", "dropout",
                                                      "embed", "gelu_nobias", "swish",
                                                      "bidirectional", "ema", "phase",
-                                                     "recompute_grad", "estimator"}
+                                                     "recompute_grad", "estimator", "distill",
+                                                     "contrastive"}
     tf1 = [c for c in cells_ if c.construction in recipes.TF1]
     assert {c.loss for c in tf1} == {"collection", "plain"}
     assert {c.train_op for c in tf1} == {"collection", "grouped", "none"}
