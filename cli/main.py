@@ -555,7 +555,7 @@ def inspect(model_path, as_json, top, plot_path, device_memory, input_shapes, ou
     facts.update(summary.memory_facts(found, top, as_run))
     from graphrewrite.analysis import state
 
-    facts.update(state.parameter_facts(model.graph, found.shapes))
+    facts.update(state.parameter_facts(model.graph, found.shapes, found.split))
     if device_memory:
         from graphrewrite.planning import fit
 

@@ -127,3 +127,25 @@ def test_variables_inside_a_cond_grappler_lowered_are_still_counted(loss_scaled_
     lowered, shapes, _ = analysis.as_run_step(model, model.graph, found)
     assert any(lowered.op(n) == "Switch" for n in lowered.nodes())
     assert parameters.unknown_variables(lowered, shapes) == []
+
+
+@pytest.mark.parametrize("optimizer, slots", [
+    (lambda: tf.keras.optimizers.SGD(0.1, momentum=0.9, nesterov=True), 1),
+    (lambda: tf.keras.optimizers.RMSprop(1e-3), 1), (lambda: tf.keras.optimizers.Adagrad(0.1), 1),
+    (lambda: tf.keras.optimizers.Adam(1e-3), 2)])
+def test_weights_and_their_state_are_found_whatever_the_optimizer(optimizer, slots):
+    """A weight is what the step writes from the gradient and the loss is computed from; its
+    optimizer state what it writes from the gradient otherwise: the facts held only for the
+    updates `optimizers` reads (a SimCLR step with Nesterov momentum: 0 parameters)."""
+    from graphrewrite.analysis.state import parameter_facts
+    from test_split import tf2_step
+
+    model = tf.keras.Sequential([tf.keras.layers.Dense(32, activation="relu"),
+                                 tf.keras.layers.Dense(4)])
+    model.build((None, 16))
+    opt = optimizer()
+    opt.build(model.trainable_variables)
+    graph = tf2_step(model, opt, [8, 16])
+    facts = parameter_facts(graph, infer(graph))
+    assert facts["trainable_parameters"] == 16 * 32 + 32 + 32 * 4 + 4
+    assert facts["bytes_per_parameter"] == 4 * (1 + slots)
