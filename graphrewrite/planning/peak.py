@@ -51,11 +51,11 @@ def why_so_little(ctx: Context, report) -> str:
     if top == STATE and parameters.variables(ctx.graph) and not optimizers.updates(ctx.graph):
         return (f"at the modelled peak ({shares}) recomputation cannot lower it, and --mode "
                 "diet reads no update here (it rewrites Adam's, momentum's and SGD's)")
+    if top == STATE:
+        return f"at the modelled peak ({shares}) recomputation cannot lower it: {_diet(ctx)}"
     advice = {
         ACTIVATIONS: "activations hold it, but none can be recomputed more cheaply than kept: "
                      "try --mode swap, or --mode collection --checkpoints to choose them",
-        STATE: "recomputation cannot lower it: --mode diet stores parameters and optimizer "
-               "state in 16 bits (lossy)",
         BACKWARD: "the backward pass's own values hold it (e.g. the logits' gradient): no "
                   "checkpoint choice changes them",
         CALLS: "values inside while loops and function calls hold it (an RNN's per-step "
@@ -64,3 +64,24 @@ def why_so_little(ctx: Context, report) -> str:
                "never swapped",
     }[top]
     return f"at the modelled peak ({shares}) {advice}"
+
+
+def _diet(ctx: Context) -> str:
+    """What diet would store in 16 bits: the variables optimizer updates write, of all the
+    variables' bytes (a distillation step's frozen teacher held 70% of them: diet leaves it)."""
+    if not parameters.variables(ctx.graph):
+        return "--mode diet stores the graph's large float constants in 16 bits (lossy)"
+
+    def size(name: str) -> int:
+        info = parameters.value_info(ctx.graph, ctx.analysis.shapes, name)
+        return (info.nbytes or 0) if info is not None else 0
+
+    trained = {name for update in optimizers.updates(ctx.graph)
+               for name in (update.var, *update.slots.values()) if name in ctx.graph}
+    part = sum(map(size, trained))
+    total = sum(map(size, parameters.variables(ctx.graph)))
+    rest = ("; the rest no update writes (weights the step does not train stay as they are)"
+            if part < total / 2 else "")
+    return (f"--mode diet stores the trained weights and their optimizer state in 16 bits "
+            f"(lossy): {part / 2**20:.1f} of the {total / 2**20:.1f} MiB the variables hold"
+            f"{rest}")
