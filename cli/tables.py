@@ -44,6 +44,10 @@ def format_verify(facts: dict) -> str:
         f"{ratio(step['original'], step['rewritten']):>7}",
         f"device        {facts['device']}",
     ]
+    if facts.get("dieted") and not facts["match"]:
+        lines.append(f"note          {facts['dieted']} variables are stored in 16 bits (diet: "
+                     "lossy), so the outputs cannot match bitwise: compare training instead "
+                     "(--steps 50 --batches 4 --rtol 0.02)")
     if facts.get("swapped") and "GPU" not in facts["device"]:
         lines.append(f"note          {facts['swapped']} tensors swapped to the host: on a CPU "
                      "host and device are one memory, so the peak measured here cannot fall "

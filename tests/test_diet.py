@@ -622,6 +622,10 @@ def test_tf2_keras_steps_are_dieted_and_train_like_the_original(tmp_path, optimi
         plain = verify.verify(original, model,
                               verify.VerifyOptions(runs=1, int_high=CLASSES), isolated=False)
         assert not plain.match and plain.rewritten.step_seconds
+        from graphrewrite.cli.tables import format_verify
+
+        assert plain.dieted == 1 and "(diet: lossy), so the outputs cannot match bitwise" \
+            in format_verify(plain.to_json())
     start = _tf2_losses(original, 30)
     dieted = _tf2_losses(model, 30)
     assert dieted[0] == pytest.approx(start[0], rel=1e-2)  # the same start, quantized

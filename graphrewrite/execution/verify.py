@@ -27,7 +27,7 @@ from ..analysis import shapes as shapes_mod
 from ..analysis import step as analysis
 from ..core.errors import GraphRewriteError
 from ..core.io import Model
-from ..core.names import SLOT_OF_ATTR, SWAP_OUT_SUFFIX
+from ..core.names import DIET_ATTR, SLOT_OF_ATTR, SWAP_OUT_SUFFIX
 from ..core.tensor_ref import TensorRef
 from . import measure, mismatch
 
@@ -61,6 +61,7 @@ class VerifyResult:
     cause: str = ""  # why they differ, when a mismatch was traced to Grappler (mismatch.py)
     curves: dict = field(default_factory=dict)  # --steps: {"loss", "original", "rewritten"}
     swapped: int = 0  # tensors the rewritten graph sends to the host and back
+    dieted: int = 0  # variables the rewritten graph stores in 16 bits (lossy: never bitwise)
     peak_runs: dict = field(default_factory=dict)  # {"original", "rewritten"}: every peak
 
     @property
@@ -85,6 +86,7 @@ class VerifyResult:
                              "rewritten": self.rewritten.median_seconds},
             "device": self.original.device,
             "swapped": self.swapped,
+            "dieted": self.dieted,
         }
 
 
@@ -282,7 +284,9 @@ def verify(original: Model, rewritten: Model, options: VerifyOptions | None = No
         original.runnable(), rewritten.runnable(), inputs, own, fetches,
         lambda a, b: all(c.equal for c in compare(a, b, 0.0, 0.0)), isolated)
     return VerifyResult(match, comparisons, first, second, fetches, len(first.step_outputs),
-                        cause, swapped=_swapped(rewritten.graph), peak_runs=peak_runs)
+                        cause, swapped=_swapped(rewritten.graph), peak_runs=peak_runs,
+                        dieted=sum(DIET_ATTR in rewritten.graph.node_def(n).attr
+                                   for n in rewritten.graph.nodes()))
 
 
 def _repeated_peaks(repeat: int, stage, run, fetches: list[str], *measured) -> dict:
