@@ -264,12 +264,14 @@ def test_verify_explains_that_the_grappler_form_needs_a_gpu(tmp_path):
 
 
 @pytest.mark.tf
-def test_verify_says_a_cpu_cannot_show_what_a_swap_saves(tmp_path):
+def test_optimize_and_verify_say_a_cpu_cannot_show_what_a_swap_saves(tmp_path):
     _skip_on_a_gpu("the swap can lower the measured peak")
     out = tmp_path / "swapped.pbtxt"
     made = run_cli("optimize", fixture_path("mlp"), "-o", out, "--mode", "swap",
                    "--json")
     swapped = len(json.loads(made.stdout)["swapped"])
+    assert "on this CPU-only machine host and device are one memory" in \
+        json.loads(made.stdout)["note"]
     shown = run_cli("verify", fixture_path("mlp"), out, "--runs", "1")
     assert shown.exit_code == 0 and f"{swapped} tensors swapped to the host" in shown.stdout
     facts = json.loads(run_cli("verify", fixture_path("mlp"), out, "--runs", "1",

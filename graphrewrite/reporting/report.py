@@ -95,7 +95,7 @@ def _note(result: OptimizeResult) -> str:
     dropped = result.dropped_run
     notes = [r.note for r in result.results.values()] + [
         result.reverted, dropped and peak_as_run(dropped, dropped.allocated_peak()),
-        _levers(result), _little_as_run(result)]
+        _levers(result), _little_as_run(result), _swap_on_a_cpu(result)]
     before, after = result.run_peaks
     if result.changed and before and after is not None and after > before:
         notes.append(f"the rewrite is kept although its modelled peak as run rises "
@@ -103,6 +103,18 @@ def _note(result: OptimizeResult) -> str:
                      f"the step as written ({_mib(result.peak_before)} -> "
                      f"{_mib(result.peak_after)})")
     return "; ".join(filter(None, notes))
+
+
+def _swap_on_a_cpu(result: OptimizeResult) -> str:
+    """Swapped tensors, and TensorFlow sees no GPU here: what `verify` will measure."""
+    if not result.of(SwapResult).swapped:
+        return ""
+    from ..execution import measure
+
+    if "GPU" in measure.compute_device():
+        return ""
+    return ("the saving swapping models is of a device with memory of its own (a GPU); on this "
+            "CPU-only machine host and device are one memory, so verify measures no fall here")
 
 
 def _little_as_run(result: OptimizeResult) -> str:
