@@ -76,3 +76,22 @@ def test_assign_variable_makes_the_variable_share_its_value_buffer():
     assert move.new.owner == TensorRef("e") and report.order[move.step] == "a"
     # No byte more: the old buffer goes as the value's stays.
     assert report.allocated_peak() == report.peak()
+
+
+def test_a_reference_variables_apply_writes_in_place():
+    """TF1 graphs with reference variables (`disable_v2_behavior`) update them with `Apply*`
+    kernels whose output is the variable itself: no buffer of its size (an unseen gradient
+    accumulation step's ApplyMomentum was counted as 1 MiB more at its update)."""
+    def graph():
+        tf.compat.v1.disable_resource_variables()
+        v = tf.compat.v1.get_variable("v", [KIB_FLOATS], use_resource=False)
+        grad = tf.exp(placeholder(), name="grad")
+        tf.compat.v1.train.GradientDescentOptimizer(0.1).apply_gradients([(grad, v)],
+                                                                           name="train")
+        tf.compat.v1.enable_resource_variables()
+
+    built, report = simulate(graph, ["train"])
+    apply = next(n for n in built.nodes() if built.op(n) == "ApplyGradientDescent")
+    assert report.buffer_of[TensorRef(apply)] is report.buffer_of[TensorRef("v")]
+    # x, its exponential, the variable and the rate (4 bytes): nothing more at the update
+    assert report.peak() == 3 * KIB + 4

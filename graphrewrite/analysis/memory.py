@@ -65,6 +65,14 @@ ALIAS_OPS = frozenset({
     "PreventGradient", "Snapshot", "EnsureShape", "CheckNumerics", "Enter", "RefEnter", "Exit",
     "RefExit", "NextIteration", "RefNextIteration", "Switch", "RefSwitch", "Merge", "RefMerge",
     "ReadVariableOp", "_Retval", "_Arg",
+    # A reference variable's writes: their output is the variable, written in place (TF1's
+    # `ApplyMomentum` counted as a new buffer of the variable's size: +1 MiB at the update)
+    "Assign", "AssignAdd", "AssignSub", "ScatterUpdate", "ScatterAdd", "ScatterSub",
+    "ApplyGradientDescent", "ApplyMomentum", "ApplyAdam", "ApplyRMSProp", "ApplyCenteredRMSProp",
+    "ApplyAdagrad", "ApplyAdagradV2", "ApplyAdadelta", "ApplyFtrl", "ApplyFtrlV2",
+    "ApplyProximalAdagrad", "ApplyProximalGradientDescent", "ApplyAdaMax", "ApplyPowerSign",
+    "ApplyAddSign", "SparseApplyMomentum", "SparseApplyAdagrad", "SparseApplyFtrl",
+    "SparseApplyRMSProp", "SparseApplyAdadelta", "SparseApplyProximalAdagrad",
 })
 # Element-wise kernels that write into an input's buffer when it dies with them.
 FORWARDING_OPS = frozenset({
