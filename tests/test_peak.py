@@ -57,18 +57,23 @@ def test_parameter_state_of_an_optimizer_diet_does_not_read_says_so(tmp_path):
         loss = tf.reduce_mean(tf.square(tf.matmul(x, w)))
         tf.compat.v1.train.AdagradOptimizer(0.1).minimize(loss, name="train")
 
-    path = tmp_path / "adagrad.pb"
-    path.write_bytes(build(step).to_graph_def().SerializeToString())
+    ctx, note = _note_if_state_held_the_peak(build(step), tmp_path)
+    assert not optimizers.updates(ctx.graph)
+    assert "diet reads no update here" in note and "diet stores" not in note
+
+
+def _note_if_state_held_the_peak(graph, tmp_path):
+    """(context, why_so_little's note) of `graph` with only its variables live at its peak."""
+    path = tmp_path / "step.pb"
+    path.write_bytes(graph.to_graph_def().SerializeToString())
     model = io.load(path)
     ctx = Context.build(model.graph, analysis.analyse(model))
     report = ctx.analysis.memory
-    assert not optimizers.updates(ctx.graph)
     state = [(ref, size) for ref, size in report.live_at_peak[DEVICE]
              if report.buffer_of[ref].lifetime == STATE]
     assert state
     only_state = type(report)(**{**report.__dict__, "live_at_peak": {DEVICE: state}})
-    note = peak.why_so_little(ctx, only_state)
-    assert "diet reads no update here" in note and "diet stores" not in note
+    return ctx, peak.why_so_little(ctx, only_state)
 
 
 def test_diet_advice_says_how_much_of_the_variables_it_would_store(tmp_path):
@@ -86,15 +91,7 @@ def test_diet_advice_says_how_much_of_the_variables_it_would_store(tmp_path):
         loss = tf.reduce_mean(tf.square(tf.matmul(x, w) - target))
         tf.compat.v1.train.AdamOptimizer(0.1).minimize(loss, name="train")
 
-    path = tmp_path / "distill.pb"
-    path.write_bytes(build(step).to_graph_def().SerializeToString())
-    model = io.load(path)
-    ctx = Context.build(model.graph, analysis.analyse(model))
-    report = ctx.analysis.memory
-    state = [(ref, size) for ref, size in report.live_at_peak[DEVICE]
-             if report.buffer_of[ref].lifetime == STATE]
-    only_state = type(report)(**{**report.__dict__, "live_at_peak": {DEVICE: state}})
-    note = peak.why_so_little(ctx, only_state)
+    _, note = _note_if_state_held_the_peak(build(step), tmp_path)
     # w and its two Adam moments: 3 x 64 KiB of 1 MiB + 192 KiB (and two scalars)
     assert "in 16 bits (lossy): 0.2 of the 1.2 MiB the variables hold" in note
     assert "the rest no update writes" in note
