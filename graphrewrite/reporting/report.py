@@ -94,7 +94,7 @@ def _note(result: OptimizeResult) -> str:
     kept although the step as run (what `verify` measures) needs more memory."""
     dropped = result.dropped_run
     notes = [r.note for r in result.results.values()] + [
-        result.reverted, dropped and peak_as_run(dropped, dropped.allocated_peak()),
+        result.reverted, dropped and _peak_as_run(dropped, dropped.allocated_peak()),
         _levers(result), _little_as_run(result), _swap_on_a_cpu(result)]
     before, after = result.run_peaks
     if result.changed and before and after is not None and after > before:
@@ -127,12 +127,12 @@ def _little_as_run(result: OptimizeResult) -> str:
             or after < (1 - LITTLE) * before \
             or result.peak_after > (1 - LITTLE) * result.peak_before:
         return ""
-    where = peak_as_run(result.run_reports[1], after)
+    where = _peak_as_run(result.run_reports[1], after)
     return (f"as written it saves {1 - result.peak_after / result.peak_before:.0%}, as run "
             f"(after Grappler) {1 - after / before:.0%}: {where}" if where else "")
 
 
-def peak_as_run(report, peak: int) -> str:
+def _peak_as_run(report, peak: int) -> str:
     """Where a modelled step as run peaks, and the kernel scratch there when it is 5% or more
     of the `peak` (the CPU's convolution gradients' column buffers, cuDNN's workspace)."""
     at = report.allocated_peak_at()
