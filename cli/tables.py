@@ -166,6 +166,9 @@ def format_optimize(facts: dict) -> str:
     if facts["relaxed_assigns"]:
         rows.append(("relaxed", f"{len(facts['relaxed_assigns'])} Assigns may ignore allocator "
                                 "constraints"))
+    if facts["serialized"]:
+        rows.append(("serialized", f"{len(facts['serialized'])} convolutions' input gradients "
+                                   "wait for their weights' gradients"))
     if facts["ungated_segments"]:
         rows.append(("ungated", f"{facts['ungated_segments']} segments had no safe trigger "
                                 "(their copies may run early)"))

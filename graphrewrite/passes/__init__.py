@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from . import accumulate, chunk_loss, defer, diet, inline, recompute, relax_assign, rerun, swap
+from . import (accumulate, chunk_loss, defer, diet, inline, recompute, relax_assign, rerun,
+               serialize, swap)
 
 __all__ = ["Pass", "PASSES"]
 
@@ -29,4 +30,5 @@ PASSES = {
     "rerun": Pass(rerun.RerunOptions, rerun.run, rerun.RerunResult),
     "diet": Pass(diet.DietOptions, diet.run, diet.DietResult),
     "chunk_loss": Pass(chunk_loss.ChunkLossOptions, chunk_loss.run, chunk_loss.ChunkLossResult),
+    "serialize": Pass(serialize.SerializeOptions, serialize.run, serialize.SerializeResult),
 }
