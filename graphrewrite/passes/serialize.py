@@ -44,18 +44,14 @@ def run(graph: Graph, analysis: Analysis, options: SerializeOptions, model=None)
     """Make each `Conv2DBackpropInput` in the gradient flow wait for the
     `Conv2DBackpropFilter` that reads the same incoming gradient."""
     flow = analysis.split.gradient_flow
-    filters: dict = {}
+    readers: dict = {}  # incoming gradient -> {op: [its readers of that op]}
     for name in graph.nodes():
-        inputs = graph.data_inputs(name)
-        if graph.op(name) == FILTER_GRADIENT and name in flow and len(inputs) > GRADIENT_INPUT:
-            filters.setdefault(inputs[GRADIENT_INPUT], []).append(name)
-    pairs = []
-    for name in graph.nodes():
-        inputs = graph.data_inputs(name)
-        if graph.op(name) != INPUT_GRADIENT or name not in flow or \
-                len(inputs) <= GRADIENT_INPUT:
-            continue
-        pairs += [(first, name) for first in filters.get(inputs[GRADIENT_INPUT], [])]
+        op, inputs = graph.op(name), graph.data_inputs(name)
+        if op in (FILTER_GRADIENT, INPUT_GRADIENT) and name in flow and \
+                len(inputs) > GRADIENT_INPUT:
+            readers.setdefault(inputs[GRADIENT_INPUT], {}).setdefault(op, []).append(name)
+    pairs = [(first, then) for ops in readers.values()
+             for first in ops.get(FILTER_GRADIENT, []) for then in ops.get(INPUT_GRADIENT, [])]
     if not pairs:
         return SerializeResult(graph, False, note="no convolution's two gradients run together")
     graph = graph.copy()

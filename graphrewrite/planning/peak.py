@@ -48,11 +48,13 @@ def why_so_little(ctx: Context, report) -> str:
     shares = ", ".join(f"{kind} {size / total:.0%}" for kind, size in
                        sorted(parts.items(), key=lambda item: -item[1]) if size)
     top = max(parts, key=parts.get)
-    if top == STATE and parameters.variables(ctx.graph) and not optimizers.updates(ctx.graph):
-        return (f"at the modelled peak ({shares}) recomputation cannot lower it, and --mode "
-                "diet reads no update here (it rewrites Adam's, momentum's and SGD's)")
     if top == STATE:
-        return f"at the modelled peak ({shares}) recomputation cannot lower it: {_diet(ctx)}"
+        variables, updates = parameters.variables(ctx.graph), optimizers.updates(ctx.graph)
+        if variables and not updates:
+            return (f"at the modelled peak ({shares}) recomputation cannot lower it, and --mode "
+                    "diet reads no update here (it rewrites Adam's, momentum's and SGD's)")
+        return (f"at the modelled peak ({shares}) recomputation cannot lower it: "
+                f"{_diet(ctx, variables, updates)}")
     advice = {
         ACTIVATIONS: "activations hold it, but none can be recomputed more cheaply than kept: "
                      "try --mode swap, or --mode collection --checkpoints to choose them",
@@ -66,20 +68,21 @@ def why_so_little(ctx: Context, report) -> str:
     return f"at the modelled peak ({shares}) {advice}"
 
 
-def _diet(ctx: Context) -> str:
-    """What diet would store in 16 bits: the variables optimizer updates write, of all the
-    variables' bytes (a distillation step's frozen teacher held 70% of them: diet leaves it)."""
-    if not parameters.variables(ctx.graph):
+def _diet(ctx: Context, variables: list[str], updates: list) -> str:
+    """What diet would store in 16 bits: the `variables` the optimizer `updates` write, of all
+    the variables' bytes (a distillation step's frozen teacher held 70% of them: diet leaves
+    it)."""
+    if not variables:
         return "--mode diet stores the graph's large float constants in 16 bits (lossy)"
 
     def size(name: str) -> int:
         info = parameters.value_info(ctx.graph, ctx.analysis.shapes, name)
         return (info.nbytes or 0) if info is not None else 0
 
-    trained = {name for update in optimizers.updates(ctx.graph)
+    trained = {name for update in updates
                for name in (update.var, *update.slots.values()) if name in ctx.graph}
     part = sum(map(size, trained))
-    total = sum(map(size, parameters.variables(ctx.graph)))
+    total = sum(map(size, variables))
     rest = ("; the rest no update writes (weights the step does not train stay as they are)"
             if part < total / 2 else "")
     return (f"--mode diet stores the trained weights and their optimizer state in 16 bits "
