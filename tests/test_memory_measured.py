@@ -5,8 +5,10 @@ the allocator's rounding (about 33 MiB measured against 1-3 MiB of live tensors)
 
 import pytest
 
+from graphrewrite.analysis import scratch, shapes
 from graphrewrite.analysis import step as analysis
 from graphrewrite.core import io
+from graphrewrite.core.tensor_ref import TensorRef
 from graphrewrite.execution import measure
 
 from conftest import fixture_path
@@ -24,3 +26,20 @@ def test_allocator_peak_is_within_ten_percent_of_the_measured_one(name):
     assert abs(report.allocated_peak() - measured) <= 0.10 * measured
     if name != "transformer_dropout":  # the two CNNs: the liveness peak alone is far off
         assert report.peak() < 0.2 * measured
+
+
+def test_the_measured_peak_counts_a_kernels_temporaries():
+    """The allocator's own peak, not `RunMetadata`'s per-node samples, which TensorFlow takes as
+    each node finishes, after it freed its temporaries: a convolution's weights' gradient on the
+    CPU takes a column buffer several times the size of its tensors."""
+    from test_scratch import conv_step
+
+    graph = conv_step()
+    found = shapes.infer(graph)
+    tensors = sum(found.nbytes(TensorRef(n)) for n in ("x", "conv"))  # the input, the gradient
+    column = scratch.cpu_bytes(graph, found, next(
+        n for n in graph.nodes() if graph.op(n) == "Conv2DBackpropFilter"))
+    assert column > 2 * tensors
+    feeds = measure.random_feeds(graph, found)
+    measured = measure.run_step_isolated(graph.to_graph_def(), feeds, ["dw"], 0).peak_bytes
+    assert tensors + 0.8 * column < measured < tensors + 1.3 * column, (measured, tensors, column)

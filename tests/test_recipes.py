@@ -34,7 +34,8 @@ REWRITE_XFAIL = {
         "the user's tf.recompute_grad already runs the first two stages again in the backward "
         "pass: the peak as written is the backward pass's own values (2.2 MiB: recomputed "
         "activations and their gradients), as run the convolution gradients' scratch (34 MiB); "
-        "memory mode leaves the graph and its note says why"),
+        "memory mode recomputes nothing and its note says why (its serialize pass lowers the "
+        "step as run: the two gradients of a convolution no longer hold their scratch at once)"),
 }
 
 # Cells whose rewrite lowers the step as written but raises it as run (bitwise all the same).

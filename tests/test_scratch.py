@@ -72,3 +72,18 @@ def test_inspect_device_changes_the_allocator_peak_not_the_live_tensors():
         peaks[device] = (facts["peak_bytes"], facts["live_peak_bytes"])
     assert peaks["cpu"][0] != peaks["gpu"][0]
     assert peaks["cpu"][1] == peaks["gpu"][1]
+
+
+def test_a_convolutions_two_gradients_hold_their_scratch_at_once_until_one_waits():
+    graph = conv_step()
+    found = shapes.infer(graph)
+    own = scratch_by_op(graph, "cpu")
+    together = memory.simulate(graph, found, ["dx", "dw"], "cpu")
+    held = [v for v in together.scratch.values() if isinstance(v, tuple)]
+    assert len(held) == 1 and sorted(held[0]) == sorted(own.values())  # two allocations
+    filter_grad, input_grad = (next(n for n in graph.nodes() if graph.op(n) == op)
+                               for op in ("Conv2DBackpropFilter", "Conv2DBackpropInput"))
+    graph.add_control(filter_grad, input_grad)  # what the serialize pass adds
+    apart = memory.simulate(graph, shapes.infer(graph), ["dx", "dw"], "cpu")
+    assert sorted(apart.scratch.values()) == sorted(own.values())
+    assert apart.allocated_peak() < together.allocated_peak()

@@ -22,7 +22,8 @@ Nodes pinned to `/device:CPU:0` are host memory when the compute device is somet
 `cpu_is_host`).
 A kernel's scratch (`scratch.py`: on the CPU the convolution gradients' column buffers, on a
 GPU cuDNN's workspace, an unmeasured estimate) is held while it runs: the allocator's peak
-counts it, the liveness peak does not (it is the same whatever is recomputed).
+counts it, the liveness peak does not (it is the same whatever is recomputed). A convolution's
+two gradients, run at once, hold their scratch at once (`scratch.alongside`).
 
 Two peaks come out: the liveness peak (the bytes of the live tensors, what the planner
 minimises) and the allocator's (`allocated_peak`): the same allocations and frees replayed for
@@ -150,7 +151,8 @@ class MemoryReport:
     transfer_bytes: int                             # copied between host and device per step
     unknown: list[TensorRef] = field(default_factory=list)
     accelerator: bool = False  # the device is a GPU-like one (its allocator has one region)
-    scratch: dict[int, int] = field(default_factory=dict)  # step -> CPU kernel scratch bytes
+    # step -> kernel scratch bytes, or the allocations' bytes when kernels run at once
+    scratch: dict[int, int | tuple[int, ...]] = field(default_factory=dict)
     timeline: list[int] = field(default_factory=list)  # device bytes of live tensors per step
     # step -> bytes more a loop's lagging sum can hold while its iterations run ahead of it
     # (`loops._lagging_sums`): counted only by `allocated_peak_bound`
@@ -187,7 +189,7 @@ class MemoryReport:
             return self.allocated_peak(place)
         held: dict = dict(self.scratch)
         for step, sizes in self.pileup.items():
-            held[step] = (held.get(step, 0),) + sizes
+            held[step] = _allocations(held.get(step, 0)) + sizes
         return replay([b for b in self.buffers if b.place == place],
                       bfc.Allocator(growth=not self.accelerator), held, moves=self.moves)
 
@@ -209,7 +211,7 @@ class MemoryReport:
         if not timeline:
             return None
         step = max(range(len(timeline)), key=timeline.__getitem__)
-        return self.order[step], self.scratch.get(step, 0)
+        return self.order[step], sum(_allocations(self.scratch.get(step, 0)))
 
     def _replay(self, place: str, timeline: dict[int, int] | None = None) -> int:
         """`replay` of this step's buffers at `place` through the allocator that place has: a
@@ -218,6 +220,10 @@ class MemoryReport:
                       bfc.Allocator(growth=place == HOST or not self.accelerator),
                       self.scratch if place == DEVICE else {}, timeline=timeline,
                       moves=self.moves)
+
+
+def _allocations(scratch: int | tuple[int, ...]) -> tuple[int, ...]:
+    return scratch if isinstance(scratch, tuple) else (scratch,)
 
 
 def replay(buffers: list[Buffer], allocator: bfc.Allocator,
@@ -257,7 +263,7 @@ def replay(buffers: list[Buffer], allocator: bfc.Allocator,
                                  for _ in range(buffer.pieces)]
             elif kind == 1:  # index: the scratch's bytes, or a tuple of allocations' bytes
                 scratch_chunks = [allocator.allocate(size) for size in
-                                  (index if isinstance(index, tuple) else (index,)) if size]
+                                  _allocations(index) if size]
             elif kind == 2:
                 move, variable = moves[index], position[id(moves[index].variable)]
                 displaced[index] = held[variable]
@@ -383,6 +389,9 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
             persistent[buffer.place] = persistent.get(buffer.place, 0) + buffer.size
 
     overlap, pileup = looped.overlap, looped.pileup
+    own_scratch = {name: scratch.kernel_bytes(kind, graph, shapes, name)
+                   for name, op in op_of.items() if op in kernel_scratch}
+    held_alongside = scratch.alongside(graph, order, own_scratch)
     for step, name in enumerate(order):
         op = op_of[name]
         place = place_of[name]
@@ -401,10 +410,10 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
                     buffer = allocate(ref, place, step, pinned=False)
                 buffer.pinned |= name in fetched
                 add_output(ref, buffer)
-        extra = scratch.kernel_bytes(kind, graph, shapes, name) if op in kernel_scratch else 0
-        if overlap:
-            extra += overlap.get(name, 0)
-        if extra:
+        extra = own_scratch.get(name, 0) + (overlap.get(name, 0) if overlap else 0)
+        if name in held_alongside:
+            scratch_at[step] = (extra,) + held_alongside[name]
+        elif extra:
             scratch_at[step] = extra
         if pileup and pileup.get(name) and place == DEVICE:
             pileup_at[step] = pileup[name]

@@ -5,7 +5,11 @@ On the CPU (TensorFlow 2.15, oneDNN off as `measure` runs it), the convolution g
 `Conv2DBackpropInput` and `Conv2DBackpropFilter` unroll image patches into a column buffer sized
 to fill a 30 MiB cache: `shard` images of `out_rows * out_cols * filter_total` elements, where a
 shard is as many images as fit 30 MiB of the per-image working set (patches, output gradient,
-filter). That is 20-40 MiB per kernel as the allocator hands it out, measured on MobileNetV2 and
+filter) (conv_grad_filter_ops.cc, conv_grad_input_ops.h). The input's gradient takes one image's
+buffer instead when the batch is one image or each of the intra-op threads gets at least an L2
+cache (256 KiB) of the per-image working set (`use_parallel_contraction`): measured, a 64x64x16
+-> 32 3x3 convolution at batch 8 took 28 MiB for its weights' gradient, none to speak of for its
+input's. That is 20-40 MiB per kernel as the allocator hands it out, measured on MobileNetV2 and
 ResNet-50 training steps here (`peak_bytes` of the node minus its outputs); no other kernel of
 those steps takes more than 1 MiB.
 
@@ -21,6 +25,13 @@ copy of their operands. ESTIMATE, NOT MEASURED (no GPU here): the largest of the
 input, filter and output, capped by the limit (`GPU_WORKSPACE`).
 
 `KERNEL_SCRATCH` is the table by device kind; `device_kind` reads the default from placement.
+
+Two kernels can hold their scratch at once (`alongside`): a convolution's two gradients read the
+same incoming gradient and become ready together, and the executor runs them on two threads.
+Measured here, the allocator's peak of a Keras CNN training step (`km_cnn_adam_bn`) was 59.6 MiB
+with them at once and 35.2 MiB with each input gradient made to wait for its weights' gradient
+(the `serialize` pass); the model, one kernel's scratch at a time, said 35.7 for both. On a GPU
+both take workspace as they start, on two threads alike (ESTIMATE, not measured).
 """
 
 from __future__ import annotations
@@ -32,11 +43,14 @@ from ..core.graph import Graph
 from ..core.tensor_ref import TensorRef
 from .shapes import Shapes
 
-__all__ = ["CPU_WORKING_SET", "CPU_CONV_GRADIENTS", "cpu_bytes", "GPU_CONVOLUTIONS",
+__all__ = ["CPU_WORKING_SET", "CPU_L2", "CPU_THREADS", "CPU_CONV_GRADIENTS", "cpu_bytes", "GPU_CONVOLUTIONS",
            "WORKSPACE_LIMIT", "workspace_limit", "gpu_bytes", "KERNEL_SCRATCH", "DEVICE_KINDS",
-           "device_kind", "kernel_bytes"]
+           "device_kind", "kernel_bytes", "GRADIENT_OF", "alongside"]
 
 CPU_WORKING_SET = 30 << 20
+CPU_L2 = 256 << 10
+CPU_THREADS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+    os.cpu_count() or 1  # TensorFlow's intra-op threads by default
 # op -> (input holding the filter's shape or the filter, input holding the output gradient)
 CPU_CONV_GRADIENTS = {"Conv2DBackpropInput": (1, 2), "Conv2DBackpropFilter": (None, 2)}
 
@@ -60,8 +74,11 @@ def cpu_bytes(graph: Graph, shapes: Shapes, name: str) -> int:
     per_image = image * filter_total + image * out_depth + filter_total * out_depth
     if not per_image:
         return 0
-    shard = -(-(CPU_WORKING_SET // item) // per_image)
-    return shard * image * filter_total * item
+    one_image = image * filter_total * item
+    if op == "Conv2DBackpropInput" and (gradient.shape[0] == 1 or
+                                        per_image // CPU_THREADS >= CPU_L2 // item):
+        return one_image  # a parallel contraction per image
+    return -(-(CPU_WORKING_SET // item) // per_image) * one_image
 
 
 # GPU convolutions: op -> (input, filter, output gradient) input indices; None: the output is it.
@@ -111,3 +128,32 @@ def kernel_bytes(kind: str, graph: Graph, shapes: Shapes, name: str) -> int:
     """Scratch node `name` takes on a device of `kind` while it runs."""
     measure = KERNEL_SCRATCH.get(kind, {}).get(graph.op(name))
     return measure(graph, shapes, name) if measure else 0
+
+
+# Convolution gradients -> the input they read the incoming gradient from (the same for both).
+GRADIENT_OF = {"Conv2DBackpropInput": 2, "Conv2DBackpropFilter": 2,
+               "Conv3DBackpropInputV2": 2, "Conv3DBackpropFilterV2": 2}
+
+
+def alongside(graph: Graph, order: list[str], own: dict[str, int]) -> dict[str, tuple[int, ...]]:
+    """node -> the scratch allocations of other kernels running while it runs: the gradients of
+    a convolution that read the same incoming gradient run at once when the later one in
+    `order` is ready as the earlier one starts (everything it waits for ran before); the
+    earlier one's step then holds both scratches, each its own allocation. `own`: each
+    scheduled node's own scratch bytes."""
+    step_of = {name: step for step, name in enumerate(order)}
+    readers: dict = {}  # incoming gradient -> its convolution-gradient readers, in order
+    for name in order:
+        at = GRADIENT_OF.get(graph.op(name))
+        if at is not None and own.get(name):
+            inputs = graph.data_inputs(name)
+            if len(inputs) > at:
+                readers.setdefault(inputs[at], []).append(name)
+    held: dict[str, tuple[int, ...]] = {}
+    for names in readers.values():
+        for k, later in enumerate(names[1:], 1):
+            ready = max((step_of.get(p, -1) for p in graph.pred[later]), default=-1)
+            first = next((n for n in names[:k] if step_of[n] > ready), None)
+            if first is not None:
+                held[first] = held.get(first, ()) + (own[later],)
+    return held

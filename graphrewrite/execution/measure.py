@@ -1,12 +1,18 @@
 """Running a graph in a TensorFlow session: outputs, measured peak memory, step time.
 
-Peak memory is the allocator's own count: the largest `allocator_bytes_in_use` that a fully traced
-step's `RunMetadata` reports on the compute device, minus what was in use before the session
-existed; the median over TRACED_STEPS steps. On a GPU the allocator is the BFC allocator, which
-always keeps these statistics; on a CPU it only does when `TF_CPU_ALLOCATOR_USE_BFC=true` was set
-before TensorFlow started (the CLI and the benchmark set it; `measurement_environment()` says
-whether it is in force). Without it, the peak falls back to the sum of the step's own allocation
-records, which misses constants.
+Peak memory is the allocator's own count: its `peak_bytes_in_use` over a traced step (the
+statistics reset just before it), minus what was in use before the session existed; the median
+over TRACED_STEPS steps. That peak counts every allocation, a kernel's temporaries too (the CPU's
+column buffers of convolution gradients, cuDNN's workspace). The `allocator_bytes_in_use` that
+`RunMetadata` reports per node does not: TensorFlow samples it as a node finishes, after the
+node freed its temporaries, so their sampled maximum misses them, except for those of another
+node still running at that moment. A Keras CNN training step measured 59.6 MiB by the
+allocator's peak, 27.6-35.2 MiB by the samples, and the samples fell to 3.3 MiB (the peak to
+35.2) when the convolutions' two gradients ran one after the other. On a GPU the allocator is the
+BFC allocator, which always keeps these statistics; on a CPU it only does when
+`TF_CPU_ALLOCATOR_USE_BFC=true` was set before TensorFlow started (the CLI and the benchmark set
+it; `measurement_environment()` says whether it is in force). Without it, the peak falls back to
+the sum of the step's own allocation records, which misses constants.
 
 What the peak includes: everything the session holds at the step's high point that it did not
 hold before it existed: the step's transient tensors, the feeds, constants, and every variable
@@ -40,7 +46,7 @@ import numpy as np
 __all__ = ["BFC_FLAG", "ONEDNN_FLAG", "TRACED_STEPS", "STEPS_COMPARED", "RESTORE_FROM",
            "measurement_environment", "measurement_caveats", "StepMeasurement", "run_step_isolated",
            "time_interleaved", "deaf_to_ctrl_c", "time_steps", "compute_device", "run_step",
-           "loss_curve", "random_feeds", "upstream", "allocator_in_use"]
+           "loss_curve", "random_feeds", "upstream", "allocator_in_use", "allocator_peak"]
 
 log = logging.getLogger(__name__)
 
@@ -366,13 +372,15 @@ def run_step(message, feeds: dict[str, np.ndarray], fetches: list[str],
         options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
         peaks, timeline, traced_metadata = [], [], b""
         for _ in range(TRACED_STEPS):
+            _reset_peak(device)
             metadata = tf.compat.v1.RunMetadata()
             traced = session.run(run_list, feed_dict, options=options, run_metadata=metadata)
             if len(steps) < STEPS_COMPARED:
                 keep(traced)
             del traced
-            in_use, records = _peaks(metadata, device)
-            peaks.append(records if in_use is None else in_use - (base or 0))
+            peak = allocator_peak(device)
+            peaks.append(_records_peak(metadata, device) if peak is None or base is None
+                         else peak - base)
             if not timeline:
                 timeline = _in_use_over_time(metadata, device, base or 0)
                 traced_metadata = metadata.SerializeToString()
@@ -479,12 +487,31 @@ def _resolve(graph, fetches):
 
 
 def allocator_in_use(device: str) -> int | None:
+    """The bytes `device`'s allocator holds now; None when it keeps no statistics."""
+    return _memory_info(device, "current")
+
+
+def allocator_peak(device: str) -> int | None:
+    """The most bytes `device`'s allocator held at once since its statistics were reset."""
+    return _memory_info(device, "peak")
+
+
+def _memory_info(device: str, key: str) -> int | None:
     import tensorflow as tf
 
     try:
-        return tf.config.experimental.get_memory_info(device.replace("/device:", ""))["current"]
+        return tf.config.experimental.get_memory_info(device.replace("/device:", ""))[key]
     except (ValueError, tf.errors.OpError):
         return None
+
+
+def _reset_peak(device: str) -> None:
+    import tensorflow as tf
+
+    try:
+        tf.config.experimental.reset_memory_stats(device.replace("/device:", ""))
+    except (ValueError, tf.errors.OpError):
+        pass
 
 
 def _device_memory(metadata, device: str):
@@ -506,14 +533,14 @@ def _in_use_over_time(metadata, device: str, base: int) -> list[tuple[float, int
                   if memory.allocator_bytes_in_use)
 
 
-def _peaks(metadata, device: str) -> tuple[int | None, int]:
-    """(max allocator_bytes_in_use, peak of the summed allocation records) on `device`."""
-    in_use, records = 0, []
+def _records_peak(metadata, device: str) -> int:
+    """The peak of the step's summed allocation records on `device` (an allocator without
+    statistics: constants and temporaries are missed)."""
+    records = []
     for _, memory in _device_memory(metadata, device):
-        in_use = max(in_use, memory.allocator_bytes_in_use)
         records.extend((r.alloc_micros, r.alloc_bytes) for r in memory.allocation_records)
     current = peak = 0
     for _, delta in sorted(records):
         current += delta
         peak = max(peak, current)
-    return (in_use or None), peak
+    return peak
