@@ -167,8 +167,8 @@ def format_optimize(facts: dict) -> str:
         rows.append(("relaxed", f"{len(facts['relaxed_assigns'])} Assigns may ignore allocator "
                                 "constraints"))
     if facts["serialized"]:
-        rows.append(("serialized", f"{len(facts['serialized'])} convolutions' input gradients "
-                                   "wait for their weights' gradients"))
+        rows.append(("serialized", f"{len(facts['serialized'])} convolution gradients wait for "
+                                   "the one before (one scratch at a time)"))
     if facts["ungated_segments"]:
         rows.append(("ungated", f"{facts['ungated_segments']} segments had no safe trigger "
                                 "(their copies may run early)"))

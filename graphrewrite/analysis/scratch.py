@@ -27,11 +27,12 @@ input, filter and output, capped by the limit (`GPU_WORKSPACE`).
 `KERNEL_SCRATCH` is the table by device kind; `device_kind` reads the default from placement.
 
 Two kernels can hold their scratch at once (`alongside`): a convolution's two gradients read the
-same incoming gradient and become ready together, and the executor runs them on two threads.
-Measured here, the allocator's peak of a Keras CNN training step (`km_cnn_adam_bn`) was 59.6 MiB
-with them at once and 35.2 MiB with each input gradient made to wait for its weights' gradient
-(the `serialize` pass); the model, one kernel's scratch at a time, said 35.7 for both. On a GPU
-both take workspace as they start, on two threads alike (ESTIMATE, not measured).
+same incoming gradient and become ready together, and the executor runs them on two threads; so
+do the gradients of two branches. Measured here, the allocator's peak of a Keras CNN training step
+(`km_cnn_adam_bn`) was 59.6 MiB with them at once and 35.2 MiB with each input gradient made to
+wait for its weights' gradient (the `serialize` pass); the model says 59.9 and 34.1 (35.7 for
+both with one kernel's scratch at a time). On a GPU both take workspace as they start, on two
+threads alike (ESTIMATE, not measured).
 """
 
 from __future__ import annotations
@@ -43,9 +44,9 @@ from ..core.graph import Graph
 from ..core.tensor_ref import TensorRef
 from .shapes import Shapes
 
-__all__ = ["CPU_WORKING_SET", "CPU_L2", "CPU_THREADS", "CPU_CONV_GRADIENTS", "cpu_bytes", "GPU_CONVOLUTIONS",
-           "WORKSPACE_LIMIT", "workspace_limit", "gpu_bytes", "KERNEL_SCRATCH", "DEVICE_KINDS",
-           "device_kind", "kernel_bytes", "GRADIENT_OF", "alongside"]
+__all__ = ["CPU_WORKING_SET", "CPU_L2", "CPU_THREADS", "CPU_CONV_GRADIENTS", "cpu_bytes",
+           "GPU_CONVOLUTIONS", "WORKSPACE_LIMIT", "workspace_limit", "gpu_bytes", "KERNEL_SCRATCH",
+           "DEVICE_KINDS", "device_kind", "kernel_bytes", "CONV_GRADIENTS", "alongside"]
 
 CPU_WORKING_SET = 30 << 20
 CPU_L2 = 256 << 10
@@ -130,30 +131,25 @@ def kernel_bytes(kind: str, graph: Graph, shapes: Shapes, name: str) -> int:
     return measure(graph, shapes, name) if measure else 0
 
 
-# Convolution gradients -> the input they read the incoming gradient from (the same for both).
-GRADIENT_OF = {"Conv2DBackpropInput": 2, "Conv2DBackpropFilter": 2,
-               "Conv3DBackpropInputV2": 2, "Conv3DBackpropFilterV2": 2}
+# The convolution gradients: on the CPU the kernels with a column buffer.
+CONV_GRADIENTS = frozenset({"Conv2DBackpropInput", "Conv2DBackpropFilter",
+                            "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2"})
 
 
 def alongside(graph: Graph, order: list[str], own: dict[str, int]) -> dict[str, tuple[int, ...]]:
-    """node -> the scratch allocations of other kernels running while it runs: the gradients of
-    a convolution that read the same incoming gradient run at once when the later one in
-    `order` is ready as the earlier one starts (everything it waits for ran before); the
-    earlier one's step then holds both scratches, each its own allocation. `own`: each
-    scheduled node's own scratch bytes."""
+    """node -> the scratch allocations of other kernels running while it runs. A kernel with
+    scratch that is ready (everything it waits for ran) before the first kernel with scratch
+    scheduled after that starts, but scheduled later itself, runs at once with it on another
+    thread: a convolution's two gradients, which read the same incoming gradient; two
+    branches' gradients (a U-Net's skips, two micro-batches, two views). Two at a time, as two
+    inter-op threads run them (more overstated a step of two micro-batches by 85%); each
+    scratch is its own allocation. `own`: each scheduled node's own scratch bytes."""
     step_of = {name: step for step, name in enumerate(order)}
-    readers: dict = {}  # incoming gradient -> its convolution-gradient readers, in order
-    for name in order:
-        at = GRADIENT_OF.get(graph.op(name))
-        if at is not None and own.get(name):
-            inputs = graph.data_inputs(name)
-            if len(inputs) > at:
-                readers.setdefault(inputs[at], []).append(name)
+    kernels = [name for name in order if own.get(name)]
     held: dict[str, tuple[int, ...]] = {}
-    for names in readers.values():
-        for k, later in enumerate(names[1:], 1):
-            ready = max((step_of.get(p, -1) for p in graph.pred[later]), default=-1)
-            first = next((n for n in names[:k] if step_of[n] > ready), None)
-            if first is not None:
-                held[first] = held.get(first, ()) + (own[later],)
+    for k, later in enumerate(kernels[1:], 1):
+        ready = max((step_of.get(p, -1) for p in graph.pred[later]), default=-1)
+        first = next((n for n in kernels[:k] if step_of[n] > ready and n not in held), None)
+        if first is not None:
+            held[first] = (own[later],)
     return held

@@ -1,34 +1,31 @@
-"""Serialize pass: a convolution's two gradients run one after the other.
+"""Serialize pass: the convolution gradients run one at a time.
 
 A convolution's gradients, the weights' (`Conv2DBackpropFilter`) and the input's
 (`Conv2DBackpropInput`), read the same incoming gradient: they become ready together and the
-executor runs them at once on two threads. Measured on the CPU here (TensorFlow 2.15, oneDNN off
-as `measure` runs it), the step's allocator peak then holds a large temporary that the two run
-one after the other do not show: a Keras CNN recipe cell (`km_cnn_adam_bn`) measured 27.6-35.2
-MiB over processes, 3.3 MiB with this pass alone, bitwise, 1.04x step time; a 128x128 U-Net
-TF2 step 245 -> 220 MiB alone, and after mode memory's rewrite 0.56x -> 0.50x of its original,
-1.30x step; the zoo's resnet_adam_meta after mode memory 0.77x -> 0.24x (46.7 -> 14.7 MiB). Which temporary it is was not traced; the memory model runs one node at a time and
-so does not see the gain. On a GPU the two also hold cuDNN workspace at once (not measured).
+executor runs them at once on two threads, each holding its scratch (on the CPU a column buffer of
+up to 30 MiB, on a GPU cuDNN's workspace); so do the gradients of two branches (a U-Net's skips,
+two micro-batches, two views of a contrastive step). Measured on the CPU here (TensorFlow 2.15,
+oneDNN off as `measure` runs it, the allocator's own peak): a Keras CNN recipe cell
+(`km_cnn_adam_bn`) 59.6 -> 35.2 MiB with this pass alone, bitwise; the demo's MobileNetV2-style
+TF2 step 204.0 -> 177.3 MiB, 1.12x step time. The memory model counts the scratches of kernels
+that can run at once (`scratch.alongside`), so it sees the gain. Mode memory runs it last. On a
+GPU not measured.
 
-A control edge makes the input's gradient wait for the weights': it changes no number. An
-edge is added only where neither already reaches the other (no cycle, no edge repeated).
+Control edges chain the gradient flow's convolution gradients in the order the memory model
+schedules them, each waiting for the one before: they change no number, and a schedule order is
+topological, so they make no cycle. An edge already there is not added again.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import networkx as nx
-
+from ..analysis import scratch
 from ..analysis.step import Analysis
 from ..core.graph import Graph
 from .base import PassOptions, PassResult
 
 __all__ = ["SerializeOptions", "SerializeResult", "run"]
-
-FILTER_GRADIENT, INPUT_GRADIENT = "Conv2DBackpropFilter", "Conv2DBackpropInput"
-GRADIENT_INPUT = 2  # both read the incoming gradient as their third input
-
 
 @dataclass(frozen=True)
 class SerializeOptions(PassOptions):
@@ -41,22 +38,39 @@ class SerializeResult(PassResult):
 
 
 def run(graph: Graph, analysis: Analysis, options: SerializeOptions, model=None):
-    """Make each `Conv2DBackpropInput` in the gradient flow wait for the
-    `Conv2DBackpropFilter` that reads the same incoming gradient."""
+    """Make each convolution gradient in the gradient flow wait for the one the memory model
+    schedules before it."""
     flow = analysis.split.gradient_flow
-    readers: dict = {}  # incoming gradient -> {op: [its readers of that op]}
-    for name in graph.nodes():
-        op, inputs = graph.op(name), graph.data_inputs(name)
-        if op in (FILTER_GRADIENT, INPUT_GRADIENT) and name in flow and \
-                len(inputs) > GRADIENT_INPUT:
-            readers.setdefault(inputs[GRADIENT_INPUT], {}).setdefault(op, []).append(name)
-    pairs = [(first, then) for ops in readers.values()
-             for first in ops.get(FILTER_GRADIENT, []) for then in ops.get(INPUT_GRADIENT, [])]
+    ops = graph.ops(analysis.memory.order)
+    kernels = [name for name in analysis.memory.order
+               if ops[name] in scratch.CONV_GRADIENTS and name in flow]
+    if any(op in CONTROL_FLOW for op in ops.values()):
+        inside = _in_control_flow(graph)
+        kernels = [name for name in kernels if name not in inside]
+    pairs = [(first, then) for first, then in zip(kernels, kernels[1:])
+             if first not in graph.pred[then]]
     if not pairs:
-        return SerializeResult(graph, False, note="no convolution's two gradients run together")
+        return SerializeResult(graph, False, note="no two convolution gradients can run at once")
     graph = graph.copy()
-    done = []
-    for first, then in pairs:
-        if not nx.has_path(graph.nx, then, first) and graph.add_control(first, then):
-            done.append((first, then))
+    done = [(first, then) for first, then in pairs if graph.add_control(first, then)]
     return SerializeResult(graph, bool(done), serialized=done)
+
+
+CONTROL_FLOW = {"Enter": ("Exit",), "RefEnter": ("Exit", "RefExit"), "Switch": ("Merge",),
+                "RefSwitch": ("Merge", "RefMerge")}  # where a v1 frame or branch begins: ends
+
+
+def _in_control_flow(graph: Graph) -> set[str]:
+    """Nodes inside a v1 loop frame or cond branch (reachable from an Enter or a Switch without
+    passing the Exit or Merge that ends it): a control edge into or out of one is either
+    invalid or makes a node wait for a branch that may not run."""
+    inside: set[str] = set()
+    for start in graph.nodes():
+        ends = CONTROL_FLOW.get(graph.op(start))
+        stack = list(graph.successors(start)) if ends else []
+        while stack:
+            name = stack.pop()
+            if name not in inside and graph.op(name) not in ends:
+                inside.add(name)
+                stack.extend(graph.successors(name))
+    return inside
