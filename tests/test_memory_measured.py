@@ -10,6 +10,7 @@ from graphrewrite.analysis import step as analysis
 from graphrewrite.core import io
 from graphrewrite.core.tensor_ref import TensorRef
 from graphrewrite.execution import measure
+from graphrewrite.passes import serialize
 
 from conftest import fixture_path
 
@@ -18,12 +19,18 @@ pytestmark = pytest.mark.tf
 
 @pytest.mark.parametrize("name", ["keras_train", "resnet_cnn", "transformer_dropout"])
 def test_allocator_peak_is_within_ten_percent_of_the_measured_one(name):
+    """Within 10% of the model's range: whether the executor runs two convolution gradients at
+    once, each holding its scratch, is a race (keras_train measured 65.2 MiB alone, 34.8 on a
+    loaded machine); the model counts both where they can, `serialize`'s graph one at a time."""
     model = io.load(fixture_path(name))
     found = analysis.analyse(model)
     report = analysis.as_run(model, model.graph, found)
+    one_at_a_time = serialize.run(model.graph, found, serialize.SerializeOptions()).graph
+    low = analysis.as_run(model, one_at_a_time, analysis.analyse(model, one_at_a_time))
     feeds = measure.random_feeds(model.graph, found.shapes)
     measured = measure.run_step_isolated(model.runnable(), feeds, found.fetches, 0).peak_bytes
-    assert abs(report.allocated_peak() - measured) <= 0.10 * measured
+    assert 0.9 * low.allocated_peak() <= measured <= 1.1 * report.allocated_peak(), \
+        (low.allocated_peak(), measured, report.allocated_peak())
     if name != "transformer_dropout":  # the two CNNs: the liveness peak alone is far off
         assert report.peak() < 0.2 * measured
 

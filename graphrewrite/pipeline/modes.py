@@ -16,9 +16,9 @@ MODE_HELP = {
     "none": "load, check and save; nothing rewritten",
     "memory": "keep ~sqrt(N) bottleneck activations, recompute the rest (most memory saved); "
               "optimizer arithmetic on the parameters alone waits for its gradient (defer); a "
-              "recurrent layer's forward pass run again before its backward pass (rerun); a "
-              "convolution's input gradient waits for its weights' (serialize: their "
-              "scratch is not held at once)",
+              "recurrent layer's forward pass run again before its backward pass (rerun); the "
+              "convolution gradients run one at a time (serialize: their scratch is not "
+              "held at once)",
     "speed": "keep outputs of MatMul/Conv/Einsum, recompute cheap ops (least slowdown); defer",
     "collection": "keep what --checkpoints selects (or the 'checkpoints' collection)",
     "manual": "recompute what _recompute_hint marks, swap what _swap_to_host marks (or --swap)",
