@@ -185,7 +185,8 @@ def test_optimize_planner_is_written_into_the_pipeline_and_needs_a_recompute_pas
     search = run_cli("optimize", fixture_path("mlp"), "-o", out, "--planner", "search", "--json")
     assert search.exit_code == 0, search.stderr
     facts = json.loads(search.stdout)
-    assert facts["pipeline"] == "inline rerun defer recompute(policy=memory, planner=search) serialize"
+    assert facts["pipeline"] == \
+        "inline rerun defer recompute(policy=memory, planner=search) serialize"
     replayed = run_cli("optimize", fixture_path("mlp"), "-o", tmp_path / "p.pb", "--passes",
                        facts["pipeline"], "--json")
     assert (tmp_path / "p.pb").read_bytes() == out.read_bytes()

@@ -51,6 +51,7 @@ def test_a_serialized_step_is_bitwise_the_original(tmp_path):
     path = _cnn_step(tmp_path)
     out = tmp_path / "serial.pb"
     made = run_cli("optimize", path, "-o", out, "--passes", "serialize", "--no-as-run")
-    assert made.exit_code == 0 and "serialized      2 convolution gradients wait" in made.stdout, made.output
+    assert made.exit_code == 0, made.output
+    assert "serialized      2 convolution gradients wait" in made.stdout, made.output
     checked = run_cli("verify", path, out, "--runs", "1")
     assert checked.exit_code == 0 and "MATCH" in checked.stdout and "bitwise" in checked.stdout

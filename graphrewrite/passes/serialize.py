@@ -27,6 +27,11 @@ from .base import PassOptions, PassResult
 
 __all__ = ["SerializeOptions", "SerializeResult", "run"]
 
+# Where a v1 loop frame or cond branch begins -> the ops that end it.
+CONTROL_FLOW = {"Enter": ("Exit",), "RefEnter": ("Exit", "RefExit"), "Switch": ("Merge",),
+                "RefSwitch": ("Merge", "RefMerge")}
+
+
 @dataclass(frozen=True)
 class SerializeOptions(PassOptions):
     pass
@@ -48,16 +53,13 @@ def run(graph: Graph, analysis: Analysis, options: SerializeOptions, model=None)
         inside = _in_control_flow(graph)
         kernels = [name for name in kernels if name not in inside]
     pairs = [(first, then) for first, then in zip(kernels, kernels[1:])
-             if first not in graph.pred[then]]
+             if first not in graph.pred[then]]  # not already waiting for it
     if not pairs:
         return SerializeResult(graph, False, note="no two convolution gradients can run at once")
     graph = graph.copy()
     done = [(first, then) for first, then in pairs if graph.add_control(first, then)]
     return SerializeResult(graph, bool(done), serialized=done)
 
-
-CONTROL_FLOW = {"Enter": ("Exit",), "RefEnter": ("Exit", "RefExit"), "Switch": ("Merge",),
-                "RefSwitch": ("Merge", "RefMerge")}  # where a v1 frame or branch begins: ends
 
 
 def _in_control_flow(graph: Graph) -> set[str]:
