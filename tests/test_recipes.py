@@ -35,7 +35,7 @@ REWRITE_XFAIL = {
         "pass: the peak as written is the backward pass's own values (2.2 MiB: recomputed "
         "activations and their gradients), as run the convolution gradients' scratch (34 MiB); "
         "memory mode recomputes nothing and its note says why (its serialize pass lowers the "
-        "step as run: the two gradients of a convolution no longer hold their scratch at once)"),
+        "step as run: the convolution gradients no longer hold their scratch at once)"),
 }
 
 # Cells whose rewrite lowers the step as written but raises it as run (bitwise all the same).

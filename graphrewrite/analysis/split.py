@@ -36,7 +36,8 @@ from ..core.graph import Graph, neighbours
 
 __all__ = ["FORWARD_INPUTS", "UPDATE_PREFIXES", "VARIABLE_WRITES", "SHAPE_OPS", "FED_OPS",
            "SOURCE_INPUT_OPS", "is_gradient_op", "is_update_op", "anchors", "backward_functions",
-           "Split", "split", "find_seeds", "reachable", "loop_frame_nodes", "constant_valued"]
+           "Split", "split", "find_seeds", "reachable", "loop_frame_nodes",
+           "cond_branch_nodes", "enclosed", "constant_valued"]
 
 # Op type -> indices of inputs that are forward values (not the incoming gradient or a shape).
 FORWARD_INPUTS = {
@@ -261,13 +262,24 @@ def reachable(graph: nx.DiGraph, sources, upstream: bool = False) -> set[str]:
 
 def loop_frame_nodes(graph: Graph) -> set[str]:
     """Nodes inside v1 while-loop frames: reachable from an Enter without passing an Exit."""
-    inside, stack = set(), [n for n in graph.nodes() if graph.op(n) in ("Enter", "RefEnter")]
+    return enclosed(graph, ("Enter", "RefEnter"), ("Exit", "RefExit"))
+
+
+def cond_branch_nodes(graph: Graph) -> set[str]:
+    """Nodes inside v1 cond branches: reachable from a Switch without passing a Merge."""
+    return enclosed(graph, ("Switch", "RefSwitch"), ("Merge", "RefMerge"))
+
+
+def enclosed(graph: Graph, begin: tuple[str, ...], end: tuple[str, ...]) -> set[str]:
+    """Nodes reachable from a node of an op in `begin` without passing one of an op in `end`
+    (both included)."""
+    inside, stack = set(), [n for n in graph.nodes() if graph.op(n) in begin]
     while stack:
         name = stack.pop()
         if name in inside:
             continue
         inside.add(name)
-        if graph.op(name) not in ("Exit", "RefExit"):
+        if graph.op(name) not in end:
             stack.extend(v for v in graph.successors(name) if v not in inside)
     return inside
 

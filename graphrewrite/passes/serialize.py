@@ -21,15 +21,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..analysis import scratch
+from ..analysis import split as split_mod
 from ..analysis.step import Analysis
 from ..core.graph import Graph
 from .base import PassOptions, PassResult
 
 __all__ = ["SerializeOptions", "SerializeResult", "run"]
 
-# Where a v1 loop frame or cond branch begins -> the ops that end it.
-CONTROL_FLOW = {"Enter": ("Exit",), "RefEnter": ("Exit", "RefExit"), "Switch": ("Merge",),
-                "RefSwitch": ("Merge", "RefMerge")}
+V1_CONTROL_FLOW = {"Enter", "RefEnter", "Switch", "RefSwitch"}
 
 
 @dataclass(frozen=True)
@@ -49,8 +48,10 @@ def run(graph: Graph, analysis: Analysis, options: SerializeOptions, model=None)
     ops = graph.ops(analysis.memory.order)
     kernels = [name for name in analysis.memory.order
                if ops[name] in scratch.CONV_GRADIENTS and name in flow]
-    if any(op in CONTROL_FLOW for op in ops.values()):
-        inside = _in_control_flow(graph)
+    if any(op in V1_CONTROL_FLOW for op in ops.values()):
+        # a control edge into or out of a loop frame is invalid, out of a cond branch it makes
+        # a node wait for a branch that may not run
+        inside = split_mod.loop_frame_nodes(graph) | split_mod.cond_branch_nodes(graph)
         kernels = [name for name in kernels if name not in inside]
     pairs = [(first, then) for first, then in zip(kernels, kernels[1:])
              if first not in graph.pred[then]]  # not already waiting for it
@@ -61,18 +62,3 @@ def run(graph: Graph, analysis: Analysis, options: SerializeOptions, model=None)
     return SerializeResult(graph, bool(done), serialized=done)
 
 
-
-def _in_control_flow(graph: Graph) -> set[str]:
-    """Nodes inside a v1 loop frame or cond branch (reachable from an Enter or a Switch without
-    passing the Exit or Merge that ends it): a control edge into or out of one is either
-    invalid or makes a node wait for a branch that may not run."""
-    inside: set[str] = set()
-    for start in graph.nodes():
-        ends = CONTROL_FLOW.get(graph.op(start))
-        stack = list(graph.successors(start)) if ends else []
-        while stack:
-            name = stack.pop()
-            if name not in inside and graph.op(name) not in ends:
-                inside.add(name)
-                stack.extend(graph.successors(name))
-    return inside
