@@ -50,3 +50,25 @@ def test_the_measured_peak_counts_a_kernels_temporaries():
     feeds = measure.random_feeds(graph, found)
     measured = measure.run_step_isolated(graph.to_graph_def(), feeds, ["dw"], 0).peak_bytes
     assert tensors + 0.8 * column < measured < tensors + 1.3 * column, (measured, tensors, column)
+
+
+def test_an_einsums_scratch_is_what_the_kernel_takes_beside_its_output(monkeypatch):
+    """TensorFlow's per-node records: the most a node held while it ran less its outputs, by
+    the plain CPU allocator (the BFC allocator may hand a request a free chunk up to twice its
+    size; the model replays that separately, `bfc.py`)."""
+    import tensorflow as tf
+    from test_scratch import EINSUMS, MIB, einsum_step
+
+    graph = einsum_step(EINSUMS)
+    found = shapes.infer(graph)
+    names = [f"e{k}/Einsum" for k in range(len(EINSUMS))]
+    feeds = measure.random_feeds(graph, found)
+    monkeypatch.setenv(measure.BFC_FLAG, "false")  # for the process the step runs in
+    metadata = tf.compat.v1.RunMetadata.FromString(
+        measure.run_step_isolated(graph.to_graph_def(), feeds, names, 0).run_metadata)
+    taken = {node.node_name: sum(m.peak_bytes for m in node.memory) - sum(
+        o.tensor_description.allocation_description.allocated_bytes for o in node.output)
+        for dev in metadata.step_stats.dev_stats for node in dev.node_stats if node.memory}
+    for name in names:
+        modelled = scratch.einsum_bytes(graph, found, name)
+        assert abs(taken[name] - modelled) <= 0.1 * MIB, (name, taken[name], modelled)

@@ -87,3 +87,38 @@ def test_a_convolutions_two_gradients_hold_their_scratch_at_once_until_one_waits
     apart = memory.simulate(graph, shapes.infer(graph), ["dx", "dw"], "cpu")
     assert sorted(apart.scratch.values()) == sorted(own.values())
     assert apart.allocated_peak() < together.allocated_peak()
+
+
+ATTENTION = (8, 128, 8, 64)  # batch, positions, heads, head size: each 2 MiB in float32
+
+
+def einsum_step(equations: dict[str, tuple]) -> Graph:
+    """One `Einsum` per equation (in scopes e0, e1, ...) on placeholders of the given shapes,
+    each after the one before: run at once, their matrix products take more blocking buffers."""
+    with tf.Graph().as_default() as g:
+        before = []
+        for k, (equation, operands) in enumerate(equations.items()):
+            inputs = [tf.compat.v1.placeholder(tf.float32, shape, name=f"x{k}_{i}")
+                      for i, shape in enumerate(operands)]
+            with tf.control_dependencies(before):
+                before = [tf.einsum(equation, *inputs, name=f"e{k}")]
+    return Graph.from_graph_def(g.as_graph_def())
+
+
+EINSUMS = {  # equation -> operand shapes; the MiB TensorFlow's rule makes scratch, by hand
+    "abc,cde->abde": ((8, 128, 512), (512, 8, 64)),  # a projection: no operand moves
+    "aecd,abcd->acbe": (ATTENTION, ATTENTION),  # both operands to [a c . d], the product to acbe
+    "acbe,aecd->abcd": ((8, 8, 128, 128), ATTENTION),  # the second operand, then the product
+    "abcd,aecd->acbe": (ATTENTION, ATTENTION),  # both operands; the product is the output
+    "bij->bj": ((64, 512, 256),),  # the reduced label moved last, then summed
+    "...ij,jk->...ik": ((8, 128, 512), (512, 512)),  # an ellipsis: not modelled
+}
+EINSUM_MIB = [0, 2 + 2 + 4, 2 + 2, 2 + 2, 32 + 1 / 16, 0]
+
+
+def test_an_einsum_takes_its_transposed_operands_and_product_as_scratch():
+    graph = einsum_step(EINSUMS)
+    found = shapes.infer(graph)
+    for kind in scratch.DEVICE_KINDS:  # the same kernel code on every device
+        assert [scratch.kernel_bytes(kind, graph, found, f"e{k}/Einsum") / MIB
+                for k in range(len(EINSUMS))] == EINSUM_MIB
