@@ -10,6 +10,7 @@ import types
 import pytest
 
 from graphrewrite.core import io
+from graphrewrite.passes.recompute import RecomputeResult
 from graphrewrite.pipeline import levers
 
 from conftest import fixture_path, run_cli
@@ -203,3 +204,20 @@ def test_swap_is_no_lever_unnamed_without_a_host_or_already_in_the_mode(monkeypa
     monkeypatch.setattr(levers, "step_seconds", lambda graph, analysis, device: 1.0)
     result = levers.fit(types.SimpleNamespace(graph=None), mode, None, "40%", profile)
     assert [row["levers"] for row in result.levers] == [[]]
+
+
+@pytest.mark.parametrize("run, kept", [(380, False), (420, True)])
+def test_the_recompute_passs_own_budget_note_goes_where_the_pipeline_meets_the_users(
+        monkeypatch, run, kept):
+    """Under a budget the recompute pass plans for a share of the step as written; when it
+    misses that share but the whole pipeline as run meets the user's budget, its "not reached"
+    is not the user's and leaves the note."""
+    missed = "budget of 0.4 KiB not reached: the lowest modelled peak found is 0.4 KiB"
+    recomputed = RecomputeResult(note=f"{missed} it saves under 5%.", budget_missed=[missed])
+    planned = _Planned(410, run)
+    planned.asked = 400
+    planned.of = lambda kind: recomputed if kind is RecomputeResult else kind(modified=True)
+    monkeypatch.setattr(levers, "optimize", lambda *args, **options: planned)
+    monkeypatch.setattr(levers, "step_seconds", lambda graph, analysis, device: 1.0)
+    levers.fit(types.SimpleNamespace(graph=None), "memory", None, "40%", lossy=False)
+    assert recomputed.note == (f"{missed} it saves under 5%." if kept else "it saves under 5%.")

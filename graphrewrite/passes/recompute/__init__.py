@@ -129,10 +129,12 @@ class RecomputeResult(PassResult):
     extra_flops: int = 0
     kept_because: dict[str, list[str]] = field(default_factory=dict)  # reason -> nodes
     pinned: dict[str, list[str]] = field(default_factory=dict)  # kind -> nodes (`--pin`)
+    budget_missed: list[str] = field(default_factory=list)  # planners' sentences in `note`
 
     def section(self) -> dict:
         found = super().section()
         found["skipped"] = counted(found.pop("kept_because"))
+        del found["budget_missed"]  # in the note
         return found
 
 
@@ -197,6 +199,7 @@ def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None)
         if best.peak > analysis.memory.peak() * (1 - search.MIN_GAIN):
             return unchanged
         final = finish(ctx, best)
+    missed = note  # the planners' only note: the budget out of reach
     if automatic and final.report.peak() > analysis.memory.peak() * (1 - SMALL_GAIN):
         note = " ".join(filter(None, (note, f"it saves under {SMALL_GAIN:.0%}: "
                                       + why_so_little(ctx, final.report))))
@@ -205,6 +208,7 @@ def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None)
                                                        final))))
     result = _result(final, note)
     result.pinned = pinned
+    result.budget_missed = [missed] if missed else []
     return result
 
 
