@@ -221,3 +221,4 @@ def test_the_recompute_passs_own_budget_note_goes_where_the_pipeline_meets_the_u
     monkeypatch.setattr(levers, "step_seconds", lambda graph, analysis, device: 1.0)
     levers.fit(types.SimpleNamespace(graph=None), "memory", None, "40%", lossy=False)
     assert recomputed.note == (f"{missed} it saves under 5%." if kept else "it saves under 5%.")
+    assert recomputed.budget_missed == ([missed] if kept else [])

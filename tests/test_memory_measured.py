@@ -52,23 +52,42 @@ def test_the_measured_peak_counts_a_kernels_temporaries():
     assert tensors + 0.8 * column < measured < tensors + 1.3 * column, (measured, tensors, column)
 
 
-def test_an_einsums_scratch_is_what_the_kernel_takes_beside_its_output(monkeypatch):
-    """TensorFlow's per-node records: the most a node held while it ran less its outputs, by
-    the plain CPU allocator (the BFC allocator may hand a request a free chunk up to twice its
-    size; the model replays that separately, `bfc.py`)."""
+def kernel_temporaries(graph, found, fetches: list[str]) -> dict[str, int]:
+    """node -> the most it held while it ran, less its outputs: TensorFlow's per-node records
+    by the plain CPU allocator (the BFC allocator may hand a request a free chunk up to twice
+    its size; the model replays that separately, `bfc.py`)."""
     import tensorflow as tf
+
+    feeds = measure.random_feeds(graph, found)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(measure.BFC_FLAG, "false")  # for the process the step runs in
+        metadata = tf.compat.v1.RunMetadata.FromString(
+            measure.run_step_isolated(graph.to_graph_def(), feeds, fetches, 0).run_metadata)
+    return {node.node_name: sum(m.peak_bytes for m in node.memory) - sum(
+        o.tensor_description.allocation_description.allocated_bytes for o in node.output)
+        for dev in metadata.step_stats.dev_stats for node in dev.node_stats if node.memory}
+
+
+def test_an_einsums_scratch_is_what_the_kernel_takes_beside_its_output():
     from test_scratch import EINSUMS, MIB, einsum_step
 
     graph = einsum_step(EINSUMS)
     found = shapes.infer(graph)
     names = [f"e{k}/Einsum" for k in range(len(EINSUMS))]
-    feeds = measure.random_feeds(graph, found)
-    monkeypatch.setenv(measure.BFC_FLAG, "false")  # for the process the step runs in
-    metadata = tf.compat.v1.RunMetadata.FromString(
-        measure.run_step_isolated(graph.to_graph_def(), feeds, names, 0).run_metadata)
-    taken = {node.node_name: sum(m.peak_bytes for m in node.memory) - sum(
-        o.tensor_description.allocation_description.allocated_bytes for o in node.output)
-        for dev in metadata.step_stats.dev_stats for node in dev.node_stats if node.memory}
+    taken = kernel_temporaries(graph, found, names)
     for name in names:
         modelled = scratch.einsum_bytes(graph, found, name)
         assert abs(taken[name] - modelled) <= 0.1 * MIB, (name, taken[name], modelled)
+
+
+def test_a_cpu_batch_norms_scratch_is_what_the_kernel_takes_beside_its_outputs():
+    """Within its reductions' per-thread partial sums (a few rows of the depth)."""
+    from test_scratch import layer_norm_step
+
+    graph = layer_norm_step()
+    found = shapes.infer(graph)
+    taken = kernel_temporaries(graph, found, ["dx", "dimages"])
+    for name in graph.nodes():
+        if graph.op(name).startswith("FusedBatchNorm"):
+            modelled = scratch.kernel_bytes("cpu", graph, found, name)
+            assert modelled <= taken[name] <= modelled + 128 << 10, (name, taken[name], modelled)

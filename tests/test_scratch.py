@@ -122,3 +122,36 @@ def test_an_einsum_takes_its_transposed_operands_and_product_as_scratch():
     for kind in scratch.DEVICE_KINDS:  # the same kernel code on every device
         assert [scratch.kernel_bytes(kind, graph, found, f"e{k}/Einsum") / MIB
                 for k in range(len(EINSUMS))] == EINSUM_MIB
+
+
+def layer_norm_step(dtype=tf.float32) -> Graph:
+    """A layer normalization over [512, 64] as Keras runs it (a fused batch norm of the input
+    as [1, 512, 64, 1] in NCHW) and its gradient, beside a batch norm in NHWC."""
+    with tf.Graph().as_default() as g:
+        x = tf.compat.v1.placeholder(dtype, (512, 64), name="x")
+        y = tf.compat.v1.nn.fused_batch_norm(tf.reshape(x, (1, 512, 64, 1)), tf.ones(512),
+                                             tf.zeros(512), data_format="NCHW")[0]
+        images = tf.compat.v1.placeholder(dtype, (8, 16, 16, 32), name="images")
+        z = tf.compat.v1.nn.fused_batch_norm(images, tf.ones(32), tf.zeros(32))[0]
+        dx, dimages = tf.gradients(tf.reduce_sum(y) + tf.reduce_sum(z), [x, images])
+        tf.identity(dx, name="dx")
+        tf.identity(dimages, name="dimages")
+    return Graph.from_graph_def(g.as_graph_def())
+
+
+def test_a_cpu_batch_norm_copies_an_nchw_input_to_nhwc():
+    for dtype, item in ((tf.float32, 4), (tf.float16, 2)):
+        graph = layer_norm_step(dtype)
+        found = shapes.infer(graph)
+        x, images = 512 * 64, 8 * 16 * 16 * 32  # elements
+        widened = 4 if item == 2 else 0  # a 16-bit gradient sums in float32
+        by_layout = {(graph.op(n), graph.node_def(n).attr["data_format"].s.decode()):
+                     scratch.kernel_bytes("cpu", graph, found, n) for n in graph.nodes()
+                     if graph.op(n).startswith("FusedBatchNorm")}
+        assert by_layout == {
+            ("FusedBatchNormV3", "NCHW"): 2 * x * item,
+            ("FusedBatchNormGradV3", "NCHW"): 3 * x * item + x * widened,
+            ("FusedBatchNormV3", "NHWC"): 0,
+            ("FusedBatchNormGradV3", "NHWC"): images * widened}
+        assert not any(scratch.kernel_bytes("gpu", graph, found, n) for n in graph.nodes()
+                       if graph.op(n).startswith("FusedBatchNorm"))  # cuDNN reads NCHW as is

@@ -171,6 +171,7 @@ def fit(model: Model, mode: str, analysis: AnalysisOptions | None, budget: str,
     for sentence in recomputed.budget_missed if best[0]["budget_met"] else ():
         # the recompute pass's own budget, as written, missed; the user's, as run, is met
         recomputed.note = " ".join(recomputed.note.replace(sentence, "").split())
+        recomputed.budget_missed = []
     final.levers, final.budget, final.budget_of = rows, fixed["target"], "predicted"
     final.seconds = time.perf_counter() - start  # every set planned, not the chosen one's
     return final

@@ -134,7 +134,6 @@ class RecomputeResult(PassResult):
     def section(self) -> dict:
         found = super().section()
         found["skipped"] = counted(found.pop("kept_because"))
-        del found["budget_missed"]  # in the note
         return found
 
 
