@@ -95,3 +95,23 @@ def test_a_reference_variables_apply_writes_in_place():
     assert report.buffer_of[TensorRef(apply)] is report.buffer_of[TensorRef("v")]
     # x, its exponential, the variable and the rate (4 bytes): nothing more at the update
     assert report.peak() == 3 * KIB + 4
+
+
+def test_a_variable_a_sparse_op_touches_is_copied_by_every_read_and_dense_write():
+    """An embedding's gather puts its variable in copy-on-read mode (TensorFlow's
+    `EnsureSparseVariableAccess`): the read makes a copy of it, and assigning a value copies
+    the value into a new buffer rather than taking the value's, the old one freed as it ends."""
+    def graph():
+        handle = tf.raw_ops.VarHandleOp(dtype=tf.float32, shape=[KIB_FLOATS // 4, 4],
+                                        shared_name="table", name="table")
+        rows = tf.raw_ops.ResourceGather(resource=handle, indices=[0, 1], dtype=tf.float32,
+                                         name="gather")
+        read = tf.raw_ops.ReadVariableOp(resource=handle, dtype=tf.float32, name="r")
+        with tf.control_dependencies([rows]):
+            tf.raw_ops.AssignVariableOp(resource=handle, value=tf.exp(read, name="e"), name="a")
+    built, report = simulate(graph, ["gather", "a"])
+    assert report.buffer_of[TensorRef("r")] is not report.buffer_of[TensorRef("table")]
+    (move,) = report.moves
+    assert move.new is None and report.order[move.step] == report.order[move.free_at] == "a"
+    # at the assignment: the table, its value e and the new copy of the table
+    assert report.allocated_peak() >= 3 * KIB > report.peak()
