@@ -1,16 +1,22 @@
-"""Defer pass: compute a large value of the parameters alone when the gradient it meets is ready.
+"""Defer pass: compute a large value the backward pass needs, but that does not depend on the
+gradient, when the gradient it meets is ready.
 
-An optimizer's update often multiplies a slot by a constant before it meets the gradient (Keras
-SGD with momentum: `m * momentum - lr * g`). That product depends on no fed data, so the executor
-computes it as soon as the step starts and holds it, one copy of every slot, until the gradient
-arrives near the end of back-propagation. Each such value (a parameter, see `parameters`, of at
-least `min_bytes`) whose readers are all in the gradient flow is made to wait, by control
-inputs, for the gradient-flow values its readers read: it is computed when it is needed and dies
-at once. Nothing is copied and no value changes: the same kernel reads the same inputs, later.
+Two kinds. An optimizer's update often multiplies a slot by a constant before it meets the
+gradient (Keras SGD with momentum: `m * momentum - lr * g`): a value of the parameters alone.
+And a custom gradient's factors of the forward values (Keras swish's `sigmoid(x) * (1 + x * (1 -
+sigmoid(x)))` and `x * x` for its `beta`, EfficientNet's every activation): backward nodes
+outside the gradient flow (`Split.early_backward`). The executor computes either as soon as its
+inputs exist, at the start of the step or in the forward pass, and holds it until the gradient
+arrives: a slot's copy of every slot, two or three activation-sized tensors per swish. Each such
+value of at least `min_bytes` whose readers are all backward nodes is made to wait, by control
+inputs, for the gradient-flow values read where its chain of such values meets the gradient
+flow: it is computed when it is needed and dies at once (what it reads is held instead, once,
+or recomputed). Nothing is copied and no value changes: the same kernel reads the same inputs,
+later.
 
 Only values computed from resource-variable reads are deferred: a ref variable's `Identity`
 aliases a buffer that an in-place update may change, so reading it later could read another
-value.
+value. Nor stateful ops, or anything inside a v1 loop or cond.
 """
 
 from __future__ import annotations
@@ -18,8 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..analysis import memory, parameters
+from ..analysis import split as split_mod
 from ..analysis.split import reachable
 from ..analysis.step import Analysis
+from ..core import ops
 from ..core.graph import Graph
 from .base import PassOptions, PassResult
 
@@ -39,12 +47,16 @@ class DeferResult(PassResult):
 
 
 def run(graph: Graph, analysis: Analysis, options: DeferOptions, model=None):
-    """Give each large parameter-only value read only by the gradient flow the gradient-flow
-    inputs of its readers as control inputs (see the module's docstring)."""
+    """Give each large value the backward pass reads before the gradient reaches it the
+    gradient-flow inputs of the readers where its chain meets the flow as control inputs (see
+    the module's docstring)."""
     flow = analysis.split.gradient_flow
     params = analysis.parameters(graph)
-    deferrable = [n for n in graph.nodes()
-                  if _deferrable(graph, analysis, params, flow, n, options.min_bytes)]
+    early = analysis.split.early_backward
+    enclosed = split_mod.loop_frame_nodes(graph) | split_mod.cond_branch_nodes(graph) \
+        if early else set()
+    deferrable = [n for n in graph.nodes() if _deferrable(
+        graph, analysis, params, flow, early, enclosed, n, options.min_bytes)]
     if not deferrable:  # the usual case outside training steps: no note, modes run it always
         return DeferResult(graph, False)
     graph, deferred = graph.copy(), []
@@ -52,7 +64,8 @@ def run(graph: Graph, analysis: Analysis, options: DeferOptions, model=None):
         # Checked on the graph as it grows: an earlier deferral may have made a wait depend
         # on this value.
         downstream = reachable(graph.nx, [name])
-        waits = sorted({r.node for v in graph.successors(name) for r in graph.data_inputs(v)
+        met = _meets_flow(graph, name, flow)
+        waits = sorted({r.node for v in met for r in graph.data_inputs(v)
                         if r.node in flow and r.node not in downstream})
         for wait in waits:
             graph.add_control(wait, name)
@@ -61,14 +74,32 @@ def run(graph: Graph, analysis: Analysis, options: DeferOptions, model=None):
     return DeferResult(graph, bool(deferred), shapes=analysis.shapes, deferred=sorted(deferred))
 
 
-def _deferrable(graph: Graph, analysis: Analysis, params, flow, name: str,
+def _meets_flow(graph: Graph, name: str, flow) -> set[str]:
+    """The gradient-flow readers of `name` and of the values outside the flow it reaches."""
+    met, seen, stack = set(), {name}, [name]
+    while stack:
+        for reader in graph.successors(stack.pop()):
+            if reader in flow:
+                met.add(reader)
+            elif reader not in seen:
+                seen.add(reader)
+                stack.append(reader)
+    return met
+
+
+def _deferrable(graph: Graph, analysis: Analysis, params, flow, early, enclosed, name: str,
                 min_bytes: int) -> bool:
     op = graph.op(name)
-    if (name not in params or parameters.is_variable(graph, name) or op in memory.ALIAS_OPS
-            or op in parameters.READ_OPS):
+    if name in params:
+        if parameters.is_variable(graph, name):
+            return False
+    elif name not in early or name in enclosed or ops.is_stateful(op):
+        return False
+    if op in memory.ALIAS_OPS or op in parameters.READ_OPS:
         return False
     readers = graph.successors(name)
-    if not readers or not all(v in flow for v in readers):
+    backward = flow if name in params else flow | early
+    if not readers or not all(v in backward for v in readers):
         return False
     size = max((analysis.shapes.nbytes(r) or 0 for r in analysis.shapes.outputs(name)),
                default=0)
@@ -77,4 +108,4 @@ def _deferrable(graph: Graph, analysis: Analysis, params, flow, name: str,
     upstream = reachable(graph.nx, [name], upstream=True)
     if upstream & flow:  # it already waits for the gradient (a slot read after its update)
         return False
-    return not any(graph.op(s) in REF_VARIABLE_OPS for s in upstream & params)
+    return not any(graph.op(s) in REF_VARIABLE_OPS for s in upstream & (params | early))
