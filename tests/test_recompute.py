@@ -334,6 +334,26 @@ def test_checkpoints_recomputed_ahead_are_read_by_the_forward_pass_only():
     assert len(graph.topological_order()) == len(graph)  # no cycle
 
 
+def test_a_graph_input_is_never_recomputed_ahead():
+    """A fed input among the checkpoints chosen to be recomputed ahead (a U-Net's per-pixel
+    labels, which the loss's recomputation reads) stays as fed: a copy of a placeholder is a
+    second input that nobody feeds, and the step cannot run."""
+    from graphrewrite.analysis import step as analysis
+    from graphrewrite.passes import recompute
+    from graphrewrite.planning import checkpoints
+
+    model = io.load(fixture_path("resnet_cnn"))
+    found = analysis.analyse(model)
+    ctx = checkpoints.Context.build(model.graph, found)
+    kept = [n for n in checkpoints.bottlenecks(ctx)][1::2]
+    inputs = [n for n in model.graph.nodes() if model.graph.op(n) == "Placeholder"]
+    assert inputs
+    rewrite = recompute.apply(ctx, set(kept) | set(inputs), frozenset(inputs + kept[:2]))
+    added = set(rewrite.graph.nodes()) - set(model.graph.nodes())
+    assert not [n for n in added if rewrite.graph.op(n) == "Placeholder"]
+    assert set(rewrite.ahead) >= set(kept[:2]) and not set(rewrite.ahead) & set(inputs)
+
+
 @pytest.mark.tf
 def test_checkpoints_recomputed_ahead_run_bitwise_equal(tmp_path):
     from graphrewrite.execution import verify

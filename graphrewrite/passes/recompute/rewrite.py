@@ -26,6 +26,9 @@ def apply(ctx: Context, checkpoints: set[str], ahead: frozenset = frozenset(),
     graph = ctx.graph.copy()
     split = ctx.analysis.split
     flow = split.gradient_flow
+    # only what can be copied is recomputed ahead: a fed input (a U-Net's per-pixel labels)
+    # stays the one its feed fills
+    ahead = frozenset(n for n in ahead if ctx.blocker(n) is None)
     blocked: dict[str, set[str]] = {}
     recomputed, recomputable = plan_nodes.recomputed_nodes(ctx, checkpoints, blocked)
     order = ctx.order()  # the copy's, as nothing was added yet
