@@ -54,3 +54,51 @@ def test_small_values_are_left_alone(momentum_step):
     result = pipeline.optimize(momentum_step, "none", passes="defer")
     assert not result.of(DeferResult).deferred and not result.of(DeferResult).modified
     assert result.graph is momentum_step.graph or len(result.graph) == len(momentum_step.graph)
+
+
+def swish_step():
+    """Four dense layers with a custom-gradient swish (Keras's, with its `beta`): its gradient
+    function's `x * x` and `beta * x` read forward values only, not the incoming gradient."""
+    import tensorflow as tf
+
+    from graphrewrite.core.graph import Graph
+
+    @tf.custom_gradient
+    def swish(x, beta):
+        def grad(dy):
+            with tf.control_dependencies([dy]):
+                sigmoid = tf.sigmoid(beta * x)
+            dx = dy * sigmoid * (1 + beta * x * (1 - sigmoid))
+            return dx, tf.reduce_sum(dy * tf.square(x) * sigmoid * (1 - sigmoid))
+        return x * tf.sigmoid(beta * x), grad
+
+    with tf.Graph().as_default() as g:
+        h = tf.compat.v1.placeholder(tf.float32, (512, 64), name="x")
+        weights = [tf.compat.v1.placeholder(tf.float32, (64, 64), name=f"w{k}") for k in range(4)]
+        for w in weights:
+            h = swish(tf.matmul(h, w), tf.constant(1.0))
+        grads = tf.gradients(tf.reduce_sum(tf.nn.relu(h)), weights)  # ReluGrad: a backward
+        tf.identity(tf.add_n(grads), name="grad")
+    return Graph.from_graph_def(g.as_graph_def(add_shapes=True))
+
+
+def test_a_custom_gradients_factors_of_forward_values_wait_for_the_gradient(tmp_path):
+    graph = swish_step()
+    path = tmp_path / "swish.pb"
+    path.write_bytes(graph.to_graph_def().SerializeToString())
+    model = io.load(path)
+    found = analysis.analyse(model)
+    result = pipeline.optimize(model, "none", passes="defer(min_bytes=16384)")
+    deferred = result.of(DeferResult).deferred
+    assert {model.graph.op(n) for n in deferred} == {"Square", "Mul"} and len(deferred) == 8
+    flow = found.split.gradient_flow
+    assert all(n in found.split.early_backward for n in deferred)
+    assert all(result.graph.control_inputs(n) and set(result.graph.control_inputs(n)) <= flow
+               for n in deferred)
+    before = memory.simulate(model.graph, found.shapes, found.fetches)
+    after = memory.simulate(result.graph, found.shapes, found.fetches)
+    assert after.peak() < before.peak()
+    out = tmp_path / "deferred.pb"
+    io.save(model, result.graph, out)
+    checked = verify.verify(model, io.load(out), verify.VerifyOptions(runs=0), isolated=False)
+    assert checked.match, checked.to_json()["mismatched"]
