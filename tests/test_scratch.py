@@ -113,7 +113,7 @@ EINSUMS = {  # equation -> operand shapes; the MiB TensorFlow's rule makes scrat
     "bij->bj": ((64, 512, 256),),  # the reduced label moved last, then summed
     "...ij,jk->...ik": ((8, 128, 512), (512, 512)),  # an ellipsis: not modelled
 }
-EINSUM_MIB = [0, 2 + 2 + 4, 2 + 2, 2 + 2, 32 + 1 / 16, 0]
+EINSUM_MIB = [0, 2 + 2 + 4, 2 + 2, 2 + 2, 32, 0]
 
 
 def test_an_einsum_takes_its_transposed_operands_and_product_as_scratch():

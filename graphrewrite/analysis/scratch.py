@@ -60,7 +60,8 @@ from .shapes import Shapes
 
 __all__ = ["CPU_WORKING_SET", "CPU_L2", "CPU_THREADS", "CPU_CONV_GRADIENTS", "cpu_bytes",
            "GPU_CONVOLUTIONS", "WORKSPACE_LIMIT", "workspace_limit", "gpu_bytes", "KERNEL_SCRATCH",
-           "CPU_BATCH_NORMS", "cpu_batch_norm_bytes", "einsum_bytes", "DEVICE_KINDS", "device_kind", "kernel_bytes", "CONV_GRADIENTS", "alongside"]
+           "CPU_BATCH_NORMS", "cpu_batch_norm_bytes", "einsum_bytes", "DEVICE_KINDS",
+           "device_kind", "kernel_bytes", "CONV_GRADIENTS", "alongside"]
 
 CPU_WORKING_SET = 30 << 20
 CPU_L2 = 256 << 10
@@ -191,7 +192,8 @@ def einsum_bytes(graph: Graph, shapes: Shapes, name: str) -> int:
     product_bytes = math.prod(size[c] for c in product) * item if len(operands) == 2 else 0
     if product != list(output):  # the product is a temporary, transposed into the output
         return max(peak, held + product_bytes)
-    return max(peak, held - (0 if len(operands) == 2 else held))  # the product is the output
+    # the product is the output; of one operand, that operand's reduced or transposed copy
+    return max(peak, held) if len(operands) == 2 else peak - held
 
 
 # Device kind -> op -> bytes of scratch a node of that op takes while it runs.

@@ -16,7 +16,8 @@ later.
 
 Only values computed from resource-variable reads are deferred: a ref variable's `Identity`
 aliases a buffer that an in-place update may change, so reading it later could read another
-value. Nor stateful ops, or anything inside a v1 loop or cond.
+value. A backward value outside the flow is deferred only outside v1 loops and conds, and
+never a stateful op.
 """
 
 from __future__ import annotations
