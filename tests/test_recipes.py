@@ -39,12 +39,7 @@ REWRITE_XFAIL = {
 }
 
 # Cells whose rewrite lowers the step as written but raises it as run (bitwise all the same).
-AS_RUN_XFAIL = {
-    "v1_mlp_adam_kerasopt_embed": (
-        "the best plan lowers the step as written by 3% but raises it as run (2252544 -> "
-        "2347520 B after Grappler): memory mode drops it and its note says so; no plan that "
-        "lowers both is searched for (the planner prices plans as written)"),
-}
+AS_RUN_XFAIL: dict[str, str] = {}
 
 # Cells whose rewrite works but whose two steps are not bitwise equal.
 BITWISE_XFAIL = {
