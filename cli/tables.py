@@ -317,7 +317,7 @@ NAMED_ROWS = (
     ("accumulated", "AddN sums now add as their terms arrive"),
     ("rerun", "recurrent layers' forward passes run again before their backward passes"),
     ("inlined", "function calls holding the forward or backward pass"),
-    ("deferred", "parameter-only values computed when their gradient is ready"),
+    ("deferred", "values needing no gradient computed when their gradient is ready"),
 )
 
 
