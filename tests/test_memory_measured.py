@@ -90,4 +90,4 @@ def test_a_cpu_batch_norms_scratch_is_what_the_kernel_takes_beside_its_outputs()
     for name in graph.nodes():
         if graph.op(name).startswith("FusedBatchNorm"):
             modelled = scratch.kernel_bytes("cpu", graph, found, name)
-            assert modelled <= taken[name] <= modelled + 128 << 10, (name, taken[name], modelled)
+            assert modelled <= taken[name] <= modelled + (128 << 10), (name, taken[name], modelled)

@@ -300,16 +300,22 @@ def test_selectors_refuse(text, message):
         selectors.select(graph, text)
 
 
-def ahead_rewrite(name="resnet_cnn", first=2):
-    """The memory policy's checkpoints with the first `first` of them recomputed ahead."""
+def every_other_bottleneck(name="resnet_cnn"):
+    """The model, its analysis, the planners' context and every other bottleneck of it."""
     from graphrewrite.analysis import step as analysis
-    from graphrewrite.passes import recompute
     from graphrewrite.planning import checkpoints
 
     model = io.load(fixture_path(name))
     found = analysis.analyse(model)
     ctx = checkpoints.Context.build(model.graph, found)
-    kept = [n for n in checkpoints.bottlenecks(ctx)][1::2]
+    return model, found, ctx, [n for n in checkpoints.bottlenecks(ctx)][1::2]
+
+
+def ahead_rewrite(name="resnet_cnn", first=2):
+    """The memory policy's checkpoints with the first `first` of them recomputed ahead."""
+    from graphrewrite.passes import recompute
+
+    model, found, ctx, kept = every_other_bottleneck(name)
     rewrite = recompute.apply(ctx, set(kept), frozenset(kept[:first]))
     rewrite.pads = recompute.pad_readers(rewrite.graph, model.graph, found,
                                          {c: o for o, c in rewrite.recomputed.items()})
@@ -338,14 +344,9 @@ def test_a_graph_input_is_never_recomputed_ahead():
     """A fed input among the checkpoints chosen to be recomputed ahead (a U-Net's per-pixel
     labels, which the loss's recomputation reads) stays as fed: a copy of a placeholder is a
     second input that nobody feeds, and the step cannot run."""
-    from graphrewrite.analysis import step as analysis
     from graphrewrite.passes import recompute
-    from graphrewrite.planning import checkpoints
 
-    model = io.load(fixture_path("resnet_cnn"))
-    found = analysis.analyse(model)
-    ctx = checkpoints.Context.build(model.graph, found)
-    kept = [n for n in checkpoints.bottlenecks(ctx)][1::2]
+    model, _, ctx, kept = every_other_bottleneck()
     inputs = [n for n in model.graph.nodes() if model.graph.op(n) == "Placeholder"]
     assert inputs
     rewrite = recompute.apply(ctx, set(kept) | set(inputs), frozenset(inputs + kept[:2]))
