@@ -3,11 +3,11 @@ gradient, when the gradient it meets is ready.
 
 Two kinds. An optimizer's update often multiplies a slot by a constant before it meets the
 gradient (Keras SGD with momentum: `m * momentum - lr * g`): a value of the parameters alone.
-And a custom gradient's factors of the forward values (Keras swish's `sigmoid(x) * (1 + x * (1 -
-sigmoid(x)))` and `x * x` for its `beta`, EfficientNet's every activation): backward nodes
-outside the gradient flow (`Split.early_backward`). The executor computes either as soon as its
+And a custom gradient's factors of the forward values (Keras swish's `beta * x` in `1 + beta *
+x * (1 - sigmoid)`, EfficientNet's every activation): backward nodes outside the gradient flow
+(`Split.early_backward`) that the step runs. The executor computes either as soon as its
 inputs exist, at the start of the step or in the forward pass, and holds it until the gradient
-arrives: a slot's copy of every slot, two or three activation-sized tensors per swish. Each such
+arrives: a slot's copy of every slot, an activation-sized tensor per swish. Each such
 value of at least `min_bytes` whose readers are all backward nodes is made to wait, by control
 inputs, for the gradient-flow values read where its chain of such values meets the gradient
 flow: it is computed when it is needed and dies at once (what it reads is held instead, once,
@@ -53,7 +53,10 @@ def run(graph: Graph, analysis: Analysis, options: DeferOptions, model=None):
     the module's docstring)."""
     flow = analysis.split.gradient_flow
     params = analysis.parameters(graph)
-    early = analysis.split.early_backward
+    # backward values outside the flow that the step runs: TF1's gradients also compute some
+    # nobody reads (GELU's `x / sqrt(2)` differentiated by its constant), and a deferred one
+    # would make the planners think its forward inputs are read late
+    early = analysis.split.early_backward & reachable(graph.nx, analysis.fetches, upstream=True)
     enclosed = split_mod.loop_frame_nodes(graph) | split_mod.cond_branch_nodes(graph) \
         if early else set()
     deferrable = [n for n in graph.nodes() if _deferrable(
