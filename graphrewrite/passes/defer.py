@@ -59,8 +59,9 @@ def run(graph: Graph, analysis: Analysis, options: DeferOptions, model=None):
     early = analysis.split.early_backward & reachable(graph.nx, analysis.fetches, upstream=True)
     enclosed = split_mod.loop_frame_nodes(graph) | split_mod.cond_branch_nodes(graph) \
         if early else set()
-    deferrable = [n for n in graph.nodes() if _deferrable(
-        graph, analysis, params, flow, early, enclosed, n, options.min_bytes)]
+    sets = _Sets(flow, params, early, enclosed, flow | early, params | early)
+    deferrable = [n for n in graph.nodes()
+                  if _deferrable(graph, analysis, sets, n, options.min_bytes)]
     if not deferrable:  # the usual case outside training steps: no note, modes run it always
         return DeferResult(graph, False)
     graph, deferred = graph.copy(), []
@@ -91,18 +92,30 @@ def _meets_flow(graph: Graph, name: str, flow) -> set[str]:
     return met
 
 
-def _deferrable(graph: Graph, analysis: Analysis, params, flow, early, enclosed, name: str,
+@dataclass(frozen=True)
+class _Sets:
+    """The node sets every candidate is checked against, made once per run."""
+
+    flow: frozenset
+    params: frozenset
+    early: frozenset
+    enclosed: set
+    backward: frozenset  # flow | early
+    sources: frozenset   # params | early
+
+
+def _deferrable(graph: Graph, analysis: Analysis, sets: _Sets, name: str,
                 min_bytes: int) -> bool:
     op = graph.op(name)
-    if name in params:
+    if name in sets.params:
         if parameters.is_variable(graph, name):
             return False
-    elif name not in early or name in enclosed or ops.is_stateful(op):
+    elif name not in sets.early or name in sets.enclosed or ops.is_stateful(op):
         return False
     if op in memory.ALIAS_OPS or op in parameters.READ_OPS:
         return False
     readers = graph.successors(name)
-    backward = flow if name in params else flow | early
+    backward = sets.flow if name in sets.params else sets.backward
     if not readers or not all(v in backward for v in readers):
         return False
     size = max((analysis.shapes.nbytes(r) or 0 for r in analysis.shapes.outputs(name)),
@@ -110,6 +123,6 @@ def _deferrable(graph: Graph, analysis: Analysis, params, flow, early, enclosed,
     if size < min_bytes:
         return False
     upstream = reachable(graph.nx, [name], upstream=True)
-    if upstream & flow:  # it already waits for the gradient (a slot read after its update)
+    if upstream & sets.flow:  # it already waits for the gradient (a slot read after its update)
         return False
-    return not any(graph.op(s) in REF_VARIABLE_OPS for s in upstream & (params | early))
+    return not any(graph.op(s) in REF_VARIABLE_OPS for s in upstream & sets.sources)
