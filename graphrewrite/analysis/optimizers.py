@@ -14,6 +14,11 @@ optimizers in a TF2 step decompose the same update into reads, arithmetic and
 Adam with a sparse gradient (an embedding's) decays its slots whole, adds the gradient's
 rows with `ResourceScatterAdd`, and then takes the same dense step, in both.
 
+Keras's decoupled weight decay (AdamW, or any Keras optimizer given `weight_decay`) writes the
+weight once more before its update: `var -= var * wd * lr`. That write is read as part of the
+update (`Update.decay_write`, its factors `Update.decay`), so the weight is not refused as
+written twice.
+
 All forms are read here into one `Update`: the op writing the variable, its slots by role and
 the tensors a rewrite of the update needs. Shapes of the arithmetic are not checked: a variable
 whose update does not match exactly is not an `Update`, and stays as it is.
@@ -27,7 +32,7 @@ from ..core.graph import Graph
 from ..core.tensor_ref import TensorRef
 
 __all__ = ["ADAM", "MOMENTUM", "SGD", "APPLY_OPS", "SLOT_ROLES", "DECOMPOSED_WRITES", "Update",
-           "tf1_update", "keras_update", "slots_of", "updates"]
+           "tf1_update", "keras_update", "weight_decay", "slots_of", "updates"]
 
 # Fused update ops, with the input position of each operand.
 ADAM = {"var": 0, "m": 1, "v": 2, "beta1_power": 3, "beta2_power": 4, "lr": 5, "beta1": 6,
@@ -49,7 +54,8 @@ class Update:
     variable; `terms` maps operand names to tensors: for tf1 the fused op's inputs, for keras
     grad, lr, momentum, decay1 (1 - beta1), decay2, epsilon, rate_keep (alpha), rate_drop
     (alpha without the first moment's bias correction), and m_new / v_new, the slots read
-    after Keras's own writes of them; `slot_writes` are those writes."""
+    after Keras's own writes of them; `slot_writes` are those writes. `decay_write` is a
+    decoupled weight decay's write before the update, `var -= var * decay[0] * decay[1] ...`."""
 
     node: str
     var: str
@@ -58,6 +64,8 @@ class Update:
     slots: dict = field(default_factory=dict)
     terms: dict = field(default_factory=dict)
     slot_writes: dict = field(default_factory=dict)
+    decay_write: str | None = None
+    decay: list = field(default_factory=list)
 
 
 def tf1_update(graph: Graph, apply: str) -> Update | None:
@@ -122,8 +130,40 @@ def _slot_update(graph: Graph, slot: str) -> tuple | None:
 
 
 def keras_update(graph: Graph, write: str) -> Update | str:
-    """The Keras update that `write` (an Assign{Add,Sub}VariableOp of a variable) ends, or why
-    it is not one this module reads."""
+    """The Keras update that `write` (an Assign{Add,Sub}VariableOp of a variable) ends, with
+    its weight decay if it has one, or why it is not one this module reads."""
+    update = _keras_update(graph, write)
+    if isinstance(update, Update):
+        found = weight_decay(graph, update.var, write)
+        if found is not None:
+            update.decay_write, update.decay = found
+    return update
+
+
+def weight_decay(graph: Graph, var: str, update: str) -> tuple[str, list[TensorRef]] | None:
+    """Keras's decoupled weight decay of `var` before its `update`: the write
+    `var -= read(var) * f1 * f2 ...` that `update` waits for, as (the write, [f1, f2, ...])."""
+    writes = [u for u, slot in graph.consumers(TensorRef(var))
+              if slot == 0 and u != update and graph.op(u) in (*DECOMPOSED_WRITES, *APPLY_OPS)]
+    if len(writes) != 1 or graph.op(writes[0]) != "AssignSubVariableOp":
+        return None
+    decay = writes[0]
+    value = (graph.data_inputs(decay) + [None])[1]
+    factors, todo, reads = [], [value], 0
+    while todo:
+        ref = todo.pop()
+        if ref is not None and graph.op(ref.node) == "Mul" and ref.port == 0:
+            todo.extend(reversed(graph.data_inputs(ref.node)))
+        elif _read_variable(graph, ref) == var:
+            reads += 1
+        else:
+            factors.append(ref)
+    if reads != 1 or not factors or None in factors or decay not in graph.control_inputs(update):
+        return None
+    return decay, factors
+
+
+def _keras_update(graph: Graph, write: str) -> Update | str:
     op = graph.op(write)
     var, delta = (graph.data_inputs(write) + [None, None])[:2]
     if delta is None:

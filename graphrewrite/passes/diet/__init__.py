@@ -40,7 +40,9 @@ Supported updates (`optimizers` reads them): `tf.compat.v1.train` Adam, Momentum
 GradientDescent on resource (`ResourceApply*`) and ref (`Apply*`) variables, and a TF2 step's
 Keras Adam, SGD with momentum and SGD (decomposed into reads and `Assign*VariableOp`s of
 resource placeholders: there the new slots are resource placeholders too, which `bind` and
-`tf2` give variables, and `bind` gives a dieted one its initial value quantized). Anything else
+`tf2` give variables, and `bind` gives a dieted one its initial value quantized), with or
+without a decoupled weight decay (AdamW's `w -= w * wd * lr`, folded into the 16-bit write).
+Anything else
 (sparse updates other than Adam's, Nesterov, shared slots, unusual readers) stays float32, and
 one warning lists those variables and why. A graph without variables (a frozen graph) has its
 large float constants stored in 16 bits instead, dequantized where read.
@@ -159,5 +161,5 @@ def why_not(graph: Graph, var: str) -> str:
     ops_seen = sorted({graph.op(w) for w in writers(graph, var)})
     if any(o.startswith(("AssignAdd", "AssignSub")) for o in ops_seen):
         return ("updated by " + "/".join(ops_seen) + " (a decomposed update of a form not "
-                "read as Adam's or SGD's: Nesterov, weight decay, a sparse momentum update)")
+                "read as Adam's or SGD's: Nesterov, RMSProp, Adagrad, a sparse momentum update)")
     return "updated by " + "/".join(ops_seen) + " (not a supported optimizer update)"

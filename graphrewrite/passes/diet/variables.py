@@ -72,15 +72,16 @@ class Diet:
             return "unknown shape"
         if int(np.prod(shape)) < self.options.min_size:
             return f"{SMALL} min_size={self.options.min_size} elements"
+        ours = {apply, update.decay_write}
         if any(graph.op(u) in APPLY_OPS + optimizers.DECOMPOSED_WRITES
-               for u, s in graph.consumers(TensorRef(var)) if u != apply and s == 0):
+               for u, s in graph.consumers(TensorRef(var)) if u not in ours and s == 0):
             return "updated by more than one optimizer op"
         if graph.consumers(TensorRef(apply)):
             return "the update's output is read"
         resource = captured or node.op == RESOURCE_VARIABLE
         for user, slot in graph.consumers(TensorRef(var)):
             user_op = graph.op(user)
-            if user == apply or slot is None or slot < 0:
+            if user in ours or slot is None or slot < 0:
                 continue
             if resource and not (user_op in RESOURCE_READS + RESOURCE_QUERIES
                                  or (user_op == "AssignVariableOp" and slot == 0)):
@@ -113,6 +114,13 @@ class Diet:
         attrs = dict(graph.node_def(apply).attr)
         controls = [TensorRef(c, -1) for c in graph.control_inputs(apply)]
         self.orphans.update(r.node for r in graph.data_inputs(apply)[1:])
+        if update.decay_write:  # folded into the new value below; its readers wait as before
+            value = graph.data_inputs(update.decay_write)[1]
+            own = reachable(graph.nx, [value.node], upstream=True)  # the decay's own read
+            self.orphans.add(value.node)
+            graph.redefine(update.decay_write, "NoOp", [
+                TensorRef(c, -1) for c in graph.control_inputs(update.decay_write)
+                if c not in own], {})
         self.late_reads = []
         self.shape, self.apply = shape, apply
         if not captured:  # a captured variable's placeholder is a handle: its readers say int16
@@ -139,6 +147,11 @@ class Diet:
         # at a time, not five, while back-propagation goes on beside it.
         b.gate = TensorRef(step.node, -1)
         current = self._read(b, var, resource, shape)
+        if update.decay:  # decoupled weight decay first: var - var * wd * lr, as Keras does
+            decay = current
+            for i, factor in enumerate(update.decay):
+                decay = b.binary("Mul", decay, factor, f"decay_{i}")
+            current = b.binary("Sub", current, decay, "decayed")
         new = b.binary("Sub", current, step, "new_value")
         b.gate = TensorRef(new.node, -1)
         stochastic = options.rounding == "stochastic"
