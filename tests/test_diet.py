@@ -78,7 +78,10 @@ def _build(path, optimizer="adam", resource=True, seed=3, lr=None):
         step = tf.compat.v1.train.get_or_create_global_step()
         make = {"adam": lambda: tf.compat.v1.train.AdamOptimizer(lr or 3e-4),
                 "momentum": lambda: tf.compat.v1.train.MomentumOptimizer(lr or 0.01, 0.9),
-                "sgd": lambda: tf.compat.v1.train.GradientDescentOptimizer(lr or 0.1)}
+                "sgd": lambda: tf.compat.v1.train.GradientDescentOptimizer(lr or 0.1),
+                "rmsprop": lambda: tf.compat.v1.train.RMSPropOptimizer(lr or 1e-3),
+                "rmspropmomentum": lambda: tf.compat.v1.train.RMSPropOptimizer(
+                    lr or 3e-4, momentum=0.9)}
         train = make[optimizer]().minimize(loss, global_step=step)
         tf.compat.v1.add_to_collection("train_op", train)
         tf.compat.v1.add_to_collection("losses", loss)
@@ -104,7 +107,8 @@ def graphs(tmp_path_factory):
     directory = tmp_path_factory.mktemp("diet")
     built = {}
     for optimizer, resource in (("adam", True), ("adam", False), ("momentum", True),
-                                ("momentum", False), ("sgd", True)):
+                                ("momentum", False), ("sgd", True), ("rmsprop", True),
+                                ("rmsprop", False), ("rmspropmomentum", True)):
         key = f"{optimizer}_{'resource' if resource else 'ref'}"
         built[key] = _build(directory / f"{key}.meta", optimizer, resource)
     return built
@@ -230,13 +234,18 @@ def test_adam_diet_after_50_steps_is_within_10_percent_of_the_original(graphs, t
 
 
 @pytest.mark.tf
-@pytest.mark.parametrize("key", ["adam_ref", "momentum_resource", "momentum_ref", "sgd_resource"])
+@pytest.mark.parametrize("key", ["adam_ref", "momentum_resource", "momentum_ref", "sgd_resource",
+                                 "rmsprop_resource", "rmsprop_ref", "rmspropmomentum_resource"])
 def test_other_optimizer_forms_are_dieted_and_train(graphs, tmp_path, key):
     result, model = _diet(graphs[key], tmp_path / "diet.meta")
     assert sorted(result.results["diet"].dieted) == ["mlp/dense/kernel", "mlp/dense_1/kernel"]
     if key.startswith("momentum"):
         assert "mlp/dense/kernel/Momentum" not in model.graph
         assert "mlp/logits/kernel/Momentum" in model.graph
+    if key.startswith("rmsprop"):  # its mean square factored, its momentum slot dropped
+        assert "mlp/dense/kernel/diet_rows" in model.graph
+        assert not [n for n in model.graph.nodes() if n.startswith("mlp/dense/kernel/RMSProp")]
+        assert "mlp/logits/kernel/RMSProp_1" in model.graph
     original, _ = _train(graphs[key], 30)
     dieted, _ = _train(tmp_path / "diet.meta", 30)
     assert dieted[-1] < dieted[0]
@@ -999,7 +1008,8 @@ def test_sparse_adam_of_an_embedding_is_dieted_and_trains(tmp_path):
 @pytest.mark.tf
 @pytest.mark.parametrize("key,slot", [("adam_resource", "Adam"), ("adam_ref", "Adam"),
                                       ("momentum_resource", "Momentum"),
-                                      ("momentum_ref", "Momentum")])
+                                      ("momentum_ref", "Momentum"),
+                                      ("rmspropmomentum_resource", "RMSProp_1")])
 def test_a_bfloat16_first_moment_replaces_the_float32_one_and_trains_as_kept(graphs, tmp_path,
                                                                              key, slot):
     from tensorflow.core.framework import types_pb2

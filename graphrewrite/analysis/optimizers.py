@@ -31,25 +31,27 @@ from dataclasses import dataclass, field
 from ..core.graph import Graph
 from ..core.tensor_ref import TensorRef
 
-__all__ = ["ADAM", "MOMENTUM", "SGD", "APPLY_OPS", "SLOT_ROLES", "DECOMPOSED_WRITES", "Update",
+__all__ = ["ADAM", "MOMENTUM", "RMSPROP", "SGD", "APPLY_OPS", "SLOT_ROLES", "DECOMPOSED_WRITES", "Update",
            "tf1_update", "keras_update", "weight_decay", "slots_of", "updates"]
 
 # Fused update ops, with the input position of each operand.
 ADAM = {"var": 0, "m": 1, "v": 2, "beta1_power": 3, "beta2_power": 4, "lr": 5, "beta1": 6,
         "beta2": 7, "epsilon": 8, "grad": 9}
 MOMENTUM = {"var": 0, "accum": 1, "lr": 2, "grad": 3, "momentum": 4}
+RMSPROP = {"var": 0, "ms": 1, "mom": 2, "lr": 3, "rho": 4, "momentum": 5, "epsilon": 6, "grad": 7}
 SGD = {"var": 0, "lr": 1, "grad": 2}
 APPLY_OPS = {"ResourceApplyAdam": ADAM, "ApplyAdam": ADAM,
              "ResourceApplyMomentum": MOMENTUM, "ApplyMomentum": MOMENTUM,
+             "ResourceApplyRMSProp": RMSPROP, "ApplyRMSProp": RMSPROP,
              "ResourceApplyGradientDescent": SGD, "ApplyGradientDescent": SGD}
-SLOT_ROLES = ("m", "v", "accum")
+SLOT_ROLES = ("m", "v", "accum", "ms", "mom")
 DECOMPOSED_WRITES = ("AssignAddVariableOp", "AssignSubVariableOp")
 
 
 @dataclass
 class Update:
-    """One variable's optimizer update. `node` writes the variable; `kind` is adam, momentum or
-    sgd; `form` tf1 (a fused op), keras (decomposed) or sparse (decomposed, a sparse
+    """One variable's optimizer update. `node` writes the variable; `kind` is adam, momentum,
+    rmsprop (tf1's fused form only) or sgd; `form` tf1 (a fused op), keras (decomposed) or sparse (decomposed, a sparse
     gradient: `grad_values` and `grad_indices` are its rows, `grad` too); `slots` maps m, v or accum to the slot
     variable; `terms` maps operand names to tensors: for tf1 the fused op's inputs, for keras
     grad, lr, momentum, decay1 (1 - beta1), decay2, epsilon, rate_keep (alpha), rate_drop
@@ -74,7 +76,8 @@ def tf1_update(graph: Graph, apply: str) -> Update | None:
     if positions is None or len(inputs) != len(positions):
         return None
     terms = {k: inputs[i] for k, i in positions.items()}
-    kind = "adam" if positions is ADAM else "momentum" if positions is MOMENTUM else "sgd"
+    kind = next(k for k, table in (("adam", ADAM), ("momentum", MOMENTUM),
+                                   ("rmsprop", RMSPROP), ("sgd", SGD)) if positions is table)
     return Update(apply, terms["var"].node, kind, "tf1",
                   {k: terms[k].node for k in SLOT_ROLES if k in terms}, terms)
 

@@ -36,7 +36,8 @@ model code instead) bring that to a little over 2 bytes:
   and priced as `optimize` reports the step (Grappler, then the allocator model), and the
   lower is kept (`choose_reads`).
 
-Supported updates (`optimizers` reads them): `tf.compat.v1.train` Adam, Momentum and
+Supported updates (`optimizers` reads them): `tf.compat.v1.train` Adam, Momentum, RMSProp
+(its mean square kept as Adam's second moment, its momentum as Momentum's) and
 GradientDescent on resource (`ResourceApply*`) and ref (`Apply*`) variables, and a TF2 step's
 Keras Adam, SGD with momentum and SGD (decomposed into reads and `Assign*VariableOp`s of
 resource placeholders: there the new slots are resource placeholders too, which `bind` and

@@ -408,31 +408,12 @@ class Diet:
         else:
             beta2 = terms["beta2"]
             decay = b.binary("Sub", one, beta2, "one_minus_beta2")
-        writes = []
         matrix = matrix_shape(shape)
-        if self.options.factored and matrix is not None:
-            rows = self._new_slot(var, "diet_rows", (matrix[0], 1), resource)
-            cols = self._new_slot(var, "diet_cols", (1, matrix[1]), resource)
-            if len(shape) != 2:  # a convolution kernel: (kh*kw*cin, cout)
-                squared = b.reshape("grad_squared_matrix", squared, matrix, "matrix_shape")
-            row_mean = b.mean("row_mean", squared, 1, "axis_1", keep=True)
-            col_mean = b.mean("col_mean", squared, 0, "axis_0", keep=True)
-            r, w1 = self._accumulate(b, rows, beta2, decay, row_mean, resource, "rows",
-                                     (matrix[0], 1))
-            c, w2 = self._accumulate(b, cols, beta2, decay, col_mean, resource, "cols",
-                                     (1, matrix[1]))
-            writes += [w1, w2]
-            c_mean = b.mean("cols_mean", c, [0, 1], "axes", keep=False)
-            second = b.binary("RealDiv", b.binary("Mul", r, c, "outer"), c_mean, "second")
-            if len(shape) != 2:
-                second = b.reshape("second_kernel", second, shape, "kernel_shape")
-            self._remove(slots["v"], shape)
-        elif keras:  # Keras's own update of the full second moment stays; read after it
-            second = terms["v_new"]
+        if keras and not (self.options.factored and matrix is not None):
+            second, writes = terms["v_new"], []  # Keras's own update of it stays; read after
         else:
-            second, w = self._accumulate(b, slots["v"], beta2, decay, squared, resource,
-                                         "second", shape)
-            writes.append(w)
+            second, writes = self._second_moment(b, slots["v"], beta2, decay, squared,
+                                                 resource, var, shape)
         if keras:
             rate = terms["rate_drop" if self.options.momentum == "drop" else "rate_keep"]
         else:
@@ -472,6 +453,61 @@ class Diet:
         step = b.binary("Mul", rate, b.binary("RealDiv", first, denominator, "direction"),
                         "step")
         return step, writes
+
+    def _second_moment(self, b, slot: str, keep: TensorRef, take: TensorRef,
+                       squared: TensorRef, resource: bool, var: str, shape: tuple,
+                       initial: float = 0.0):
+        """slot = keep slot + take g^2, factored for matrices and kernels (a row and a column
+        accumulator in new slots starting at `initial`, as the slot does, `r c / mean(c)`),
+        whole otherwise: (its value, the writes)."""
+        matrix = matrix_shape(shape)
+        if not (self.options.factored and matrix is not None):
+            second, write = self._accumulate(b, slot, keep, take, squared, resource, "second",
+                                             shape)
+            return second, [write]
+        rows = self._new_slot(var, "diet_rows", (matrix[0], 1), resource, initial=initial)
+        cols = self._new_slot(var, "diet_cols", (1, matrix[1]), resource, initial=initial)
+        if len(shape) != 2:  # a convolution kernel: (kh*kw*cin, cout)
+            squared = b.reshape("grad_squared_matrix", squared, matrix, "matrix_shape")
+        row_mean = b.mean("row_mean", squared, 1, "axis_1", keep=True)
+        col_mean = b.mean("col_mean", squared, 0, "axis_0", keep=True)
+        r, w1 = self._accumulate(b, rows, keep, take, row_mean, resource, "rows", (matrix[0], 1))
+        c, w2 = self._accumulate(b, cols, keep, take, col_mean, resource, "cols", (1, matrix[1]))
+        c_mean = b.mean("cols_mean", c, [0, 1], "axes", keep=False)
+        second = b.binary("RealDiv", b.binary("Mul", r, c, "outer"), c_mean, "second")
+        if len(shape) != 2:
+            second = b.reshape("second_kernel", second, shape, "kernel_shape")
+        self._remove(slot, shape)
+        return second, [w1, w2]
+
+    def _rmsprop(self, b, update, shape, resource, var):
+        """RMSProp (`ms = rho ms + (1 - rho) g^2`, `mom = momentum mom + lr g / sqrt(ms + eps)`,
+        `var -= mom`) with its mean square as Adam's second moment; its momentum slot dropped
+        (steps of lr / (1 - momentum): exact for the default momentum 0, whose slot stays 0),
+        kept, or 16-bit, as Momentum's."""
+        terms, slots = update.terms, update.slots
+        grad, lr, momentum, rho = terms["grad"], terms["lr"], terms["momentum"], terms["rho"]
+        one = self._scalar(b, 1.0, "one")
+        squared = b.unary("Square", grad, "grad_squared")
+        # tf.compat.v1's RMSPropOptimizer starts its mean square at ones (`_create_slots`)
+        second, writes = self._second_moment(b, slots["ms"], rho,
+                                             b.binary("Sub", one, rho, "one_minus_rho"),
+                                             squared, resource, var, shape, initial=1.0)
+        root = b.unary("Sqrt", b.binary("AddV2", second, terms["epsilon"], "shifted"), "root")
+        direction = b.binary("RealDiv", grad, root, "direction")
+        if self.options.momentum == "drop":
+            self._remove(slots["mom"], shape)
+            rate = b.binary("RealDiv", lr, b.binary("Sub", one, momentum, "one_minus_momentum"),
+                            "rate")
+            return b.binary("Mul", rate, direction, "step"), writes
+        slot, stored = slots["mom"], types_pb2.DT_FLOAT
+        if self.options.momentum == "bfloat16":
+            stored = types_pb2.DT_BFLOAT16
+            slot = self._new_slot(var, "diet_momentum", shape, resource, stored)
+            self._remove(slots["mom"], shape)
+        accum, w = self._accumulate(b, slot, momentum, lr, direction, resource, "accum", shape,
+                                    stored)
+        return accum, writes + [w]
 
     def _momentum(self, b, update, shape, resource, var):
         """Momentum SGD; with the momentum dropped, steps of lr / (1 - momentum) (momentum's
@@ -541,8 +577,8 @@ class Diet:
         return new, write.node
 
     def _new_slot(self, var: str, suffix: str, shape: tuple, resource: bool,
-                  dtype: int = types_pb2.DT_FLOAT) -> str:
-        """A zero-initialised variable (float32 unless `dtype`) beside `var`, with its
+                  dtype: int = types_pb2.DT_FLOAT, initial: float = 0.0) -> str:
+        """A variable starting at `initial` (float32 unless `dtype`) beside `var`, with its
         initializer, a read for the Saver, and a VariableDef for the `variables` collection;
         beside a TF2 step's captured variable, a captured one (a resource placeholder: whoever
         runs the step binds it, see `bind`)."""
@@ -558,7 +594,8 @@ class Diet:
             graph.set_attr(name, SLOT_OF_ATTR, attr_value_pb2.AttrValue(s=var.encode()))
             return name
         b = Builder(graph, name, device)
-        zeros = b.const("Initializer/zeros", np.zeros(shape, np.float32), _numpy(dtype))
+        zeros = b.const("Initializer/zeros" if initial == 0 else "Initializer/fill",
+                        np.full(shape, initial, np.float32), _numpy(dtype))
         kind = type_attr(dtype)
         if resource:
             graph.add_node(name, RESOURCE_VARIABLE, [], {
