@@ -103,6 +103,9 @@ PERSISTENT_OPS = frozenset({"Const", "HostConst", "VariableV2", "Variable", "Var
 FEED_OPS = frozenset({"Placeholder", "PlaceholderV2"})
 ACCELERATOR_MARKERS = ("GPU", "TPU", "gpu", "tpu", "XLA_")
 HOST_OUTPUT_OPS = frozenset({"_CopyFromGpuToHost"})
+# The CPU executor's inter-op threads, one per core: those of the 2-core machine every CPU
+# figure was measured on (a CPU with more cores runs more chains at once: not modelled).
+CPU_WORKERS = 2
 HOST_BANDWIDTH = 16e9  # bytes/s each way between host and device (Grappler's PCIe assumption)
 # What a buffer lives for: the whole session (constants, variables), one step (feeds, made
 # before it starts), or part of a step.
@@ -313,23 +316,26 @@ def cpu_is_host(graph: Graph) -> bool:
 
 
 def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
-             device: str | None = None) -> MemoryReport:
+             device: str | None = None, executor: bool = False) -> MemoryReport:
     """Simulate one step that fetches `fetches` (default: the sinks) and report the peaks.
     `device` ("cpu", "gpu"; default: "gpu" when a node is placed on one) picks the kernel
     scratch (`scratch.KERNEL_SCRATCH`) and the allocator; unplaced graphs with some nodes pinned
-    to the CPU (swap copies) get no scratch unless it is given."""
+    to the CPU (swap copies) get no scratch unless it is given. `executor`: in the order
+    TensorFlow's executor runs the step on that device (`CPU_WORKERS` threads on a CPU), not
+    first come first served (the order the passes plan on)."""
     if fetches is None:
         fetches = [n for n in graph.nodes() if graph.nx.out_degree(n) == 0]
     fetched = set(fetches)
-    bypassed = bypassed_identities(graph, graph.nodes(), fetches)
-    order = schedule(graph, fetches, bypassed)
-    op_of = graph.ops(order)
     host_split = cpu_is_host(graph)
+    kind = device or ("gpu" if host_split and scratch.device_kind(graph) == "gpu" else
+                      None if host_split else "cpu")
+    bypassed = bypassed_identities(graph, graph.nodes(), fetches)
+    order = schedule(graph, fetches, bypassed,
+                     workers=CPU_WORKERS if executor and kind == "cpu" else 1)
+    op_of = graph.ops(order)
     # `placement` of each node; a node's device is only read when CPU-pinned nodes are host
     place_of = {name: placement(graph.node_def(name), host_split) if host_split else
                 HOST if op in HOST_OUTPUT_OPS else DEVICE for name, op in op_of.items()}
-    kind = device or ("gpu" if host_split and scratch.device_kind(graph) == "gpu" else
-                      None if host_split else "cpu")
     buffers: list[Buffer] = []
     buffer_of: dict[TensorRef, Buffer] = {}
     in_use: dict[str, int] = {}

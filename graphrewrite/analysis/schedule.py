@@ -35,9 +35,11 @@ def bypassed_identities(graph: Graph, names, fetches) -> dict[str, list[TensorRe
 
 
 def schedule(graph: Graph, fetches: list[str],
-             bypassed: dict[str, list[TensorRef]] | None = None) -> list[str]:
-    """Executor-like order: ready nodes first-come first-served, sources in file order. A
-    reader of a `bypassed` IdentityN is ready when the IdentityN's input is."""
+             bypassed: dict[str, list[TensorRef]] | None = None, workers: int = 1) -> list[str]:
+    """Executor-like order, sources in file order. One worker: ready nodes first come first
+    served, as the executor runs inexpensive kernels (every GPU kernel) inline. More: the CPU
+    executor's thread pool (`_pool`). A reader of a `bypassed` IdentityN is ready when the
+    IdentityN's input is."""
     needed = needed_nodes(graph, fetches)
     order_index = {n: i for i, n in enumerate(graph.nodes())}
     # networkx's adjacency dicts (producer -> consumer -> {key: edge data}), read directly.
@@ -52,6 +54,7 @@ def schedule(graph: Graph, fetches: list[str],
                 if edge["port"] != CONTROL and consumer in needed:
                     through.setdefault(inputs[edge["port"]].node, []).append(consumer)
     loops_back = graph.loop_back_nodes(needed)
+    body_ends: dict[str, list[str]] = {}
     # `needed` holds every producer of its nodes, so only loop back edges are not counted.
     if loops_back:
         pending = {name: sum(len(edges) for u, edges in pred[name].items()
@@ -65,20 +68,17 @@ def schedule(graph: Graph, fetches: list[str],
                 pending[name] += 1
     else:
         pending = {name: sum(map(len, pred[name].values())) for name in needed}
-    ready = deque(sorted((n for n, count in pending.items() if count == 0), key=order_index.get))
-    order = []
-    while ready:
-        name = ready.popleft()
-        order.append(name)
+
+    def release(name: str) -> list[str]:
+        """The nodes `name` makes ready, in file order (only those are sorted: a moving-average
+        update can have a thousand control consumers)."""
+        now_ready = []
         if name in loops_back:
             for exit_ in body_ends.get(name, ()):
                 pending[exit_] -= 1
                 if pending[exit_] == 0:
-                    ready.append(exit_)
-            continue
-        # The consumers this node made ready join in file order (only those are sorted: a
-        # moving-average update can have a thousand control consumers).
-        now_ready = []
+                    now_ready.append(exit_)
+            return now_ready
         for consumer, edges in succ[name].items():
             if consumer in needed:
                 if name in bypassed:  # only its control edges: the data ones are `through`
@@ -94,5 +94,52 @@ def schedule(graph: Graph, fetches: list[str],
                 now_ready.append(consumer)
         if len(now_ready) > 1:
             now_ready.sort(key=order_index.get)
-        ready.extend(now_ready)
+        return now_ready
+
+    sources = sorted((n for n, count in pending.items() if count == 0), key=order_index.get)
+    return _in_order(sources, release) if workers == 1 else _pool(sources, release, workers)
+
+
+def _in_order(sources: list[str], release) -> list[str]:
+    ready, order = deque(sources), []
+    while ready:
+        name = ready.popleft()
+        order.append(name)
+        ready.extend(release(name))
+    return order
+
+
+def _pool(sources: list[str], release, workers: int) -> list[str]:
+    """TensorFlow's CPU executor on `workers` inter-op threads, taking turns one node at a
+    time. A CPU kernel counts as expensive, so of the nodes one makes ready the last runs next
+    on the same thread and the others go to the front of that thread's queue (Eigen's pool:
+    its owner takes from the front, last pushed first); an idle thread steals from the back of
+    another's. Each thread thus finishes one chain before starting the next: eight
+    moving-average updates ready at once hold two chains' tensors, not eight (measured)."""
+    queues = [deque() for _ in range(workers)]
+    for i, name in enumerate(sources):
+        queues[i % workers].append(name)
+    inline: list[str | None] = [None] * workers
+    order: list[str] = []
+    worker = idle = 0
+    while idle < workers:
+        queue = queues[worker]
+        if inline[worker] is not None:
+            name, inline[worker] = inline[worker], None
+        elif queue:
+            name = queue.popleft()
+        else:
+            victim = next((q for q in queues if q), None)
+            if victim is None:
+                idle += 1
+                worker = (worker + 1) % workers
+                continue
+            name = victim.pop()
+        idle = 0
+        order.append(name)
+        ready = release(name)
+        if ready:
+            inline[worker] = ready.pop()
+            queue.extendleft(ready)
+        worker = (worker + 1) % workers
     return order

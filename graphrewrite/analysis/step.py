@@ -246,4 +246,4 @@ def as_run_step(model: Model, graph: Graph, found: Analysis, started: Future | N
     if device is None and scratch.device_kind(graph) == "gpu":  # placement Grappler may drop
         device = "gpu"
     shapes = shapes_mod.infer(optimized, found.options.input_shapes)
-    return optimized, shapes, memory.simulate(optimized, shapes, kept, device)
+    return optimized, shapes, memory.simulate(optimized, shapes, kept, device, executor=True)
