@@ -633,9 +633,11 @@ def test_tf2_keras_steps_are_dieted_and_train_like_the_original(tmp_path, optimi
         from graphrewrite.execution import verify
 
         checked = verify.verify(original, model,
-                                verify.VerifyOptions(rtol=0.5, runs=0, int_high=CLASSES, steps=3),
-                                isolated=False)
+                                verify.VerifyOptions(rtol=0.5, runs=0, int_high=CLASSES, steps=3,
+                                                     repeat=2), isolated=False)
         assert checked.match and checked.rewritten.peak_bytes < checked.original.peak_bytes
+        # the peaks measured twice each, as without --steps (they were measured once)
+        assert [len(checked.peak_runs[k]) for k in ("original", "rewritten")] == [2, 2]
         # Two steps compared bitwise (lossy: they differ), the cause sought, both timed: each
         # run binds the dieted graph its own 16-bit weights.
         plain = verify.verify(original, model,

@@ -109,6 +109,26 @@ def test_a_rewrite_within_the_budget_as_written_but_not_as_run_is_planned_again(
     assert result.budget == 400 and result.budget_of == "predicted"
 
 
+def test_a_rewrite_still_over_the_budget_as_run_is_planned_again_without_one(monkeypatch):
+    """Scaled, the budget's plan still runs over it (a CPU's convolution scratch): the plan of
+    lowest peak, which here meets it, is kept."""
+    asked = []
+    plans = {"40%": _Planned(400, 480), str(400 * 400 // 480): _Planned(330, 450),
+             None: _Planned(300, 390)}
+
+    def optimize(model, mode, analysis, as_run, budget, lossy, **options):
+        asked.append(budget)
+        planned = plans[budget]
+        planned.asked = 400 if budget in ("40%", None) else int(budget)
+        return planned
+
+    monkeypatch.setattr(levers, "optimize", optimize)
+    monkeypatch.setattr(levers, "step_seconds", lambda graph, analysis, device: 1.0)
+    result = levers.fit(types.SimpleNamespace(graph=None), "memory", None, "40%")
+    assert asked == ["40%", str(400 * 400 // 480), None]
+    assert result.levers[0]["peak_bytes"] == 390 and result.levers[0]["budget_met"]
+
+
 def test_a_budget_out_of_reach_as_written_is_planned_again_without_one(monkeypatch):
     """The plan of lowest peak as written can run higher than the default plan: the lower of
     the two as run is kept."""
@@ -206,12 +226,11 @@ def test_swap_is_no_lever_unnamed_without_a_host_or_already_in_the_mode(monkeypa
     assert [row["levers"] for row in result.levers] == [[]]
 
 
-@pytest.mark.parametrize("run, kept", [(380, False), (420, True)])
-def test_the_recompute_passs_own_budget_note_goes_where_the_pipeline_meets_the_users(
-        monkeypatch, run, kept):
-    """Under a budget the recompute pass plans for a share of the step as written; when it
-    misses that share but the whole pipeline as run meets the user's budget, its "not reached"
-    is not the user's and leaves the note."""
+@pytest.mark.parametrize("run", [380, 420])
+def test_the_recompute_passs_own_budget_note_leaves_for_the_users(monkeypatch, run):
+    """Under a budget the recompute pass plans for a share of the step as written; its "not
+    reached" is not the user's budget and leaves the note, met or not (missed, the report
+    says so of the user's: one note gave both figures)."""
     missed = "budget of 0.4 KiB not reached: the lowest modelled peak found is 0.4 KiB"
     recomputed = RecomputeResult(note=f"{missed} it saves under 5%.", budget_missed=[missed])
     planned = _Planned(410, run)
@@ -220,5 +239,29 @@ def test_the_recompute_passs_own_budget_note_goes_where_the_pipeline_meets_the_u
     monkeypatch.setattr(levers, "optimize", lambda *args, **options: planned)
     monkeypatch.setattr(levers, "step_seconds", lambda graph, analysis, device: 1.0)
     levers.fit(types.SimpleNamespace(graph=None), "memory", None, "40%", lossy=False)
-    assert recomputed.note == (f"{missed} it saves under 5%." if kept else "it saves under 5%.")
-    assert recomputed.budget_missed == ([missed] if kept else [])
+    assert recomputed.note == "it saves under 5%."
+    assert recomputed.budget_missed == []
+
+
+@pytest.mark.parametrize("optimizer, lean", [
+    (lambda train: train.AdamOptimizer(1e-3), True),
+    (lambda train: train.MomentumOptimizer(0.1, 0.9), False),
+    (lambda train: train.RMSPropOptimizer(1e-3), True),  # momentum 0: its slot stays 0
+    (lambda train: train.RMSPropOptimizer(1e-3, momentum=0.9), False)])
+def test_diets_lean_default_is_no_lever_where_a_weight_takes_sgd_momentum(optimizer, lean):
+    """Dropped, SGD momentum steps by lr / (1 - momentum): a CNN built outside the repo
+    stopped learning under it (momentum 0.9, lr 0.1) and learned with its momentum in 16
+    bits, the step before."""
+    import tensorflow as tf
+
+    from tfgraphs import build, placeholder
+
+    def step():
+        weight = tf.compat.v1.get_variable("w", [16, 16], use_resource=True)
+        loss = tf.reduce_sum(tf.matmul(tf.reshape(placeholder(shape=(64,)), [4, 16]), weight))
+        optimizer(tf.compat.v1.train).minimize(loss)
+
+    steps = levers.lossy_steps(build(step))
+    has_lean = any(levers.DIETS[-1] in set_ for step_ in steps for set_ in step_)
+    assert has_lean == lean
+    assert steps[:-1] == levers.LOSSY_STEPS[:len(steps) - 1]  # the others, in order

@@ -55,3 +55,18 @@ def test_a_serialized_step_is_bitwise_the_original(tmp_path):
     assert "serialized      2 convolution gradients wait" in made.stdout, made.output
     checked = run_cli("verify", path, out, "--runs", "1")
     assert checked.exit_code == 0 and "MATCH" in checked.stdout and "bitwise" in checked.stdout
+
+
+def test_a_step_without_two_convolution_gradients_gets_no_note(tmp_path):
+    """Nothing to chain, nothing to say (a transformer's report read "no two convolution
+    gradients can run at once")."""
+    model = tf.keras.Sequential([tf.keras.layers.Dense(8, activation="relu"),
+                                 tf.keras.layers.Dense(4)])
+    model.build((None, 16))
+    opt = tf.keras.optimizers.SGD(0.1)
+    opt.build(model.trainable_variables)
+    path = tmp_path / "mlp.pb"
+    path.write_bytes(tf2_step(model, opt, [4, 16]).to_graph_def().SerializeToString())
+    loaded = io.load(path)
+    result = serialize.run(loaded.graph, analysis.analyse(loaded), serialize.SerializeOptions())
+    assert not result.modified and result.note == ""

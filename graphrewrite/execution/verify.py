@@ -370,7 +370,11 @@ def _verify_steps(original, rewritten, options: VerifyOptions, shapes, given, in
                                     f"{_first_cause(err.message)}") from None
     stage("measuring both")
     first = run(original.runnable(), inputs, fetches, runs)
-    second = run(rewritten.runnable(), own_variables(rewritten, inputs, seed), fetches, runs)
+    own = own_variables(rewritten, inputs, seed)
+    second = run(rewritten.runnable(), own, fetches, runs)
+    peak_runs = _repeated_peaks(options.repeat, stage, run, fetches,
+                                (original.runnable(), inputs, first),
+                                (rewritten.runnable(), own, second))
     trends = {label: loss_trend(curves[label], batches) for label in ("original", "rewritten")}
     curves["trend"] = trends
     # On a fixed set the last pass's mean is compared: one batch's loss says as much about the
@@ -383,7 +387,8 @@ def _verify_steps(original, rewritten, options: VerifyOptions, shapes, given, in
     match = bool(np.isfinite(b) and abs(a - b) <= atol + rtol * abs(a))
     if batches and trends["original"]["fell"] and not trends["rewritten"]["fell"]:
         match = False  # on a set it can learn, the rewritten graph did not
-    return VerifyResult(match, [], first, second, fetches, steps, "", curves)
+    return VerifyResult(match, [], first, second, fetches, steps, "", curves,
+                        peak_runs=peak_runs)
 
 
 def loss_trend(curve: list[float], batches: int) -> dict:

@@ -91,8 +91,10 @@ class Match:
     backward: list[str]          # what reads its gradient up to the projection's: replaced
 
 
-def run(graph: Graph, analysis: Analysis, options: ChunkLossOptions, model=None):
-    """Compute each matched cross entropy and its projection's gradients in blocks of rows."""
+def chunkable(graph: Graph, analysis: Analysis, options: ChunkLossOptions
+              ) -> tuple[list[Match], dict[str, list[str]], dict[str, int]]:
+    """The cross entropies `run` computes in blocks (logits of at least min_bytes), why the
+    others are not, and each match's logits bytes."""
     matches, skipped = find(graph, analysis)
     size = {m.xent: analysis.shapes.nbytes(TensorRef(m.xent, 1)) or 0 for m in matches}
     big = []
@@ -101,6 +103,12 @@ def run(graph: Graph, analysis: Analysis, options: ChunkLossOptions, model=None)
             skipped.setdefault("logits smaller than min_bytes", []).append(match.xent)
         else:
             big.append(match)
+    return big, skipped, size
+
+
+def run(graph: Graph, analysis: Analysis, options: ChunkLossOptions, model=None):
+    """Compute each matched cross entropy and its projection's gradients in blocks of rows."""
+    big, skipped, size = chunkable(graph, analysis, options)
     if not big:
         note = "" if not skipped else "no cross entropy computed in blocks: " + "; ".join(
             f"{reason} ({', '.join(names[:3])})" for reason, names in sorted(skipped.items()))

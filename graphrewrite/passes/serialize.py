@@ -55,8 +55,9 @@ def run(graph: Graph, analysis: Analysis, options: SerializeOptions, model=None)
         kernels = [name for name in kernels if name not in inside]
     pairs = [(first, then) for first, then in zip(kernels, kernels[1:])
              if first not in graph.pred[then]]  # not already waiting for it
-    if not pairs:
-        return SerializeResult(graph, False, note="no two convolution gradients can run at once")
+    if not pairs:  # said only where there are two
+        return SerializeResult(graph, False, note="no two convolution gradients can run at once"
+                               if len(kernels) > 1 else "")
     graph = graph.copy()
     done = [(first, then) for first, then in pairs if graph.add_control(first, then)]
     return SerializeResult(graph, bool(done), serialized=done)

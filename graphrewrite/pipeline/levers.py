@@ -30,7 +30,7 @@ import math
 import time
 from collections.abc import Callable
 
-from ..analysis import parameters
+from ..analysis import loops, optimizers, parameters
 from ..analysis.step import AnalysisOptions
 from ..core.io import Model
 from ..passes.chunk_loss import ChunkLossResult
@@ -43,7 +43,7 @@ from ..planning.search import PEAK_SLACK
 from .grammar import compose, format_pipeline, parse_pipeline
 from .run import OptimizeResult, optimize
 
-__all__ = ["DIETS", "LOSSY_STEPS", "DIET_SHARES", "step_seconds", "fit", "label"]
+__all__ = ["DIETS", "LOSSY_STEPS", "DIET_SHARES", "lossy_steps", "step_seconds", "fit", "label"]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,24 @@ log = logging.getLogger(__name__)
 DIETS = ("diet(momentum=keep,factored=false)", "diet(momentum=keep)", "diet(momentum=bfloat16)",
          "diet")
 LOSSY_STEPS = ((("chunk_loss",),), *(((diet,), ("chunk_loss", diet)) for diet in DIETS))
+
+
+def lossy_steps(graph) -> tuple:
+    """LOSSY_STEPS, without diet's lean default where a weight takes an SGD momentum update
+    (Momentum, or RMSProp with a momentum other than 0): dropped, momentum steps by
+    lr / (1 - momentum), the whole gradient at lr 0.1 and momentum 0.9, and a ResNet-like
+    CNN built outside the repo then stopped learning (loss 2.21 after 50 steps against the
+    original's 0.15) where its momentum in 16 bits learned."""
+    def unsafe(update) -> bool:
+        if update.kind == "rmsprop":
+            value = loops.constant_value(graph, None, update.terms["momentum"])
+            return value is None or float(value) != 0.0
+        return update.kind == "momentum"
+
+    if graph is None or not any(unsafe(u) for u in optimizers.updates(graph)):
+        return LOSSY_STEPS
+    return tuple(step for step in LOSSY_STEPS if not any(DIETS[-1] in levers for levers in step))
+
 
 # Diet per variable: where a set with diet meets the budget, it is tried again with diet taking
 # only the largest variables, those holding these shares of the elements it took.
@@ -122,8 +140,16 @@ def fit(model: Model, mode: str, analysis: AnalysisOptions | None, budget: str,
             inner = (str(max(1, int(result.peak_after * target / predicted)))
                      if result.budget_met else None)
             stage(f"planning again under {inner or 'no budget'}")
-            again = optimize(model, planned, analysis, as_run=as_run, budget=inner, **chosen)
-            result = min((result, again), key=lambda r: r.predicted_peaks[1])
+            tries = [result, optimize(model, planned, analysis, as_run=as_run, budget=inner,
+                                      **chosen)]
+            if inner is not None and tries[1].predicted_peaks[1] > target:
+                # as run, a CPU's convolution scratch can outweigh what the tighter plan saves
+                # as written: the plan of lowest peak may still meet it (a ResNet-like CNN
+                # built outside the repo: 69% missed at 116 MiB, the floor's 88 MiB met it)
+                stage("planning again under no budget")
+                tries.append(optimize(model, planned, analysis, as_run=as_run, budget=None,
+                                      **chosen))
+            result = min(tries, key=lambda r: r.predicted_peaks[1])
         seconds = (step_seconds(result.graph, result.analyses[1], device)
                    + result.of(SwapResult).exposed_seconds)  # transfers not hidden
         row = {"levers": list(levers), "recompute": recompute,
@@ -143,7 +169,7 @@ def fit(model: Model, mode: str, analysis: AnalysisOptions | None, budget: str,
     if swap:  # swapping alone, and the checkpoints recomputation keeps swapped too
         plan(moved, recompute=False)
         plan(moved)
-    for step in LOSSY_STEPS if lossy else ():
+    for step in lossy_steps(model.graph) if lossy else ():
         if best[0]["budget_met"]:  # nothing lossier than what reaches it
             break
         for levers in step:
@@ -168,8 +194,8 @@ def fit(model: Model, mode: str, analysis: AnalysisOptions | None, budget: str,
         row["chosen"] = row is best[0]
     final = best[1]
     recomputed = final.of(RecomputeResult)
-    for sentence in recomputed.budget_missed if best[0]["budget_met"] else ():
-        # the recompute pass's own budget, as written, missed; the user's, as run, is met
+    for sentence in recomputed.budget_missed:
+        # the recompute pass's own budget, as written: not the user's, which the report gives
         recomputed.note = " ".join(recomputed.note.replace(sentence, "").split())
         recomputed.budget_missed = []
     final.levers, final.budget, final.budget_of = rows, fixed["target"], "predicted"

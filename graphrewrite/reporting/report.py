@@ -154,12 +154,12 @@ def _levers(result: OptimizeResult) -> str:
     if "swap" not in ran:
         levers.append("moving what is kept to host memory (--swap-checkpoints, or --mode "
                       "swap), where the device has one")
-    # Named only where they apply: a cross entropy of a projection's logits, an optimizer
+    # Named only where they apply: a cross entropy of a projection's large logits, an optimizer
     # update diet reads or a frozen graph's constants (a SimCLR step's similarity logits and
     # Nesterov momentum have neither).
     rewritten = result.analyses[1]
     if "chunk_loss" not in ran and rewritten is not None and \
-            chunk_loss.find(result.graph, rewritten)[0]:
+            chunk_loss.chunkable(result.graph, rewritten, chunk_loss.ChunkLossOptions())[0]:
         levers.append("computing a softmax cross entropy's logits a block of rows at a time "
                       "(--lossy)")
     if "diet" not in ran and (optimizers.updates(result.graph)
