@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from ..core.graph import Graph
 from ..core.tensor_ref import TensorRef
 
-__all__ = ["ADAM", "MOMENTUM", "RMSPROP", "SGD", "APPLY_OPS", "SLOT_ROLES", "DECOMPOSED_WRITES", "Update",
-           "tf1_update", "keras_update", "weight_decay", "slots_of", "updates"]
+__all__ = ["ADAM", "MOMENTUM", "RMSPROP", "SGD", "APPLY_OPS", "SLOT_ROLES", "DECOMPOSED_WRITES",
+           "Update", "tf1_update", "keras_update", "weight_decay", "slots_of", "updates"]
 
 # Fused update ops, with the input position of each operand.
 ADAM = {"var": 0, "m": 1, "v": 2, "beta1_power": 3, "beta2_power": 4, "lr": 5, "beta1": 6,
@@ -51,13 +51,14 @@ DECOMPOSED_WRITES = ("AssignAddVariableOp", "AssignSubVariableOp")
 @dataclass
 class Update:
     """One variable's optimizer update. `node` writes the variable; `kind` is adam, momentum,
-    rmsprop (tf1's fused form only) or sgd; `form` tf1 (a fused op), keras (decomposed) or sparse (decomposed, a sparse
-    gradient: `grad_values` and `grad_indices` are its rows, `grad` too); `slots` maps m, v or accum to the slot
-    variable; `terms` maps operand names to tensors: for tf1 the fused op's inputs, for keras
-    grad, lr, momentum, decay1 (1 - beta1), decay2, epsilon, rate_keep (alpha), rate_drop
-    (alpha without the first moment's bias correction), and m_new / v_new, the slots read
-    after Keras's own writes of them; `slot_writes` are those writes. `decay_write` is a
-    decoupled weight decay's write before the update, `var -= var * decay[0] * decay[1] ...`."""
+    rmsprop (tf1's fused form only) or sgd; `form` tf1 (a fused op), keras (decomposed) or
+    sparse (decomposed, a sparse gradient: `grad_values` and `grad_indices` are its rows,
+    `grad` too); `slots` maps m, v, accum, ms or mom to the slot variable; `terms` maps
+    operand names to tensors: for tf1 the fused op's inputs, for keras grad, lr, momentum,
+    decay1 (1 - beta1), decay2, epsilon, rate_keep (alpha), rate_drop (alpha without the first
+    moment's bias correction), and m_new / v_new, the slots read after Keras's own writes of
+    them; `slot_writes` are those writes. `decay_write` is a decoupled weight decay's write
+    before the update, `var -= var * decay[0] * decay[1] ...`."""
 
     node: str
     var: str
