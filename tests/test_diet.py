@@ -553,7 +553,8 @@ def _keras_step(optimizer: str, lr: float, hidden: int = HIDDEN, schedule: bool 
     make = {"adam": lambda: tf.keras.optimizers.Adam(lr, jit_compile=False),
             "momentum": lambda: tf.keras.optimizers.SGD(lr, momentum=0.9, jit_compile=False),
             "sgd": lambda: tf.keras.optimizers.SGD(lr, jit_compile=False),
-            "adamw": lambda: tf.keras.optimizers.AdamW(lr, jit_compile=False)}
+            "adamw": lambda: tf.keras.optimizers.AdamW(lr, jit_compile=False),
+            "rmsprop": lambda: tf.keras.optimizers.RMSprop(lr, jit_compile=False)}
     optimizer = make[optimizer]()
     optimizer.build(model.trainable_variables)
     signature = [tf.TensorSpec([BATCH, FEATURES], tf.float32, name="x"),
@@ -598,7 +599,7 @@ def _tf2_losses(model, steps):
 @pytest.mark.tf
 @pytest.mark.parametrize("optimizer,lr,slots", [
     ("adam", 2e-3, ("diet_rows", "diet_cols")), ("adamw", 2e-3, ("diet_rows", "diet_cols")),
-    ("momentum", 0.05, ()), ("sgd", 0.5, ())])
+    ("rmsprop", 1e-3, ("diet_rows", "diet_cols")), ("momentum", 0.05, ()), ("sgd", 0.5, ())])
 def test_tf2_keras_steps_are_dieted_and_train_like_the_original(tmp_path, optimizer, lr, slots):
     from graphrewrite.analysis import bind
     from graphrewrite.analysis.state import parameter_facts
@@ -616,7 +617,8 @@ def test_tf2_keras_steps_are_dieted_and_train_like_the_original(tmp_path, optimi
     assert sorted(n.rsplit("/", 1)[1] for n in added) == sorted(slots)
     removed = [n for n in bind.resource_placeholders(original.graph) if n not in graph]
     # Keras 2.15 SGD keeps m with momentum 0
-    assert len(removed) == {"adam": 2, "adamw": 2, "momentum": 1, "sgd": 1}[optimizer]
+    assert len(removed) == {"adam": 2, "adamw": 2, "rmsprop": 1, "momentum": 1,
+                            "sgd": 1}[optimizer]
     if optimizer == "adamw":  # the decay's own write is gone, folded into the 16-bit update
         writes = [u for u, slot in graph.consumers(kernel) if slot == 0
                   and graph.op(u).startswith("Assign")]

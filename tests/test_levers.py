@@ -265,3 +265,22 @@ def test_diets_lean_default_is_no_lever_where_a_weight_takes_sgd_momentum(optimi
     has_lean = any(levers.DIETS[-1] in set_ for step_ in steps for set_ in step_)
     assert has_lean == lean
     assert steps[:-1] == levers.LOSSY_STEPS[:len(steps) - 1]  # the others, in order
+
+
+def test_keras_rmsprop_keeps_the_lean_diet():
+    """Keras's RMSprop is read without momentum only: nothing to drop."""
+    import tensorflow as tf
+
+    from tfgraphs import build, placeholder
+
+    def step():
+        weight = tf.Variable(tf.ones([16, 16]), name="w")
+        optimizer = tf.keras.optimizers.RMSprop(1e-3, jit_compile=False)
+        optimizer.build([weight])
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.matmul(tf.reshape(placeholder(shape=(64,)), [4, 16]), weight))
+        optimizer.apply_gradients([(tape.gradient(loss, weight), weight)])
+
+    graph = build(step)
+    assert any(u.kind == "rmsprop" for u in levers.optimizers.updates(graph))
+    assert levers.lossy_steps(graph) == levers.LOSSY_STEPS

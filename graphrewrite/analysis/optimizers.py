@@ -9,6 +9,8 @@ optimizers in a TF2 step decompose the same update into reads, arithmetic and
   `var -= (m' * alpha) / (sqrt(v') + epsilon)` with `alpha = lr sqrt(1 - beta2^t) / (1 - beta1^t)`
   (m', v': reads after the slot writes);
 - SGD with momentum: `m = -g lr + m momentum`, then `var += m'`;
+- RMSprop (momentum 0, Keras's default): `v = rho v + (1 - rho) g^2`, then
+  `var += -(lr g) rsqrt(v' + epsilon)`;
 - SGD: `var += -g lr`.
 
 Adam with a sparse gradient (an embedding's) decays its slots whole, adds the gradient's
@@ -51,7 +53,7 @@ DECOMPOSED_WRITES = ("AssignAddVariableOp", "AssignSubVariableOp")
 @dataclass
 class Update:
     """One variable's optimizer update. `node` writes the variable; `kind` is adam, momentum,
-    rmsprop (tf1's fused form only) or sgd; `form` tf1 (a fused op), keras (decomposed) or
+    rmsprop or sgd; `form` tf1 (a fused op), keras (decomposed) or
     sparse (decomposed, a sparse gradient: `grad_values` and `grad_indices` are its rows,
     `grad` too); `slots` maps m, v, accum, ms or mom to the slot variable; `terms` maps
     operand names to tensors: for tf1 the fused op's inputs, for keras grad, lr, momentum,
@@ -176,6 +178,9 @@ def _keras_update(graph: Graph, write: str) -> Update | str:
     if op == "AssignSubVariableOp":
         return _keras_adam(graph, write, var, delta)
     if op == "AssignAddVariableOp":
+        found = _keras_rmsprop(graph, write, var, delta)
+        if found is not None:
+            return found
         slot = _read_variable(graph, delta)
         if slot is not None:
             return _keras_momentum(graph, write, var, delta, slot)
@@ -213,6 +218,49 @@ def _keras_adam(graph: Graph, write: str, var: str, delta: TensorRef) -> Update 
     return Update(write, var, "adam", "keras", {"m": m, "v": v}, {
         **terms, "grad": first[1], "decay1": first[2], "decay2": second[2]},
         {"m": first[0], "v": second[0]})
+
+
+def _keras_rmsprop(graph: Graph, write: str, var: str, delta: TensorRef) -> Update | None:
+    """Keras's RMSprop without momentum: `var += -(lr g) rsqrt(v' + epsilon)` after
+    `v = rho v + (1 - rho) g^2` (Keras writes the slot whole, `AssignVariableOp`)."""
+    negated = _inputs(graph, delta, "Neg")
+    product = negated and _split(graph, negated[0], ("Mul",), ("Rsqrt",))
+    if not product:
+        return None
+    root, scaled = product
+    shifted = _split(graph, graph.data_inputs(root.node)[0], ("AddV2", "Add"),
+                     ("ReadVariableOp",))
+    factors = _inputs(graph, scaled, "Mul")
+    if shifted is None or not factors or len(factors) != 2:
+        return None
+    v_new, epsilon = shifted
+    v = _read_variable(graph, v_new)
+    # its update among its writes (in a TF1 graph its initializer writes it too)
+    found = [(u, *found) for u, slot in (graph.consumers(TensorRef(v)) if v else [])
+             if slot == 0 and graph.op(u) == "AssignVariableOp"
+             and (found := _rms_average(graph, v, graph.data_inputs(u)[1]))]
+    if len(found) != 1:
+        return None
+    v_write, grad, rho, decay = found[0]
+    if grad not in factors:
+        return None
+    lr = factors[1] if factors[0] == grad else factors[0]
+    return Update(write, var, "rmsprop", "keras", {"ms": v}, {
+        "grad": grad, "lr": lr, "rho": rho, "decay": decay, "epsilon": epsilon,
+        "v_new": v_new}, {"ms": v_write})
+
+
+def _rms_average(graph: Graph, v: str, value: TensorRef) -> tuple | None:
+    """`rho read(v) + decay g^2` at `value`: (g, rho, decay)."""
+    total = _inputs(graph, value, "AddV2", "Add")
+    if not total or len(total) != 2:
+        return None
+    kept = next((k for ref in total if (k := _split(graph, ref, ("Mul",), ("ReadVariableOp",)))),
+                None)
+    taken = next((t for ref in total if (t := _split(graph, ref, ("Mul",), ("Square",)))), None)
+    if kept is None or taken is None or _read_variable(graph, kept[0]) != v:
+        return None
+    return graph.data_inputs(taken[0].node)[0], kept[1], taken[1]
 
 
 def _squared(graph: Graph, ref: TensorRef) -> TensorRef | None:

@@ -68,6 +68,8 @@ def lossy_steps(graph) -> tuple:
     original's 0.15) where its momentum in 16 bits learned."""
     def unsafe(update) -> bool:
         if update.kind == "rmsprop":
+            if "mom" not in update.slots:  # Keras's, read without momentum only
+                return False
             value = loops.constant_value(graph, None, update.terms["momentum"])
             return value is None or float(value) != 0.0
         return update.kind == "momentum"

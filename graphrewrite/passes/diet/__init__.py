@@ -39,7 +39,7 @@ model code instead) bring that to a little over 2 bytes:
 Supported updates (`optimizers` reads them): `tf.compat.v1.train` Adam, Momentum, RMSProp
 (its mean square kept as Adam's second moment, its momentum as Momentum's) and
 GradientDescent on resource (`ResourceApply*`) and ref (`Apply*`) variables, and a TF2 step's
-Keras Adam, SGD with momentum and SGD (decomposed into reads and `Assign*VariableOp`s of
+Keras Adam, SGD with momentum, RMSprop without momentum and SGD (decomposed into reads and `Assign*VariableOp`s of
 resource placeholders: there the new slots are resource placeholders too, which `bind` and
 `tf2` give variables, and `bind` gives a dieted one its initial value quantized), with or
 without a decoupled weight decay (AdamW's `w -= w * wd * lr`, folded into the 16-bit write).

@@ -482,19 +482,25 @@ class Diet:
 
     def _rmsprop(self, b, update, shape, resource, var):
         """RMSProp (`ms = rho ms + (1 - rho) g^2`, `mom = momentum mom + lr g / sqrt(ms + eps)`,
-        `var -= mom`) with its mean square as Adam's second moment; its momentum slot dropped
+        `var -= mom`) with its mean square as Adam's second moment; tf1's momentum slot dropped
         (steps of lr / (1 - momentum): exact for the default momentum 0, whose slot stays 0),
-        kept, or 16-bit, as Momentum's."""
+        kept, or 16-bit, as Momentum's (Keras's RMSprop is read without momentum only)."""
         terms, slots = update.terms, update.slots
-        grad, lr, momentum, rho = terms["grad"], terms["lr"], terms["momentum"], terms["rho"]
+        grad, lr, rho = terms["grad"], terms["lr"], terms["rho"]
         one = self._scalar(b, 1.0, "one")
         squared = b.unary("Square", grad, "grad_squared")
-        # tf.compat.v1's RMSPropOptimizer starts its mean square at ones (`_create_slots`)
-        second, writes = self._second_moment(b, slots["ms"], rho,
-                                             b.binary("Sub", one, rho, "one_minus_rho"),
-                                             squared, resource, var, shape, initial=1.0)
+        keras = update.form == "keras"
+        if keras and not (self.options.factored and matrix_shape(shape) is not None):
+            second, writes = terms["v_new"], []  # Keras's own update of it stays; read after
+        else:  # tf.compat.v1's RMSPropOptimizer starts it at ones (`_create_slots`), Keras at 0
+            take = terms["decay"] if keras else b.binary("Sub", one, rho, "one_minus_rho")
+            second, writes = self._second_moment(b, slots["ms"], rho, take, squared, resource,
+                                                 var, shape, initial=0.0 if keras else 1.0)
         root = b.unary("Sqrt", b.binary("AddV2", second, terms["epsilon"], "shifted"), "root")
         direction = b.binary("RealDiv", grad, root, "direction")
+        if "mom" not in slots:  # Keras's, without momentum
+            return b.binary("Mul", lr, direction, "step"), writes
+        momentum = terms["momentum"]
         if self.options.momentum == "drop":
             self._remove(slots["mom"], shape)
             rate = b.binary("RealDiv", lr, b.binary("Sub", one, momentum, "one_minus_momentum"),
