@@ -97,6 +97,30 @@ def test_diet_advice_says_how_much_of_the_variables_it_would_store(tmp_path):
     assert "the rest no update writes" in note
 
 
+def test_state_already_dieted_is_not_pointed_to_diet(tmp_path):
+    """Recomputation after diet (`--budget --lossy`) read the dieted updates as none and said
+    "--mode diet stores ... 0.0 of the 88.1 MiB the variables hold" beside diet's own line."""
+    import tensorflow as tf
+
+    from graphrewrite.passes import diet
+    from tfgraphs import build
+
+    def step():
+        x = tf.compat.v1.placeholder(tf.float32, [8, 256], name="x")
+        w = tf.compat.v1.get_variable("w", [256, 256], use_resource=True)
+        loss = tf.reduce_mean(tf.square(tf.matmul(x, w)))
+        tf.compat.v1.train.AdamOptimizer(0.1).minimize(loss, name="train")
+
+    graph = build(step)
+    model_path = tmp_path / "step.pb"
+    model_path.write_bytes(graph.to_graph_def().SerializeToString())
+    model = io.load(model_path)
+    dieted = diet.run(model.graph, analysis.analyse(model), diet.DietOptions())
+    assert dieted.dieted == ["w"]
+    _, note = _note_if_state_held_the_peak(dieted.graph, tmp_path)
+    assert "diet already stores 1 variables in 16 bits" in note and "--mode diet" not in note
+
+
 def test_no_candidates_says_why():
     """A step whose loss the analysis could not find (as a Keras train_step's was: the values
     it took for the losses were metrics computed from no activation): the note says so, and

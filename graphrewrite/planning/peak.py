@@ -11,6 +11,7 @@ from __future__ import annotations
 from ..analysis import optimizers, parameters
 from ..analysis.memory import DEVICE
 from ..analysis.memory import STATE as STATE_LIFETIME
+from ..core.names import DIET_ATTR
 from .context import CALL_OPS, Context
 
 __all__ = ["composition", "why_so_little"]
@@ -50,9 +51,14 @@ def why_so_little(ctx: Context, report) -> str:
     top = max(parts, key=parts.get)
     if top == STATE:
         variables, updates = parameters.variables(ctx.graph), optimizers.updates(ctx.graph)
+        dieted = sum(DIET_ATTR in ctx.graph.node_def(v).attr for v in variables)
+        if dieted:  # diet ran before: its variables' updates are its own now
+            return (f"at the modelled peak ({shares}) recomputation cannot lower it; diet "
+                    f"already stores {dieted} variables in 16 bits")
         if variables and not updates:
             return (f"at the modelled peak ({shares}) recomputation cannot lower it, and --mode "
-                    "diet reads no update here (it rewrites Adam's, momentum's and SGD's)")
+                    "diet reads no update here (it rewrites Adam's and AdamW's, momentum's, "
+                    "RMSProp's and SGD's)")
         return (f"at the modelled peak ({shares}) recomputation cannot lower it: "
                 f"{_diet(ctx, variables, updates)}")
     advice = {
