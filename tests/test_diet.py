@@ -1069,3 +1069,14 @@ def test_tf2_keras_steps_take_a_bfloat16_first_moment(tmp_path, optimizer, lr):
         losses[momentum] = _tf2_losses(model, 30)[-1]
     print(optimizer, losses)
     assert abs(losses["bfloat16"] - losses["keep"]) < 0.25 * abs(losses["drop"] - losses["keep"])
+
+
+@pytest.mark.tf
+@pytest.mark.parametrize("key, warned", [("momentum_resource", True), ("rmsprop_resource", False),
+                                         ("rmspropmomentum_resource", True)])
+def test_dropping_sgd_momentum_is_warned_of(graphs, tmp_path, caplog, key, warned):
+    """Dropped, SGD momentum steps by lr / (1 - momentum): a CNN at lr 0.1 and momentum 0.9
+    stopped learning. RMSProp's default momentum 0 loses nothing."""
+    with caplog.at_level("WARNING", logger="graphrewrite.passes.diet"):
+        _diet(graphs[key], tmp_path / "diet.meta")
+    assert any("take SGD momentum, dropped" in r.getMessage() for r in caplog.records) == warned

@@ -32,9 +32,11 @@ from dataclasses import dataclass, field
 
 from ..core.graph import Graph
 from ..core.tensor_ref import TensorRef
+from .loops import constant_value
 
 __all__ = ["ADAM", "MOMENTUM", "RMSPROP", "SGD", "APPLY_OPS", "SLOT_ROLES", "DECOMPOSED_WRITES",
-           "Update", "tf1_update", "keras_update", "weight_decay", "slots_of", "updates"]
+           "Update", "tf1_update", "keras_update", "weight_decay", "takes_sgd_momentum",
+           "slots_of", "updates"]
 
 # Fused update ops, with the input position of each operand.
 ADAM = {"var": 0, "m": 1, "v": 2, "beta1_power": 3, "beta2_power": 4, "lr": 5, "beta1": 6,
@@ -333,6 +335,15 @@ def _keras_momentum(graph: Graph, write: str, var: str, delta: TensorRef,
     return Update(write, var, "momentum", "keras", {"accum": slot}, {
         "grad": graph.data_inputs(step[0].node)[0], "lr": step[1], "momentum": kept[1],
         "m_new": delta}, {"accum": slot_write})
+
+
+def takes_sgd_momentum(graph: Graph, update: Update) -> bool:
+    """Whether `update` keeps an SGD momentum: Momentum's, or RMSProp's other than a constant
+    0 (whose slot stays 0)."""
+    if update.kind == "rmsprop" and "mom" in update.slots:
+        value = constant_value(graph, None, update.terms["momentum"])
+        return value is None or float(value) != 0.0
+    return update.kind == "momentum"
 
 
 def slots_of(found: list[Update]) -> set[str]:

@@ -30,7 +30,7 @@ import math
 import time
 from collections.abc import Callable
 
-from ..analysis import loops, optimizers, parameters
+from ..analysis import optimizers, parameters
 from ..analysis.step import AnalysisOptions
 from ..core.io import Model
 from ..passes.chunk_loss import ChunkLossResult
@@ -66,15 +66,8 @@ def lossy_steps(graph) -> tuple:
     lr / (1 - momentum), the whole gradient at lr 0.1 and momentum 0.9, and a ResNet-like
     CNN built outside the repo then stopped learning (loss 2.21 after 50 steps against the
     original's 0.15) where its momentum in 16 bits learned."""
-    def unsafe(update) -> bool:
-        if update.kind == "rmsprop":
-            if "mom" not in update.slots:  # Keras's, read without momentum only
-                return False
-            value = loops.constant_value(graph, None, update.terms["momentum"])
-            return value is None or float(value) != 0.0
-        return update.kind == "momentum"
-
-    if graph is None or not any(unsafe(u) for u in optimizers.updates(graph)):
+    if graph is None or not any(optimizers.takes_sgd_momentum(graph, u)
+                                for u in optimizers.updates(graph)):
         return LOSSY_STEPS
     return tuple(step for step in LOSSY_STEPS if not any(DIETS[-1] in levers for levers in step))
 

@@ -95,6 +95,7 @@ def run(graph: Graph, analysis: Analysis, options: DietOptions, model=None) -> D
             continue
         found.append(update)
     slots = optimizers.slots_of(found)
+    sgd_momentum: list[str] = []
     for update in found:
         if update.var in slots:  # a Keras slot's own write, read as an update: not a weight
             continue
@@ -103,6 +104,13 @@ def run(graph: Graph, analysis: Analysis, options: DietOptions, model=None) -> D
             kept.setdefault(reason, []).append(update.var)
             continue
         diet.rewrite(update)
+        if optimizers.takes_sgd_momentum(graph, update):
+            sgd_momentum.append(update.var)
+    if sgd_momentum and options.momentum == "drop":
+        log.warning("diet: %d weights take SGD momentum, dropped: each then steps by lr / "
+                    "(1 - momentum), which at high rates can stop training (a CNN at lr 0.1, "
+                    "momentum 0.9 did); momentum=bfloat16 keeps it in 16 bits",
+                    len(sgd_momentum))
     for name in other_float_variables(graph, analysis.shapes, options, diet, slots,
                                        analysis.split.gradient_flow):
         kept.setdefault(diet.unread.get(name) or why_not(graph, name), []).append(name)
