@@ -30,6 +30,10 @@ FAST = {"v1_cnn_momentum_bn", "kl_transformer_adam_dropout", "km_mlp_momentum_dr
 
 # Cells whose rewrite fails today (no candidates, or nothing lowers the modelled peak).
 REWRITE_XFAIL = {
+    "tf2_mlp_sgd": (
+        "the as-run model (the CPU executor's two threads taking turns) puts the rewrite at "
+        "2.2 MiB against the original's 2.1 and the rewrite is declined; measured at 039b8b9 "
+        "it ran 1.9 -> 1.6 MiB: 0.1 MiB is within the threads' race on a 2 MiB step"),
     "tf2_cnn_momentum_recompute": (
         "the user's tf.recompute_grad already runs the first two stages again in the backward "
         "pass: the peak as written is the backward pass's own values (2.2 MiB: recomputed "
