@@ -270,10 +270,12 @@ class _Peak:
     allocated_peak_at = MemoryReport.allocated_peak_at
 
 
-@pytest.mark.parametrize("after, kept", [(900, True), (1000, True), (1100, False)])
+@pytest.mark.parametrize("after, kept", [(900, True), (1000, True), (1100, True),
+                                         (1101, False)])
 def test_a_rewrite_that_raises_the_step_as_run_is_dropped(after, kept, monkeypatch):
     """Modes that choose their own rewrite drop it if the step TensorFlow runs (after Grappler)
-    needs more memory; the report says why the graph came back unchanged."""
+    needs more memory than the model's accuracy (10%); the report says why the graph came back
+    unchanged."""
     from graphrewrite.analysis import step as analysis_mod
     from graphrewrite.reporting import report
 

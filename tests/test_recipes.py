@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
+from graphrewrite.pipeline.run import AS_RUN_SLACK
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fixtures"))
 import recipes  # noqa: E402
@@ -30,10 +31,6 @@ FAST = {"v1_cnn_momentum_bn", "kl_transformer_adam_dropout", "km_mlp_momentum_dr
 
 # Cells whose rewrite fails today (no candidates, or nothing lowers the modelled peak).
 REWRITE_XFAIL = {
-    "tf2_mlp_sgd": (
-        "the as-run model (the CPU executor's two threads taking turns) puts the rewrite at "
-        "2.2 MiB against the original's 2.1 and the rewrite is declined; measured at 039b8b9 "
-        "it ran 1.9 -> 1.6 MiB: 0.1 MiB is within the threads' race on a 2 MiB step"),
     "tf2_cnn_momentum_recompute": (
         "the user's tf.recompute_grad already runs the first two stages again in the backward "
         "pass: the peak as written is the backward pass's own values (2.2 MiB: recomputed "
@@ -124,8 +121,8 @@ def test_rewrite_finds_candidates_and_lowers_the_modelled_peak(name):
     _, facts, _ = rewritten(name)
     assert (facts["checkpoints"] or facts["rerun"]) and facts["nodes_added"] > 0, facts["note"]
     run = facts["peak_bytes_as_run"]  # what verify measures: a kept rewrite must not raise it
-    if run["before"] is not None and run["after"] is not None:
-        assert run["after"] <= run["before"], (run, facts["note"])
+    if run["before"] is not None and run["after"] is not None:  # beyond the model's accuracy
+        assert run["after"] <= run["before"] * (1 + AS_RUN_SLACK), (run, facts["note"])
     if facts["checkpoints"]:  # what the planner prices: the step as written
         peak = facts["peak_bytes"]
         assert peak["after"] < peak["before"], (peak, facts["note"])

@@ -93,12 +93,20 @@ class OptimizeResult:
 AUTOMATIC_MODES = frozenset({"memory", "speed", "swap"})
 
 
+# A rewrite's peak as run within the memory model's accuracy (its target, ±10% of the measured
+# peak) above the original's is no rise: on a CPU the model runs two threads taking turns, a
+# race it resolves one way. A 2 MiB MLP step's rewrite modelled 6% higher measured 0.86x, an
+# EfficientNet step's modelled 8% higher measured 0.95x.
+AS_RUN_SLACK = 0.10
+
+
 def _rises_as_run(run_reports: tuple) -> bool:
-    """Whether both steps were modelled as run and the rewrite's peak is higher."""
+    """Whether both steps were modelled as run and the rewrite's peak is higher by more than
+    AS_RUN_SLACK."""
     before, after = run_reports
     if before is None or after is None:
         return False
-    return after.allocated_peak() > before.allocated_peak()
+    return after.allocated_peak() > before.allocated_peak() * (1 + AS_RUN_SLACK)
 
 
 def optimize(model: Model, mode: str, analysis: AnalysisOptions | None = None,
