@@ -170,7 +170,8 @@ def test_measured_peaks_lie_between_the_modelled_peak_and_its_bound(control_flow
     found = analysis.analyse(model, options=analysis.AnalysisOptions(fetches=["loss", "grad"]))
     report = analysis.as_run(model, model.graph, found)
     low, high = report.allocated_peak(), report.allocated_peak_bound()
-    assert high >= low + 8 * units * units * 4
+    # the window's ten terms above the peak's two, less the small tensors where the peak falls
+    assert high >= low + 7.9 * units * units * 4
     feeds = measure.random_feeds(model.graph, found.shapes)
     for _ in range(3):
         measured = measure.run_step_isolated(model.runnable(), feeds, found.fetches, 0).peak_bytes
