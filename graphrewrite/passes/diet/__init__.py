@@ -39,14 +39,14 @@ model code instead) bring that to a little over 2 bytes:
 Supported updates (`optimizers` reads them): `tf.compat.v1.train` Adam, Momentum, RMSProp
 (its mean square kept as Adam's second moment, its momentum as Momentum's) and
 GradientDescent on resource (`ResourceApply*`) and ref (`Apply*`) variables, and a TF2 step's
-Keras Adam, SGD with momentum, RMSprop without momentum and SGD (decomposed into reads and `Assign*VariableOp`s of
-resource placeholders: there the new slots are resource placeholders too, which `bind` and
-`tf2` give variables, and `bind` gives a dieted one its initial value quantized), with or
-without a decoupled weight decay (AdamW's `w -= w * wd * lr`, folded into the 16-bit write).
-Anything else
-(sparse updates other than Adam's, Nesterov, shared slots, unusual readers) stays float32, and
-one warning lists those variables and why. A graph without variables (a frozen graph) has its
-large float constants stored in 16 bits instead, dequantized where read.
+Keras Adam, SGD with momentum, RMSprop without momentum and SGD (decomposed into reads and
+`Assign*VariableOp`s of resource placeholders: there the new slots are resource placeholders
+too, which `bind` and `tf2` give variables, and `bind` gives a dieted one its initial value
+quantized), with or without a decoupled weight decay (AdamW's `w -= w * wd * lr`, folded into
+the 16-bit write). Anything else (sparse updates other than Adam's, Nesterov, shared slots,
+unusual readers) stays float32, and one warning lists those variables and why. A graph without
+variables (a frozen graph) has its large float constants stored in 16 bits instead,
+dequantized where read.
 """
 
 from __future__ import annotations
@@ -103,9 +103,9 @@ def run(graph: Graph, analysis: Analysis, options: DietOptions, model=None) -> D
         if reason:
             kept.setdefault(reason, []).append(update.var)
             continue
-        diet.rewrite(update)
-        if optimizers.takes_sgd_momentum(graph, update):
+        if optimizers.takes_sgd_momentum(graph, update):  # read before the rewrite
             sgd_momentum.append(update.var)
+        diet.rewrite(update)
     if sgd_momentum and options.momentum == "drop":
         log.warning("diet: %d weights take SGD momentum, dropped: each then steps by lr / "
                     "(1 - momentum), which at high rates can stop training (a CNN at lr 0.1, "
