@@ -409,11 +409,8 @@ class Diet:
             beta2 = terms["beta2"]
             decay = b.binary("Sub", one, beta2, "one_minus_beta2")
         matrix = matrix_shape(shape)
-        if keras and not (self.options.factored and matrix is not None):
-            second, writes = terms["v_new"], []  # Keras's own update of it stays; read after
-        else:
-            second, writes = self._second_moment(b, slots["v"], beta2, decay, squared,
-                                                 resource, var, shape)
+        second, writes = self._second_moment(b, slots["v"], beta2, decay, squared, resource,
+                                             var, shape, own=terms.get("v_new"))
         if keras:
             rate = terms["rate_drop" if self.options.momentum == "drop" else "rate_keep"]
         else:
@@ -456,12 +453,15 @@ class Diet:
 
     def _second_moment(self, b, slot: str, keep: TensorRef, take: TensorRef,
                        squared: TensorRef, resource: bool, var: str, shape: tuple,
-                       initial: float = 0.0):
+                       initial: float = 0.0, own: TensorRef | None = None):
         """slot = keep slot + take g^2, factored for matrices and kernels (a row and a column
         accumulator in new slots starting at `initial`, as the slot does, `r c / mean(c)`),
-        whole otherwise: (its value, the writes)."""
+        whole otherwise: (its value, the writes). `own`: a Keras slot read after Keras's own
+        update of it, which stays where the moment is whole."""
         matrix = matrix_shape(shape)
         if not (self.options.factored and matrix is not None):
+            if own is not None:
+                return own, []
             second, write = self._accumulate(b, slot, keep, take, squared, resource, "second",
                                              shape)
             return second, [write]
@@ -490,12 +490,11 @@ class Diet:
         one = self._scalar(b, 1.0, "one")
         squared = b.unary("Square", grad, "grad_squared")
         keras = update.form == "keras"
-        if keras and not (self.options.factored and matrix_shape(shape) is not None):
-            second, writes = terms["v_new"], []  # Keras's own update of it stays; read after
-        else:  # tf.compat.v1's RMSPropOptimizer starts it at ones (`_create_slots`), Keras at 0
-            take = terms["decay"] if keras else b.binary("Sub", one, rho, "one_minus_rho")
-            second, writes = self._second_moment(b, slots["ms"], rho, take, squared, resource,
-                                                 var, shape, initial=0.0 if keras else 1.0)
+        take = terms["decay"] if keras else b.binary("Sub", one, rho, "one_minus_rho")
+        # tf.compat.v1's RMSPropOptimizer starts it at ones (`_create_slots`), Keras at 0
+        second, writes = self._second_moment(b, slots["ms"], rho, take, squared, resource, var,
+                                             shape, initial=0.0 if keras else 1.0,
+                                             own=terms.get("v_new"))
         root = b.unary("Sqrt", b.binary("AddV2", second, terms["epsilon"], "shifted"), "root")
         direction = b.binary("RealDiv", grad, root, "direction")
         if "mom" not in slots:  # Keras's, without momentum
