@@ -260,6 +260,7 @@ class _Peak:
 
     def __init__(self, peak, scratch=0):
         self.peak, self.order, self.scratch = peak, ["node"], {0: scratch}
+        self.timeline = [peak - scratch]  # live tensors
 
     def allocated_peak(self):
         return self.peak
