@@ -82,7 +82,12 @@ def _build(path, optimizer="adam", resource=True, seed=3, lr=None):
                 "rmsprop": lambda: tf.compat.v1.train.RMSPropOptimizer(lr or 1e-3),
                 "rmspropmomentum": lambda: tf.compat.v1.train.RMSPropOptimizer(
                     lr or 3e-4, momentum=0.9)}
-        train = make[optimizer]().minimize(loss, global_step=step)
+        if optimizer == "kerasnesterov":  # Keras's legacy SGD: ResourceApplyKerasMomentum
+            weights = tf.compat.v1.trainable_variables()
+            train = tf.keras.optimizers.legacy.SGD(lr or 0.01, 0.9, nesterov=True) \
+                .apply_gradients(zip(tf.gradients(loss, weights), weights))
+        else:
+            train = make[optimizer]().minimize(loss, global_step=step)
         tf.compat.v1.add_to_collection("train_op", train)
         tf.compat.v1.add_to_collection("losses", loss)
         saver = tf.compat.v1.train.Saver()
@@ -108,7 +113,8 @@ def graphs(tmp_path_factory):
     built = {}
     for optimizer, resource in (("adam", True), ("adam", False), ("momentum", True),
                                 ("momentum", False), ("sgd", True), ("rmsprop", True),
-                                ("rmsprop", False), ("rmspropmomentum", True)):
+                                ("rmsprop", False), ("rmspropmomentum", True),
+                                ("kerasnesterov", True)):
         key = f"{optimizer}_{'resource' if resource else 'ref'}"
         built[key] = _build(directory / f"{key}.meta", optimizer, resource)
     return built
@@ -235,13 +241,18 @@ def test_adam_diet_after_50_steps_is_within_10_percent_of_the_original(graphs, t
 
 @pytest.mark.tf
 @pytest.mark.parametrize("key", ["adam_ref", "momentum_resource", "momentum_ref", "sgd_resource",
-                                 "rmsprop_resource", "rmsprop_ref", "rmspropmomentum_resource"])
+                                 "rmsprop_resource", "rmsprop_ref", "rmspropmomentum_resource",
+                                 "kerasnesterov_resource"])
 def test_other_optimizer_forms_are_dieted_and_train(graphs, tmp_path, key):
     result, model = _diet(graphs[key], tmp_path / "diet.meta")
     assert sorted(result.results["diet"].dieted) == ["mlp/dense/kernel", "mlp/dense_1/kernel"]
     if key.startswith("momentum"):
         assert "mlp/dense/kernel/Momentum" not in model.graph
         assert "mlp/logits/kernel/Momentum" in model.graph
+    if key.startswith("kerasnesterov"):  # written whole, its momentum dropped
+        writes = {model.graph.op(u) for u, slot in
+                  model.graph.consumers(TensorRef("mlp/dense/kernel")) if slot == 0}
+        assert "AssignVariableOp" in writes and "ResourceApplyKerasMomentum" not in writes
     if key.startswith("rmsprop"):  # its mean square factored, its momentum slot dropped
         assert "mlp/dense/kernel/diet_rows" in model.graph
         assert not [n for n in model.graph.nodes() if n.startswith("mlp/dense/kernel/RMSProp")]
@@ -554,6 +565,10 @@ def _keras_step(optimizer: str, lr: float, hidden: int = HIDDEN, schedule: bool 
         lr = tf.keras.optimizers.schedules.ExponentialDecay(lr, 1000, 1.0)
     make = {"adam": lambda: tf.keras.optimizers.Adam(lr, jit_compile=False),
             "momentum": lambda: tf.keras.optimizers.SGD(lr, momentum=0.9, jit_compile=False),
+            "nesterov": lambda: tf.keras.optimizers.SGD(lr, momentum=0.9, nesterov=True,
+                                                        jit_compile=False),
+            "rmsprop_momentum": lambda: tf.keras.optimizers.RMSprop(lr, momentum=0.9,
+                                                                    jit_compile=False),
             "sgd": lambda: tf.keras.optimizers.SGD(lr, jit_compile=False),
             "adamw": lambda: tf.keras.optimizers.AdamW(lr, jit_compile=False),
             "rmsprop": lambda: tf.keras.optimizers.RMSprop(lr, jit_compile=False)}
@@ -601,7 +616,8 @@ def _tf2_losses(model, steps):
 @pytest.mark.tf
 @pytest.mark.parametrize("optimizer,lr,slots", [
     ("adam", 2e-3, ("diet_rows", "diet_cols")), ("adamw", 2e-3, ("diet_rows", "diet_cols")),
-    ("rmsprop", 1e-3, ("diet_rows", "diet_cols")), ("momentum", 0.05, ()), ("sgd", 0.5, ())])
+    ("rmsprop", 1e-3, ("diet_rows", "diet_cols")), ("momentum", 0.05, ()), ("sgd", 0.5, ()),
+    ("nesterov", 0.05, ())])
 def test_tf2_keras_steps_are_dieted_and_train_like_the_original(tmp_path, optimizer, lr, slots):
     from graphrewrite.analysis import bind
     from graphrewrite.analysis.state import parameter_facts
@@ -619,8 +635,8 @@ def test_tf2_keras_steps_are_dieted_and_train_like_the_original(tmp_path, optimi
     assert sorted(n.rsplit("/", 1)[1] for n in added) == sorted(slots)
     removed = [n for n in bind.resource_placeholders(original.graph) if n not in graph]
     # Keras 2.15 SGD keeps m with momentum 0
-    assert len(removed) == {"adam": 2, "adamw": 2, "rmsprop": 1, "momentum": 1,
-                            "sgd": 1}[optimizer]
+    assert len(removed) == {"adam": 2, "adamw": 2, "rmsprop": 1, "momentum": 1, "sgd": 1,
+                            "nesterov": 1}[optimizer]
     if optimizer == "adamw":  # the decay's own write is gone, folded into the 16-bit update
         writes = [u for u, slot in graph.consumers(kernel) if slot == 0
                   and graph.op(u).startswith("Assign")]
@@ -816,6 +832,31 @@ def _shapes(model):
     from graphrewrite.analysis import shapes as shapes_mod
 
     return shapes_mod.infer(model.graph)
+
+
+@pytest.mark.tf
+def test_tf2_keras_rmsprop_keeps_its_momentum_in_a_slot_of_its_own(tmp_path):
+    """Keras's own update of RMSprop's momentum reads the mean square that diet factors: kept,
+    the momentum is a new float32 slot that diet updates, and Keras's is gone."""
+    from graphrewrite.analysis import bind
+
+    *_, graph_def = _keras_step("rmsprop_momentum", 2e-4)
+    (tmp_path / "step.pb").write_bytes(graph_def.SerializeToString())
+    original = io.load(tmp_path / "step.pb")
+    [kernel] = pipeline.optimize(original, "diet").results["diet"].dieted
+    [update] = [u for u in optimizers.updates(original.graph) if u.var == kernel]
+    losses = {}
+    for momentum in ("keep", "drop"):
+        _, model = _diet(tmp_path / "step.pb", tmp_path / f"{momentum}.pb",
+                         f"diet(momentum={momentum})")
+        added = [n for n in bind.resource_placeholders(model.graph) if n not in original.graph]
+        assert any(n.endswith("/diet_momentum") for n in added) == (momentum == "keep")
+        assert update.slots["mom"] not in model.graph and update.slots["ms"] not in model.graph
+        losses[momentum] = _tf2_losses(model, 30)[-1]
+    start = _tf2_losses(original, 30)
+    # dropped, it steps by lr / (1 - momentum) from the first step: another curve
+    assert abs(losses["keep"] - start[-1]) <= 0.1 * start[-1] < abs(losses["drop"] - start[-1])
+    assert losses["keep"] < 0.9 * start[0]
 
 
 @pytest.mark.tf
@@ -1054,7 +1095,8 @@ def test_a_bfloat16_first_moment_replaces_the_float32_one_and_trains_as_kept(gra
 
 
 @pytest.mark.tf
-@pytest.mark.parametrize("optimizer,lr", [("adam", 2e-3), ("momentum", 0.05)])
+@pytest.mark.parametrize("optimizer,lr", [("adam", 2e-3), ("momentum", 0.05),
+                                         ("nesterov", 0.05)])
 def test_tf2_keras_steps_take_a_bfloat16_first_moment(tmp_path, optimizer, lr):
     from graphrewrite.analysis import bind
 

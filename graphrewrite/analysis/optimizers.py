@@ -8,9 +8,10 @@ optimizers in a TF2 step decompose the same update into reads, arithmetic and
 - Adam: `m += (g - m) * (1 - beta1)`, `v += (g^2 - v) * (1 - beta2)`, then
   `var -= (m' * alpha) / (sqrt(v') + epsilon)` with `alpha = lr sqrt(1 - beta2^t) / (1 - beta1^t)`
   (m', v': reads after the slot writes);
-- SGD with momentum: `m = -g lr + m momentum`, then `var += m'`;
-- RMSprop (momentum 0, Keras's default): `v = rho v + (1 - rho) g^2`, then
-  `var += -(lr g) rsqrt(v' + epsilon)`;
+- SGD with momentum: `m = -g lr + m momentum`, then `var += m'`, or with Nesterov's
+  `var += -g lr + m' momentum`;
+- RMSprop: `v = rho v + (1 - rho) g^2`, then `var += -(lr g) rsqrt(v' + epsilon)`; with
+  momentum, `mom = momentum mom + (lr g) rsqrt(v' + epsilon)`, then `var += -mom'`;
 - SGD: `var += -g lr`.
 
 Adam with a sparse gradient (an embedding's) decays its slots whole, adds the gradient's
@@ -46,6 +47,7 @@ RMSPROP = {"var": 0, "ms": 1, "mom": 2, "lr": 3, "rho": 4, "momentum": 5, "epsil
 SGD = {"var": 0, "lr": 1, "grad": 2}
 APPLY_OPS = {"ResourceApplyAdam": ADAM, "ApplyAdam": ADAM,
              "ResourceApplyMomentum": MOMENTUM, "ApplyMomentum": MOMENTUM,
+             "ResourceApplyKerasMomentum": MOMENTUM,  # Keras's legacy SGD in graph mode
              "ResourceApplyRMSProp": RMSPROP, "ApplyRMSProp": RMSPROP,
              "ResourceApplyGradientDescent": SGD, "ApplyGradientDescent": SGD}
 SLOT_ROLES = ("m", "v", "accum", "ms", "mom")
@@ -60,9 +62,11 @@ class Update:
     `grad` too); `slots` maps m, v, accum, ms or mom to the slot variable; `terms` maps
     operand names to tensors: for tf1 the fused op's inputs, for keras grad, lr, momentum,
     decay1 (1 - beta1), decay2, epsilon, rate_keep (alpha), rate_drop (alpha without the first
-    moment's bias correction), and m_new / v_new, the slots read after Keras's own writes of
-    them; `slot_writes` are those writes. `decay_write` is a decoupled weight decay's write
-    before the update, `var -= var * decay[0] * decay[1] ...`."""
+    moment's bias correction), m_new / v_new, the slots read after Keras's own writes of
+    them, and `increment`, what Keras adds to the variable; `slot_writes` are those writes.
+    `decay_write` is a decoupled weight decay's write before the update,
+    `var -= var * decay[0] * decay[1] ...`. `nesterov`: momentum's Nesterov form; `negated`:
+    a fused op keeping momentum as Keras does, `accum = momentum accum - lr g; var += accum`."""
 
     node: str
     var: str
@@ -73,6 +77,8 @@ class Update:
     slot_writes: dict = field(default_factory=dict)
     decay_write: str | None = None
     decay: list = field(default_factory=list)
+    nesterov: bool = False
+    negated: bool = False
 
 
 def tf1_update(graph: Graph, apply: str) -> Update | None:
@@ -83,8 +89,11 @@ def tf1_update(graph: Graph, apply: str) -> Update | None:
     terms = {k: inputs[i] for k, i in positions.items()}
     kind = next(k for k, table in (("adam", ADAM), ("momentum", MOMENTUM),
                                    ("rmsprop", RMSPROP), ("sgd", SGD)) if positions is table)
+    attr = graph.node_def(apply).attr
     return Update(apply, terms["var"].node, kind, "tf1",
-                  {k: terms[k].node for k in SLOT_ROLES if k in terms}, terms)
+                  {k: terms[k].node for k in SLOT_ROLES if k in terms}, terms,
+                  nesterov="use_nesterov" in attr and attr["use_nesterov"].b,
+                  negated=graph.op(apply) == "ResourceApplyKerasMomentum")
 
 
 def _inputs(graph: Graph, ref: TensorRef, *ops) -> list[TensorRef] | None:
@@ -183,15 +192,15 @@ def _keras_update(graph: Graph, write: str) -> Update | str:
         found = _keras_rmsprop(graph, write, var, delta)
         if found is not None:
             return found
-        slot = _read_variable(graph, delta)
-        if slot is not None:
-            return _keras_momentum(graph, write, var, delta, slot)
+        found = _keras_momentum(graph, write, var, delta)
+        if found is not None:
+            return found
         found = _split(graph, delta, ("Mul",), ("Neg",))
         if found is not None:
             grad = graph.data_inputs(found[0].node)[0]
             if _read_variable(graph, grad) is None:  # not `m += -m (1 - beta1)` (sparse Adam)
                 return Update(write, var, "sgd", "keras", terms={"grad": grad, "lr": found[1]})
-    return f"{op} of a form not read as a Keras optimizer's update (Nesterov, weight decay, ...)"
+    return f"{op} of a form not read as a Keras optimizer's update (Adagrad, centered RMSprop, ...)"
 
 
 def _keras_adam(graph: Graph, write: str, var: str, delta: TensorRef) -> Update | str:
@@ -223,10 +232,33 @@ def _keras_adam(graph: Graph, write: str, var: str, delta: TensorRef) -> Update 
 
 
 def _keras_rmsprop(graph: Graph, write: str, var: str, delta: TensorRef) -> Update | None:
-    """Keras's RMSprop without momentum: `var += -(lr g) rsqrt(v' + epsilon)` after
-    `v = rho v + (1 - rho) g^2` (Keras writes the slot whole, `AssignVariableOp`)."""
+    """Keras's RMSprop: `var += -increment`, or with momentum `var += -mom'` after
+    `mom = momentum mom + increment` (written whole, `AssignVariableOp`)."""
     negated = _inputs(graph, delta, "Neg")
-    product = negated and _split(graph, negated[0], ("Mul",), ("Rsqrt",))
+    if not negated:
+        return None
+    mom = _read_variable(graph, negated[0])
+    if mom is None:
+        return _rms_increment(graph, write, var, negated[0])
+    mom_write = _writer(graph, mom, "AssignVariableOp")
+    total = mom_write and _inputs(graph, graph.data_inputs(mom_write)[1], "AddV2", "Add")
+    if not total or len(total) != 2:
+        return None
+    for kept, increment in (total, total[::-1]):
+        found = _split(graph, kept, ("Mul",), ("ReadVariableOp",))
+        if found and _read_variable(graph, found[0]) == mom:
+            update = _rms_increment(graph, write, var, increment)
+            if update is not None:
+                update.slots["mom"], update.slot_writes["mom"] = mom, mom_write
+                update.terms["momentum"] = found[1]
+            return update
+    return None
+
+
+def _rms_increment(graph: Graph, write: str, var: str, increment: TensorRef) -> Update | None:
+    """RMSprop's `increment = (lr g) rsqrt(v' + epsilon)` after `v = rho v + (1 - rho) g^2`
+    (Keras writes the slot whole, `AssignVariableOp`), as the update `write` ends."""
+    product = _split(graph, increment, ("Mul",), ("Rsqrt",))
     if not product:
         return None
     root, scaled = product
@@ -313,28 +345,43 @@ def _sparse_adam(graph: Graph, write: str, var: str, m: str, v: str,
         "decay1": first[2], "decay2": second[2]})
 
 
-def _keras_momentum(graph: Graph, write: str, var: str, delta: TensorRef,
-                    slot: str) -> Update | str:
-    why = "AssignAddVariableOp not of Keras SGD momentum's form"
-    slot_write = _writer(graph, slot, "AssignVariableOp")
-    if slot_write is None:
-        return why
-    total = _inputs(graph, graph.data_inputs(slot_write)[1], "AddV2", "Add")
+def _momentum_terms(graph: Graph, value: TensorRef) -> tuple | None:
+    """`-g lr + read(m) momentum` at `value`: (g, lr, m, momentum)."""
+    total = _inputs(graph, value, "AddV2", "Add")
     if not total or len(total) != 2:
-        return why
+        return None
     step = kept = None
     for ref in total:
-        found = _split(graph, ref, ("Mul",), ("Neg",))
-        if found is not None:
-            step = found
+        step = _split(graph, ref, ("Mul",), ("Neg",)) or step
         found = _split(graph, ref, ("Mul",), ("ReadVariableOp",))
-        if found is not None and _read_variable(graph, found[0]) == slot:
+        if found is not None and _read_variable(graph, found[0]) is not None:
             kept = found
     if step is None or kept is None:
-        return why
+        return None
+    return graph.data_inputs(step[0].node)[0], step[1], _read_variable(graph, kept[0]), kept[1]
+
+
+def _same(graph: Graph, a: TensorRef, b: TensorRef) -> bool:
+    """The same tensor, or reads of the same variable (Keras reads the rate once per use)."""
+    return a == b or (_read_variable(graph, a) or a) == (_read_variable(graph, b) or b)
+
+
+def _keras_momentum(graph: Graph, write: str, var: str, delta: TensorRef) -> Update | None:
+    """Keras's SGD with momentum: `m = -g lr + m momentum` (written whole), then `var += m'`,
+    or with Nesterov's `var += -g lr + m' momentum`."""
+    slot, nesterov = _read_variable(graph, delta), None
+    if slot is None:
+        nesterov = _momentum_terms(graph, delta)
+        slot = nesterov and nesterov[2]
+    slot_write = slot and _writer(graph, slot, "AssignVariableOp")
+    own = slot_write and _momentum_terms(graph, graph.data_inputs(slot_write)[1])
+    if not own or own[2] != slot or (nesterov and not all(
+            _same(graph, a, b) for a, b in zip(nesterov, own))):
+        return None
+    grad, lr, _, momentum = own
     return Update(write, var, "momentum", "keras", {"accum": slot}, {
-        "grad": graph.data_inputs(step[0].node)[0], "lr": step[1], "momentum": kept[1],
-        "m_new": delta}, {"accum": slot_write})
+        "grad": grad, "lr": lr, "momentum": momentum, "increment": delta},
+        {"accum": slot_write}, nesterov=nesterov is not None)
 
 
 def takes_sgd_momentum(graph: Graph, update: Update) -> bool:

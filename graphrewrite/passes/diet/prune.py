@@ -16,9 +16,9 @@ __all__ = ["remove_variable", "prune"]
 log = logging.getLogger(__name__)
 
 
-def remove_variable(graph: Graph, var: str) -> bool:
+def remove_variable(graph: Graph, var: str, warn: bool = True) -> bool:
     """Remove `var` with everything that reads or writes it, unless its value flows further
-    (then False, with a warning)."""
+    (then False, with a warning if `warn`)."""
     doomed, todo = set(), [var]
     while todo:
         name = todo.pop()
@@ -28,7 +28,8 @@ def remove_variable(graph: Graph, var: str) -> bool:
         todo.extend(u for u, slot in graph.consumers(name) if slot >= 0)
     strangers = sorted(n for n in doomed - {var} if escapes(graph, n, doomed))
     if strangers:  # its value flows further than its own reads and writes: keep it
-        log.warning("diet: slot %s is not removed: %s reads it", var, strangers[0])
+        if warn:
+            log.warning("diet: slot %s is not removed: %s reads it", var, strangers[0])
         return False
     producers = {r.node for n in doomed for r in graph.data_inputs(n)} - doomed
     for name in doomed:

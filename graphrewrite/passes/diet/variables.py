@@ -482,9 +482,10 @@ class Diet:
 
     def _rmsprop(self, b, update, shape, resource, var):
         """RMSProp (`ms = rho ms + (1 - rho) g^2`, `mom = momentum mom + lr g / sqrt(ms + eps)`,
-        `var -= mom`) with its mean square as Adam's second moment; tf1's momentum slot dropped
-        (steps of lr / (1 - momentum): exact for the default momentum 0, whose slot stays 0),
-        kept, or 16-bit, as Momentum's (Keras's RMSprop is read without momentum only)."""
+        `var -= mom`) with its mean square as Adam's second moment; the momentum slot dropped
+        (steps of lr / (1 - momentum): exact for tf1's default momentum 0, whose slot stays 0),
+        kept, or 16-bit, as Momentum's. Keras's own update of its momentum reads the mean
+        square this replaces: kept, it is a new float32 slot updated here."""
         terms, slots = update.terms, update.slots
         grad, lr, rho = terms["grad"], terms["lr"], terms["rho"]
         one = self._scalar(b, 1.0, "one")
@@ -506,8 +507,9 @@ class Diet:
                             "rate")
             return b.binary("Mul", rate, direction, "step"), writes
         slot, stored = slots["mom"], types_pb2.DT_FLOAT
-        if self.options.momentum == "bfloat16":
-            stored = types_pb2.DT_BFLOAT16
+        if self.options.momentum == "bfloat16" or keras:
+            if self.options.momentum == "bfloat16":
+                stored = types_pb2.DT_BFLOAT16
             slot = self._new_slot(var, "diet_momentum", shape, resource, stored)
             self._remove(slots["mom"], shape)
         accum, w = self._accumulate(b, slot, momentum, lr, direction, resource, "accum", shape,
@@ -520,9 +522,9 @@ class Diet:
         `accum = momentum accum + g` and subtracts lr times it."""
         terms = update.terms
         grad, lr, momentum = terms["grad"], terms["lr"], terms["momentum"]
-        keras = update.form == "keras"
-        if self.options.momentum == "keep" and keras:  # Keras's own update of m stays
-            return b.unary("Neg", terms["m_new"], "step"), []
+        keras = update.form == "keras" or update.negated
+        if self.options.momentum == "keep" and update.form == "keras":  # Keras's own m stays
+            return b.unary("Neg", terms["increment"], "step"), []
         if self.options.momentum != "drop":  # updated here: its float32 slot or a 16-bit one
             slot, stored = update.slots["accum"], types_pb2.DT_FLOAT
             if self.options.momentum == "bfloat16":
@@ -532,11 +534,12 @@ class Diet:
             take = b.unary("Neg", lr, "minus_lr") if keras else self._scalar(b, 1.0, "one")
             accum, w = self._accumulate(b, slot, momentum, take, grad, resource, "accum", shape,
                                         stored)
+            if keras and update.nesterov:  # m = momentum m - lr g; var += momentum m - lr g
+                return b.binary("Sub", b.binary("Mul", lr, grad, "lr_grad"),
+                                b.binary("Mul", momentum, accum, "ahead"), "step"), [w]
             if keras:  # m = momentum m - lr g; var += m
                 return b.unary("Neg", accum, "step"), [w]
-            attr = self.graph.node_def(update.node).attr
-            nesterov = "use_nesterov" in attr and attr["use_nesterov"].b
-            if nesterov:
+            if update.nesterov:
                 direction = b.binary("AddV2", grad, b.binary("Mul", momentum, accum), "nesterov")
             else:
                 direction = accum
@@ -641,11 +644,18 @@ class Diet:
         them (reads, initializers, restores); inputs of the old updates nothing reads go too."""
         graph = self.graph
         edit_saver(graph, self.removed, self.added)
-        for slot in sorted(self.removed):
-            if remove_variable(graph, slot):
-                self.bytes_saved += int(np.prod(self.removed_shapes[slot])) * 4
-            else:
-                self.removed.discard(slot)
+        # A slot can be read by another's old update until that one goes (Keras's RMSprop
+        # momentum reads the mean square): removed while any removal succeeds.
+        pending, warn = sorted(self.removed), False
+        while pending:
+            left = [slot for slot in pending if not remove_variable(graph, slot, warn)]
+            if warn:
+                self.removed.difference_update(left)
+                break
+            warn = len(left) == len(pending)
+            pending = left
+        for slot in self.removed:
+            self.bytes_saved += int(np.prod(self.removed_shapes[slot])) * 4
         prune(graph, self.orphans)
 
 
