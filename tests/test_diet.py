@@ -81,11 +81,14 @@ def _build(path, optimizer="adam", resource=True, seed=3, lr=None):
                 "sgd": lambda: tf.compat.v1.train.GradientDescentOptimizer(lr or 0.1),
                 "rmsprop": lambda: tf.compat.v1.train.RMSPropOptimizer(lr or 1e-3),
                 "rmspropmomentum": lambda: tf.compat.v1.train.RMSPropOptimizer(
-                    lr or 3e-4, momentum=0.9)}
-        if optimizer == "kerasnesterov":  # Keras's legacy SGD: ResourceApplyKerasMomentum
+                    lr or 3e-4, momentum=0.9),
+                "adagrad": lambda: tf.compat.v1.train.AdagradOptimizer(lr or 0.05)}
+        legacy = {"kerasnesterov": lambda: tf.keras.optimizers.legacy.SGD(  # KerasMomentum
+            lr or 0.01, 0.9, nesterov=True),
+                  "kerasadagrad": lambda: tf.keras.optimizers.legacy.Adagrad(lr or 0.05)}
+        if optimizer in legacy:  # Keras's legacy optimizers in graph mode
             weights = tf.compat.v1.trainable_variables()
-            train = tf.keras.optimizers.legacy.SGD(lr or 0.01, 0.9, nesterov=True) \
-                .apply_gradients(zip(tf.gradients(loss, weights), weights))
+            train = legacy[optimizer]().apply_gradients(zip(tf.gradients(loss, weights), weights))
         else:
             train = make[optimizer]().minimize(loss, global_step=step)
         tf.compat.v1.add_to_collection("train_op", train)
@@ -114,7 +117,8 @@ def graphs(tmp_path_factory):
     for optimizer, resource in (("adam", True), ("adam", False), ("momentum", True),
                                 ("momentum", False), ("sgd", True), ("rmsprop", True),
                                 ("rmsprop", False), ("rmspropmomentum", True),
-                                ("kerasnesterov", True)):
+                                ("kerasnesterov", True), ("adagrad", True), ("adagrad", False),
+                                ("kerasadagrad", True)):
         key = f"{optimizer}_{'resource' if resource else 'ref'}"
         built[key] = _build(directory / f"{key}.meta", optimizer, resource)
     return built
@@ -242,7 +246,8 @@ def test_adam_diet_after_50_steps_is_within_10_percent_of_the_original(graphs, t
 @pytest.mark.tf
 @pytest.mark.parametrize("key", ["adam_ref", "momentum_resource", "momentum_ref", "sgd_resource",
                                  "rmsprop_resource", "rmsprop_ref", "rmspropmomentum_resource",
-                                 "kerasnesterov_resource"])
+                                 "kerasnesterov_resource", "adagrad_resource", "adagrad_ref",
+                                 "kerasadagrad_resource"])
 def test_other_optimizer_forms_are_dieted_and_train(graphs, tmp_path, key):
     result, model = _diet(graphs[key], tmp_path / "diet.meta")
     assert sorted(result.results["diet"].dieted) == ["mlp/dense/kernel", "mlp/dense_1/kernel"]
@@ -253,6 +258,8 @@ def test_other_optimizer_forms_are_dieted_and_train(graphs, tmp_path, key):
         writes = {model.graph.op(u) for u, slot in
                   model.graph.consumers(TensorRef("mlp/dense/kernel")) if slot == 0}
         assert "AssignVariableOp" in writes and "ResourceApplyKerasMomentum" not in writes
+    if "adagrad" in key:  # its sum factored
+        assert "mlp/dense/kernel/diet_rows" in model.graph
     if key.startswith("rmsprop"):  # its mean square factored, its momentum slot dropped
         assert "mlp/dense/kernel/diet_rows" in model.graph
         assert not [n for n in model.graph.nodes() if n.startswith("mlp/dense/kernel/RMSProp")]
@@ -569,6 +576,7 @@ def _keras_step(optimizer: str, lr: float, hidden: int = HIDDEN, schedule: bool 
                                                         jit_compile=False),
             "rmsprop_momentum": lambda: tf.keras.optimizers.RMSprop(lr, momentum=0.9,
                                                                     jit_compile=False),
+            "adagrad": lambda: tf.keras.optimizers.Adagrad(lr, jit_compile=False),
             "sgd": lambda: tf.keras.optimizers.SGD(lr, jit_compile=False),
             "adamw": lambda: tf.keras.optimizers.AdamW(lr, jit_compile=False),
             "rmsprop": lambda: tf.keras.optimizers.RMSprop(lr, jit_compile=False)}
@@ -617,7 +625,7 @@ def _tf2_losses(model, steps):
 @pytest.mark.parametrize("optimizer,lr,slots", [
     ("adam", 2e-3, ("diet_rows", "diet_cols")), ("adamw", 2e-3, ("diet_rows", "diet_cols")),
     ("rmsprop", 1e-3, ("diet_rows", "diet_cols")), ("momentum", 0.05, ()), ("sgd", 0.5, ()),
-    ("nesterov", 0.05, ())])
+    ("nesterov", 0.05, ()), ("adagrad", 0.05, ())])
 def test_tf2_keras_steps_are_dieted_and_train_like_the_original(tmp_path, optimizer, lr, slots):
     from graphrewrite.analysis import bind
     from graphrewrite.analysis.state import parameter_facts
@@ -636,7 +644,7 @@ def test_tf2_keras_steps_are_dieted_and_train_like_the_original(tmp_path, optimi
     removed = [n for n in bind.resource_placeholders(original.graph) if n not in graph]
     # Keras 2.15 SGD keeps m with momentum 0
     assert len(removed) == {"adam": 2, "adamw": 2, "rmsprop": 1, "momentum": 1, "sgd": 1,
-                            "nesterov": 1}[optimizer]
+                            "nesterov": 1, "adagrad": 0}[optimizer]
     if optimizer == "adamw":  # the decay's own write is gone, folded into the 16-bit update
         writes = [u for u, slot in graph.consumers(kernel) if slot == 0
                   and graph.op(u).startswith("Assign")]

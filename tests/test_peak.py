@@ -46,7 +46,7 @@ def test_parameter_state_at_the_peak_points_to_diet():
 
 def test_parameter_state_of_an_optimizer_diet_does_not_read_says_so(tmp_path):
     """An RNN with Adadelta (built outside the repo) was pointed to --mode diet, which did
-    nothing: it reads Adam's, momentum's and SGD's updates only."""
+    nothing: it reads Adam's, momentum's, RMSProp's, Adagrad's and SGD's updates only."""
     import tensorflow as tf
 
     from tfgraphs import build
@@ -55,7 +55,7 @@ def test_parameter_state_of_an_optimizer_diet_does_not_read_says_so(tmp_path):
         x = tf.compat.v1.placeholder(tf.float32, [8, 256], name="x")
         w = tf.compat.v1.get_variable("w", [256, 256])
         loss = tf.reduce_mean(tf.square(tf.matmul(x, w)))
-        tf.compat.v1.train.AdagradOptimizer(0.1).minimize(loss, name="train")
+        tf.compat.v1.train.AdadeltaOptimizer(0.1).minimize(loss, name="train")
 
     ctx, note = _note_if_state_held_the_peak(build(step), tmp_path)
     assert not optimizers.updates(ctx.graph)

@@ -12,6 +12,7 @@ optimizers in a TF2 step decompose the same update into reads, arithmetic and
   `var += -g lr + m' momentum`;
 - RMSprop: `v = rho v + (1 - rho) g^2`, then `var += -(lr g) rsqrt(v' + epsilon)`; with
   momentum, `mom = momentum mom + (lr g) rsqrt(v' + epsilon)`, then `var += -mom'`;
+- Adagrad: `acc += g * g`, then `var -= (lr g) / sqrt(acc' + epsilon)`;
 - SGD: `var += -g lr`.
 
 Adam with a sparse gradient (an embedding's) decays its slots whole, adds the gradient's
@@ -35,7 +36,7 @@ from ..core.graph import Graph
 from ..core.tensor_ref import TensorRef
 from .loops import constant_value
 
-__all__ = ["ADAM", "MOMENTUM", "RMSPROP", "SGD", "APPLY_OPS", "SLOT_ROLES", "DECOMPOSED_WRITES",
+__all__ = ["ADAM", "MOMENTUM", "RMSPROP", "ADAGRAD", "ADAGRAD_V2", "SGD", "APPLY_OPS", "SLOT_ROLES", "DECOMPOSED_WRITES",
            "Update", "tf1_update", "keras_update", "weight_decay", "takes_sgd_momentum",
            "slots_of", "updates"]
 
@@ -44,11 +45,15 @@ ADAM = {"var": 0, "m": 1, "v": 2, "beta1_power": 3, "beta2_power": 4, "lr": 5, "
         "beta2": 7, "epsilon": 8, "grad": 9}
 MOMENTUM = {"var": 0, "accum": 1, "lr": 2, "grad": 3, "momentum": 4}
 RMSPROP = {"var": 0, "ms": 1, "mom": 2, "lr": 3, "rho": 4, "momentum": 5, "epsilon": 6, "grad": 7}
+ADAGRAD = {"var": 0, "accum": 1, "lr": 2, "grad": 3}
+ADAGRAD_V2 = {"var": 0, "accum": 1, "lr": 2, "epsilon": 3, "grad": 4}
 SGD = {"var": 0, "lr": 1, "grad": 2}
 APPLY_OPS = {"ResourceApplyAdam": ADAM, "ApplyAdam": ADAM,
              "ResourceApplyMomentum": MOMENTUM, "ApplyMomentum": MOMENTUM,
              "ResourceApplyKerasMomentum": MOMENTUM,  # Keras's legacy SGD in graph mode
              "ResourceApplyRMSProp": RMSPROP, "ApplyRMSProp": RMSPROP,
+             "ResourceApplyAdagrad": ADAGRAD, "ApplyAdagrad": ADAGRAD,
+             "ResourceApplyAdagradV2": ADAGRAD_V2, "ApplyAdagradV2": ADAGRAD_V2,
              "ResourceApplyGradientDescent": SGD, "ApplyGradientDescent": SGD}
 SLOT_ROLES = ("m", "v", "accum", "ms", "mom")
 DECOMPOSED_WRITES = ("AssignAddVariableOp", "AssignSubVariableOp")
@@ -65,7 +70,8 @@ class Update:
     moment's bias correction), m_new / v_new, the slots read after Keras's own writes of
     them, and `increment`, what Keras adds to the variable; `slot_writes` are those writes.
     `decay_write` is a decoupled weight decay's write before the update,
-    `var -= var * decay[0] * decay[1] ...`. `nesterov`: momentum's Nesterov form; `negated`:
+    `var -= var * decay[0] * decay[1] ...`. `kind` adagrad keeps its sum of squares in
+    `accum`. `nesterov`: momentum's Nesterov form; `negated`:
     a fused op keeping momentum as Keras does, `accum = momentum accum - lr g; var += accum`."""
 
     node: str
@@ -88,8 +94,11 @@ def tf1_update(graph: Graph, apply: str) -> Update | None:
         return None
     terms = {k: inputs[i] for k, i in positions.items()}
     kind = next(k for k, table in (("adam", ADAM), ("momentum", MOMENTUM),
-                                   ("rmsprop", RMSPROP), ("sgd", SGD)) if positions is table)
+                                   ("rmsprop", RMSPROP), ("adagrad", ADAGRAD),
+                                   ("adagrad", ADAGRAD_V2), ("sgd", SGD)) if positions is table)
     attr = graph.node_def(apply).attr
+    if "update_slots" in attr and not attr["update_slots"].b:  # an Adagrad that keeps its sum
+        return None
     return Update(apply, terms["var"].node, kind, "tf1",
                   {k: terms[k].node for k in SLOT_ROLES if k in terms}, terms,
                   nesterov="use_nesterov" in attr and attr["use_nesterov"].b,
@@ -187,7 +196,7 @@ def _keras_update(graph: Graph, write: str) -> Update | str:
         return f"{op} without a value"
     var = var.node
     if op == "AssignSubVariableOp":
-        return _keras_adam(graph, write, var, delta)
+        return _keras_adagrad(graph, write, var, delta) or _keras_adam(graph, write, var, delta)
     if op == "AssignAddVariableOp":
         found = _keras_rmsprop(graph, write, var, delta)
         if found is not None:
@@ -200,7 +209,7 @@ def _keras_update(graph: Graph, write: str) -> Update | str:
             grad = graph.data_inputs(found[0].node)[0]
             if _read_variable(graph, grad) is None:  # not `m += -m (1 - beta1)` (sparse Adam)
                 return Update(write, var, "sgd", "keras", terms={"grad": grad, "lr": found[1]})
-    return f"{op} of a form not read as a Keras optimizer's update (Adagrad, centered RMSprop, ...)"
+    return f"{op} of a form not read as a Keras optimizer's update (centered RMSprop, Nadam, ...)"
 
 
 def _keras_adam(graph: Graph, write: str, var: str, delta: TensorRef) -> Update | str:
@@ -229,6 +238,25 @@ def _keras_adam(graph: Graph, write: str, var: str, delta: TensorRef) -> Update 
     return Update(write, var, "adam", "keras", {"m": m, "v": v}, {
         **terms, "grad": first[1], "decay1": first[2], "decay2": second[2]},
         {"m": first[0], "v": second[0]})
+
+
+def _keras_adagrad(graph: Graph, write: str, var: str, delta: TensorRef) -> Update | None:
+    """Keras's Adagrad: `var -= (lr g) / sqrt(acc' + epsilon)` after `acc += g * g`."""
+    quotient = _inputs(graph, delta, "RealDiv")
+    root = quotient and _inputs(graph, quotient[1], "Sqrt")
+    shifted = root and _split(graph, root[0], ("AddV2", "Add"), ("ReadVariableOp",))
+    factors = shifted and _inputs(graph, quotient[0], "Mul")
+    if not factors or len(factors) != 2:
+        return None
+    acc_new, epsilon = shifted
+    acc = _read_variable(graph, acc_new)
+    acc_write = acc and _writer(graph, acc, "AssignAddVariableOp")
+    grad = acc_write and _squared(graph, graph.data_inputs(acc_write)[1])
+    if grad is None or grad not in factors:
+        return None
+    lr = factors[1] if factors[0] == grad else factors[0]
+    return Update(write, var, "adagrad", "keras", {"accum": acc}, {
+        "grad": grad, "lr": lr, "epsilon": epsilon, "v_new": acc_new}, {"accum": acc_write})
 
 
 def _keras_rmsprop(graph: Graph, write: str, var: str, delta: TensorRef) -> Update | None:

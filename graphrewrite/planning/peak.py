@@ -58,7 +58,7 @@ def why_so_little(ctx: Context, report) -> str:
         if variables and not updates:
             return (f"at the modelled peak ({shares}) recomputation cannot lower it, and --mode "
                     "diet reads no update here (it rewrites Adam's and AdamW's, momentum's, "
-                    "RMSProp's and SGD's)")
+                    "RMSProp's, Adagrad's and SGD's)")
         return (f"at the modelled peak ({shares}) recomputation cannot lower it: "
                 f"{_diet(ctx, variables, updates)}")
     advice = {

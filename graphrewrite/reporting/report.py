@@ -162,7 +162,7 @@ def _levers(result: OptimizeResult) -> str:
                       "swap), where the device has one")
     # Named only where they apply: a cross entropy of a projection's large logits, an optimizer
     # update diet reads or a frozen graph's constants (a SimCLR step's similarity logits and
-    # Adagrad have neither).
+    # Nadam have neither).
     rewritten = result.analyses[1]
     if "chunk_loss" not in ran and rewritten is not None and \
             chunk_loss.chunkable(result.graph, rewritten, chunk_loss.ChunkLossOptions())[0]:

@@ -36,16 +36,21 @@ model code instead) bring that to a little over 2 bytes:
   and priced as `optimize` reports the step (Grappler, then the allocator model), and the
   lower is kept (`choose_reads`).
 
-Supported updates (`optimizers` reads them): `tf.compat.v1.train` Adam, Momentum (Nesterov's
-too), RMSProp (its mean square kept as Adam's second moment, its momentum as Momentum's) and
-GradientDescent on resource (`ResourceApply*`) and ref (`Apply*`) variables, Keras's legacy SGD
-with momentum in graph mode (`ResourceApplyKerasMomentum`), and a TF2 step's Keras Adam, SGD
-with momentum (Nesterov's too), RMSprop (with momentum too) and SGD (decomposed into reads and
-`Assign*VariableOp`s of resource placeholders: there the new slots are resource placeholders
-too, which `bind` and `tf2` give variables, and `bind` gives a dieted one its initial value
-quantized), with or without a decoupled weight decay (AdamW's `w -= w * wd * lr`, folded into
-the 16-bit write). Anything else (sparse updates other than Adam's, Adagrad, centered RMSProp,
-shared slots, unusual readers) stays float32, and one warning lists those variables and why. A graph without
+Supported updates (`optimizers` reads them):
+- `tf.compat.v1.train` Adam, Momentum (Nesterov's too), RMSProp (its mean square kept as Adam's
+  second moment, its momentum as Momentum's), Adagrad (V2 too; its sum as a second moment
+  starting where the slot does) and GradientDescent, on resource (`ResourceApply*`) and ref
+  (`Apply*`) variables; Keras's legacy optimizers in graph mode use the same ops, and
+  `ResourceApplyKerasMomentum` for SGD with momentum;
+- a TF2 step's Keras Adam, SGD with momentum (Nesterov's too), RMSprop (with momentum too),
+  Adagrad (its accumulator kept whole: where it starts is not in the step) and SGD, decomposed
+  into reads and `Assign*VariableOp`s of resource placeholders: there the new slots are
+  resource placeholders too, which `bind` and `tf2` give variables, and `bind` gives a dieted
+  one its initial value quantized;
+- with or without a decoupled weight decay (AdamW's `w -= w * wd * lr`, folded into the 16-bit
+  write).
+Anything else (sparse updates other than Adam's, centered RMSProp, Nadam, shared slots, unusual
+readers) stays float32, and one warning lists those variables and why. A graph without
 variables (a frozen graph) has its large float constants stored in 16 bits instead,
 dequantized where read.
 """
@@ -171,6 +176,6 @@ def why_not(graph: Graph, var: str) -> str:
     ops_seen = sorted({graph.op(w) for w in writers(graph, var)})
     if any(o.startswith(("AssignAdd", "AssignSub")) for o in ops_seen):
         return ("updated by " + "/".join(ops_seen) + " (a decomposed update of a form not "
-                "read as an optimizer's update: Adagrad, centered RMSprop, a sparse momentum "
+                "read as an optimizer's update: centered RMSprop, Nadam, a sparse momentum "
                 "update)")
     return "updated by " + "/".join(ops_seen) + " (not a supported optimizer update)"

@@ -15,7 +15,7 @@ from .build import shape_attr
 from .options import APPLY_OPS, SLOT_USERS
 
 __all__ = ["shapes_attr", "record_shape", "matrix_shape", "initializer_groups",
-           "through_identity_n", "escapes", "ancestors_in", "placeholder_spec", "writers"]
+           "initial_value", "through_identity_n", "escapes", "ancestors_in", "placeholder_spec", "writers"]
 
 
 def shapes_attr(shapes) -> attr_value_pb2.AttrValue:
@@ -50,15 +50,29 @@ def initializer_groups(graph: Graph, var: str, update: str) -> list[str]:
     a Scaffold's or a user's group of initializers, whatever its name): a new slot's
     initializer joins them, so the graph's own init op still initialises every variable.
     Restores (their value read from a RestoreV2) and the update are not initializers."""
-    groups = set()
-    for user, slot in graph.consumers(TensorRef(var)):
-        if slot != 0 or user == update or graph.op(user) not in ("Assign", "AssignVariableOp"):
-            continue
-        if "RestoreV2" in {graph.op(n) for n in graph.data_ancestors([user])}:
-            continue
-        groups.update(n for n, s in graph.consumers(user)
-                      if s == -1 and graph.op(n) == "NoOp")
-    return sorted(groups)
+    return sorted({n for user in _initializers(graph, var, update)
+                   for n, s in graph.consumers(user) if s == -1 and graph.op(n) == "NoOp"})
+
+
+def _initializers(graph: Graph, var: str, update: str) -> list[str]:
+    """The writes of `var` other than `update` and restores (their value from a RestoreV2)."""
+    return [user for user, slot in graph.consumers(TensorRef(var))
+            if slot == 0 and user != update and graph.op(user) in ("Assign", "AssignVariableOp")
+            and "RestoreV2" not in {graph.op(n) for n in graph.data_ancestors([user])}]
+
+
+def initial_value(graph: Graph, var: str, update: str) -> float | None:
+    """The one value every element of `var` starts at, as its initializers write it (an
+    Adagrad accumulator's 0.1); None when it is not one constant."""
+    from ...analysis.loops import constant_value
+
+    found = set()
+    for user in _initializers(graph, var, update):
+        value = constant_value(graph, None, graph.data_inputs(user)[1])
+        if value is None or np.size(value) == 0 or np.ptp(value) != 0:
+            return None
+        found.add(float(np.ravel(value)[0]))
+    return found.pop() if len(found) == 1 else None
 
 
 def through_identity_n(graph: Graph, ref: TensorRef) -> str:

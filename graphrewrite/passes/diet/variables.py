@@ -15,8 +15,8 @@ from ...core.names import DIET_ATTR, SLOT_OF_ATTR
 from ...core.tensor_ref import TensorRef
 from .build import (PREFIX, SEED, Builder, bool_attr, dequantize, dequantize_attrs, int_attr,
                     known_shape, quantize, shape_attr, type_attr)
-from .facts import (initializer_groups, matrix_shape, record_shape, shapes_attr,
-                    through_identity_n)
+from .facts import (initial_value, initializer_groups, matrix_shape, record_shape,
+                    shapes_attr, through_identity_n)
 from .options import (APPLY_OPS, FORMATS, REF_READERS, REF_VARIABLES, RESOURCE_QUERIES,
                       RESOURCE_READS, RESOURCE_VARIABLE, SLOT_USERS, SMALL, VIEW_OPS, DietOptions)
 from .prune import prune, remove_variable
@@ -95,6 +95,9 @@ class Diet:
                 return f"its optimizer slot {slot} is a {graph.op(slot)}"
             if slot in self.slots_seen:
                 return f"its optimizer slot {slot} is shared"
+            if update.kind == "adagrad" and update.form == "tf1" and \
+                    initial_value(graph, slot, apply) is None:
+                return f"its accumulator {slot} does not start at one constant value"
             if update.form == "tf1":
                 users = {u for u, _ in graph.consumers(TensorRef(slot))} - {apply}
                 if any(graph.op(u) not in SLOT_USERS for u in users) or any(
@@ -515,6 +518,28 @@ class Diet:
         accum, w = self._accumulate(b, slot, momentum, lr, direction, resource, "accum", shape,
                                     stored)
         return accum, writes + [w]
+
+    def _adagrad(self, b, update, shape, resource, var):
+        """Adagrad (`acc += g^2`, `var -= lr g / (sqrt(acc) + epsilon)`; Keras's
+        `lr g / sqrt(acc + epsilon)`) with its sum factored as Adam's second moment, the new
+        accumulators starting where the slot does. A TF2 step's Keras accumulator stays whole
+        (float32): where it starts is not in the step."""
+        terms = update.terms
+        grad, lr = terms["grad"], terms["lr"]
+        if update.form == "keras":
+            second, writes = terms["v_new"], []
+            root = b.unary("Sqrt", b.binary("AddV2", second, terms["epsilon"], "shifted"),
+                           "root")
+        else:
+            one = self._scalar(b, 1.0, "one")
+            slot = update.slots["accum"]
+            second, writes = self._second_moment(
+                b, slot, one, one, b.unary("Square", grad, "grad_squared"), resource, var,
+                shape, initial=initial_value(self.graph, slot, update.node))
+            root = b.unary("Sqrt", second, "root")
+            if "epsilon" in terms:
+                root = b.binary("AddV2", root, terms["epsilon"], "shifted_root")
+        return b.binary("Mul", lr, b.binary("RealDiv", grad, root, "direction"), "step"), writes
 
     def _momentum(self, b, update, shape, resource, var):
         """Momentum SGD; with the momentum dropped, steps of lr / (1 - momentum) (momentum's
