@@ -36,9 +36,9 @@ from ..core.graph import Graph
 from ..core.tensor_ref import TensorRef
 from .loops import constant_value
 
-__all__ = ["ADAM", "MOMENTUM", "RMSPROP", "ADAGRAD", "ADAGRAD_V2", "SGD", "APPLY_OPS", "SLOT_ROLES", "DECOMPOSED_WRITES",
-           "Update", "tf1_update", "keras_update", "weight_decay", "takes_sgd_momentum",
-           "slots_of", "updates"]
+__all__ = ["ADAM", "MOMENTUM", "RMSPROP", "ADAGRAD", "ADAGRAD_V2", "SGD", "APPLY_OPS",
+           "SLOT_ROLES", "DECOMPOSED_WRITES", "Update", "tf1_update", "keras_update",
+           "weight_decay", "takes_sgd_momentum", "slots_of", "updates"]
 
 # Fused update ops, with the input position of each operand.
 ADAM = {"var": 0, "m": 1, "v": 2, "beta1_power": 3, "beta2_power": 4, "lr": 5, "beta1": 6,
@@ -70,9 +70,9 @@ class Update:
     moment's bias correction), m_new / v_new, the slots read after Keras's own writes of
     them, and `increment`, what Keras adds to the variable; `slot_writes` are those writes.
     `decay_write` is a decoupled weight decay's write before the update,
-    `var -= var * decay[0] * decay[1] ...`. `kind` adagrad keeps its sum of squares in
-    `accum`. `nesterov`: momentum's Nesterov form; `negated`:
-    a fused op keeping momentum as Keras does, `accum = momentum accum - lr g; var += accum`."""
+    `var -= var * decay[0] * decay[1] ...`. Adagrad keeps its sum of squares in `accum`.
+    `nesterov`: momentum's Nesterov form; `negated`: a fused op keeping momentum as Keras
+    does, `accum = momentum accum - lr g; var += accum`."""
 
     node: str
     var: str
