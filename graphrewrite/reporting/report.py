@@ -155,7 +155,8 @@ def _levers(result: OptimizeResult) -> str:
     lower (issue 34: below what the allowed levers reach, say which would go further)."""
     if result.budget_met is not False:
         return ""
-    ran = set(result.results) | {lever for row in result.levers for lever in row["levers"]}
+    ran = set(result.results) | {lever.split("(")[0] for row in result.levers
+                                 for lever in row["levers"]}
     levers = []
     if "swap" not in ran:
         levers.append("moving what is kept to host memory (--swap-checkpoints, or --mode "
