@@ -12,7 +12,20 @@ the two have one shape (see `_same_shape_pad`).
 
 Control edges matter too: Grappler's grouping rewrites (AddOpsRewrite, MinimizeBroadcasts) do not
 absorb a node that drives a control dependency, so a trigger hung on an Add or a Mul would change
-how the backward arithmetic is grouped. `can_gate` says which nodes may drive a trigger.
+how the backward arithmetic is grouped. And with oneDNN (TensorFlow's default on x86 CPUs), the
+layout pass after Grappler merges a `BiasAddGrad` with the `Conv2DBackpropFilter` reading the same
+gradient (`MergeConv2DBackpropFilterWithBiasAddGrad`, no cycle check): a trigger hung on the
+`BiasAddGrad` whose copies that `Conv2DBackpropFilter` reads makes the merged node wait for
+itself, so it and everything after it never run: a MobileNetV3 step built outside the repo
+updated 74 of its 499 variables, silently. `can_gate` says which nodes may drive a trigger.
+The merge needs the two nodes' control inputs to be the same after Grappler; in a
+`tf.gradients` graph the `BiasAddGrad` reaches its `Conv2DBackpropFilter` through the gradient's
+`tuple`, which Grappler turns into a control edge between them: no merge. A rewrite adding
+another path between them (a trigger waiting on the input's gradient, before the copy the
+weights' gradient reads) makes that edge redundant, Grappler drops it, and the two merge into a
+node waiting on itself. `keep_apart` keeps them apart: the `Conv2DBackpropFilter` reads the
+gradient through an Identity Grappler leaves in place, so the layout pass finds no pair (a
+control edge from a kept NoOp did not do: Grappler dropped the edge).
 """
 
 from __future__ import annotations
@@ -20,6 +33,7 @@ from __future__ import annotations
 from collections import Counter
 from itertools import chain
 
+import networkx as nx
 from tensorflow.core.framework import attr_value_pb2
 
 from ..analysis.split import reachable
@@ -27,16 +41,52 @@ from ..core.graph import Graph
 from ..core.names import PAD_PREFIX
 from ..core.tensor_ref import TensorRef
 
-__all__ = ["GROUPED_OPS", "can_gate", "pad_readers"]
+__all__ = ["GROUPED_OPS", "MERGED_OPS", "KEEP_APART_PREFIX", "can_gate", "pad_readers",
+           "keep_apart"]
 
 # Element-wise ops Grappler regroups across chains; a new control output on one stops that.
 GROUPED_OPS = frozenset({"Add", "AddV2", "AddN", "Mul", "Sub", "RealDiv", "Div", "Neg"})
+# Ops oneDNN's layout pass merges into a node that may read what a trigger gates.
+MERGED_OPS = frozenset({"BiasAddGrad"})
 
 
 def can_gate(original: Graph, name: str) -> bool:
-    """Whether a control edge out of `name` leaves what Grappler and a reader of the graph see
-    unchanged: not a grouped op, and not a sink of the original (an output stays an output)."""
-    return original.op(name) not in GROUPED_OPS and original.nx.out_degree(name) > 0
+    """Whether a control edge out of `name` leaves what Grappler, oneDNN's layout pass and a
+    reader of the graph see unchanged: not a grouped or merged op, and not a sink of the
+    original (an output stays an output)."""
+    return original.op(name) not in GROUPED_OPS | MERGED_OPS \
+        and original.nx.out_degree(name) > 0
+
+
+KEEP_APART_PREFIX = "graphrewrite/keep_apart/"
+
+
+def keep_apart(graph: Graph) -> int:
+    """Make each `Conv2DBackpropFilter` that a path leads to from a `BiasAddGrad` reading the
+    same gradient (seen through Identities) read that gradient through an Identity Grappler
+    keeps: oneDNN's layout pass then never merges the two, whose merge would wait for itself.
+    Returns the Identities added."""
+    kept = 0
+    for kernel in [n for n in graph.nodes() if graph.op(n) == "Conv2DBackpropFilter"]:
+        name = KEEP_APART_PREFIX + kernel
+        if name in graph or len(graph.data_inputs(kernel)) < 3:
+            continue
+        read = graph.data_inputs(kernel)[2]
+        gradient = _through_identities(graph, read)
+        if any(slot == 0 and graph.op(user) == "BiasAddGrad" and
+               nx.has_path(graph.nx, user, kernel) for user, slot in graph.consumers(gradient)):
+            attrs = {"T": graph.node_def(kernel).attr["T"],
+                     "_grappler_do_not_remove": attr_value_pb2.AttrValue(b=True)}
+            graph.add_node(name, "Identity", [read], attrs, device=graph.node_def(kernel).device)
+            graph.replace_uses(read, TensorRef(name), [kernel])
+            kept += 1
+    return kept
+
+
+def _through_identities(graph: Graph, ref: TensorRef) -> TensorRef:
+    while graph.op(ref.node) == "Identity":
+        ref = graph.data_inputs(ref.node)[0]
+    return ref
 
 
 def pad_readers(graph: Graph, original: Graph, analysis, original_of: dict[str, str]) -> int:

@@ -13,7 +13,11 @@ GPU not measured.
 
 Control edges chain the gradient flow's convolution gradients in the order the memory model
 schedules them, each waiting for the one before: they change no number, and a schedule order is
-topological, so they make no cycle. An edge already there is not added again.
+topological, so they make no cycle. An edge already there is not added again. A
+`Conv2DBackpropFilter`'s `BiasAddGrad` (reading the same gradient) waits as it does: oneDNN's
+layout pass (TensorFlow's default on x86 CPUs) merges the two only when their control inputs are
+the same, and merged they sum the bias gradient in another order (a gradient-accumulation CNN
+built outside the repo lost bitwise equality there).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from ..analysis import split as split_mod
 from ..analysis.step import Analysis
 from ..core.graph import Graph
 from .base import PassOptions, PassResult
+from .pads import keep_apart
 
 __all__ = ["SerializeOptions", "SerializeResult", "run"]
 
@@ -60,6 +65,19 @@ def run(graph: Graph, analysis: Analysis, options: SerializeOptions, model=None)
                                if len(kernels) > 1 else "")
     graph = graph.copy()
     done = [(first, then) for first, then in pairs if graph.add_control(first, then)]
+    for first, then in done:
+        for sibling in _bias_gradients(graph, then):
+            graph.add_control(first, sibling)
+    keep_apart(graph)
     return SerializeResult(graph, bool(done), serialized=done)
+
+
+def _bias_gradients(graph: Graph, kernel: str) -> list[str]:
+    """The `BiasAddGrad`s reading the gradient a `Conv2DBackpropFilter` `kernel` reads."""
+    if graph.op(kernel) != "Conv2DBackpropFilter":
+        return []
+    gradient = graph.data_inputs(kernel)[2]
+    return [user for user, slot in graph.consumers(gradient)
+            if slot == 0 and graph.op(user) == "BiasAddGrad"]
 
 

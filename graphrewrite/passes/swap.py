@@ -46,7 +46,7 @@ from ..planning.budget import parse_budget
 from ..planning.context import VARIABLE_READ_OPS, Context
 from ..planning.devices import DeviceProfile, node_times, profile
 from .base import PassOptions, PassResult, counted
-from .pads import can_gate, pad_readers
+from .pads import can_gate, keep_apart, pad_readers
 
 __all__ = ["HOST_DEVICE", "MIN_BYTES", "SwapOptions", "Swap", "SwapResult", "run"]
 
@@ -269,6 +269,7 @@ def _apply(ctx: Context, swaps: list[Swap], form: str):
         for name in (out_name, in_name):
             shapes.tensors[TensorRef(name)] = TensorInfo(info.dtype, info.shape)
     pads = pad_readers(graph, ctx.graph, ctx.analysis, {})
+    keep_apart(graph)
     return graph, shapes, pads
 
 

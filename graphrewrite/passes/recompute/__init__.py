@@ -57,7 +57,7 @@ from ...planning.budget import parse_budget
 from ...planning.context import Context
 from ...planning.peak import why_so_little
 from ..base import PassOptions, PassResult, counted
-from ..pads import pad_readers
+from ..pads import keep_apart, pad_readers
 from .rewrite import apply
 
 __all__ = ["SMALL_GAIN", "PLANNERS", "RecomputeOptions", "RecomputeResult", "run", "finish",
@@ -245,6 +245,7 @@ def finish(ctx: Context, best: search.Rewrite) -> search.Rewrite:
     final = _with_executor_gates(ctx, best)
     final.pads = pad_readers(final.graph, ctx.graph, ctx.analysis,
                              {c: o for o, c in [*final.recomputed.items(), *final.ahead.items()]})
+    keep_apart(final.graph)
     final.report = memory.simulate(final.graph, final.shapes, ctx.analysis.fetches)
     return final
 
