@@ -391,8 +391,10 @@ def verify(ctx, original_path, rewritten_path, rtol, atol, feeds, runs, steps, b
     variables holding the same seeded values for both (export it with add_shapes=True). Only
     the placeholders the fetched outputs need are fed. Both are also measured: peak memory of
     one step (TensorFlow's allocator; variables included) and the median step time, side by
-    side. A GPU is used when TensorFlow sees one. Exit 0 when everything matches, 1 when
-    anything differs.
+    side. A GPU is used when TensorFlow sees one. On a CPU the steps run with oneDNN off
+    (the step the memory model models); TensorFlow's own default on x86 is on, and
+    TF_ENABLE_ONEDNN_OPTS=1 graphrewrite verify ... checks the rewrite as that runs. Exit 0
+    when everything matches, 1 when anything differs.
     """
     from graphrewrite.core import io
     from graphrewrite.execution import verify as verify_mod

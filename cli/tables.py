@@ -42,7 +42,7 @@ def format_verify(facts: dict) -> str:
     lines += [
         f"{'step time':13} {step['original'] * 1000:>10.1f}ms {step['rewritten'] * 1000:>10.1f}ms "
         f"{ratio(step['original'], step['rewritten']):>7}",
-        f"device        {facts['device']}",
+        f"device        {_device(facts)}",
     ]
     if facts.get("dieted") and not facts["match"]:
         lines.append(f"note          {facts['dieted']} variables are stored in 16 bits (diet: "
@@ -94,8 +94,19 @@ def _format_curves(facts: dict) -> str:
                      f"{_yes(trend['rewritten']['fell']):>12}")
     lines.append(f"{'peak memory':13} {format_bytes(peak['original'] or 0):>12} "
                  f"{format_bytes(peak['rewritten'] or 0):>12}")
-    lines.append(f"device        {facts['device']}")
+    lines.append(f"device        {_device(facts)}")
     return "\n".join(lines)
+
+
+def _device(facts: dict) -> str:
+    """The device the steps ran on, and whether oneDNN rewrote them (TensorFlow's default on
+    x86 CPUs; off unless TF_ENABLE_ONEDNN_OPTS=1, to measure the step the memory model
+    models)."""
+    if "CPU" not in facts["device"] or "onednn" not in facts:
+        return facts["device"]
+    return facts["device"] + (", oneDNN on" if facts["onednn"] else
+                              ", oneDNN off (TF_ENABLE_ONEDNN_OPTS=1 runs the steps as "
+                              "TensorFlow does by default on x86)")
 
 
 def format_bytes(count: int) -> str:

@@ -152,6 +152,9 @@ CLI_CASES = {
     "budget zero": (lambda src: ["--budget", "0"], "a budget must be positive"),
     "budget zero percent": (lambda src: ["--budget", "0%"], "a budget must be positive"),
     "budget negative": (lambda src: ["--budget", "-2GiB"], "a budget must be positive"),
+    "backward scope naming no node": (  # it read as "no backward pass found", exit 0
+        lambda src: ["--backward-scope", "nonexistent/"],
+        "no node's name starts with --backward-scope 'nonexistent/'"),
 }
 
 

@@ -258,3 +258,13 @@ def test_integer_inputs_are_drawn_below_what_they_index():
     feeds = measure.random_feeds(dag, found, seed=0, int_high=10)
     assert feeds["ids"].max() == 4 and feeds["masks"].max() == 1
     assert measure.random_feeds(dag, found, seed=0, int_high=3)["ids"].max() == 2
+
+
+def test_an_output_in_neither_model_is_blamed_on_the_original():
+    """A typo in --outputs was reported as "the rewritten model has no node"."""
+    from graphrewrite.core.errors import GraphRewriteError
+
+    model = io.load(fixture_path("mlp"))
+    with pytest.raises(GraphRewriteError, match="the original model has no node 'no_such'"):
+        verify.verify(model, model, verify.VerifyOptions(fetches=["no_such"], runs=0),
+                      isolated=False)

@@ -32,6 +32,7 @@ import numpy as np
 from tensorflow.core.framework import attr_value_pb2
 
 from ..core import dtypes, ops
+from ..core.errors import GraphRewriteError
 from ..core.graph import Graph, neighbours
 
 __all__ = ["FORWARD_INPUTS", "UPDATE_PREFIXES", "VARIABLE_WRITES", "SHAPE_OPS", "FED_OPS",
@@ -140,6 +141,9 @@ def split(graph: Graph, backward_scope: str | None = None) -> Split:
     data = _data_only(graph, dag)
     if backward_scope:
         seeds = [n for n in graph.nodes() if n.startswith(backward_scope)]
+        if not seeds:  # a typo would read as "no backward pass"
+            raise GraphRewriteError(f"no node's name starts with ${{backward_scope}} "
+                                    f"'{backward_scope}'")
     else:
         seeds = find_seeds(graph, dag, data, constant)
     flow = reachable(full, seeds)

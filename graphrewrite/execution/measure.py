@@ -73,6 +73,12 @@ def measurement_environment() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
+def onednn_on() -> bool:
+    """Whether oneDNN's CPU kernels and graph rewrites are on in this process (the flag as
+    `measurement_environment` left it: off unless the user set it)."""
+    return os.environ.get(ONEDNN_FLAG, "0").lower() not in ("0", "false")
+
+
 def measurement_caveats() -> list[str]:
     """Why a measurement in this environment is not the step the memory model models: flags the
     user set otherwise, which `measurement_environment` leaves alone. With oneDNN's CPU kernels
@@ -82,7 +88,7 @@ def measurement_caveats() -> list[str]:
     MobileNetV2 and the transformer encoder (batch 8), to -40..-62% on the frozen LSTMs, and to
     +92% on a small MetaGraphDef CNN (no column buffers for its convolution gradients)."""
     caveats = []
-    if os.environ.get(ONEDNN_FLAG, "0").lower() not in ("0", "false"):
+    if onednn_on():
         caveats.append(f"{ONEDNN_FLAG}={os.environ[ONEDNN_FLAG]}: oneDNN's CPU kernels are on, "
                        "so the measured peak is not the step the memory model (inspect, "
                        f"optimize) models; set {ONEDNN_FLAG}=0 to measure that step")

@@ -85,6 +85,7 @@ class VerifyResult:
             "step_seconds": {"original": self.original.median_seconds,
                              "rewritten": self.rewritten.median_seconds},
             "device": self.original.device,
+            "onednn": measure.onednn_on(),
             "swapped": self.swapped,
             "dieted": self.dieted,
         }
@@ -108,6 +109,7 @@ class VerifyResult:
             "step_seconds": {"original": self.original.median_seconds,
                              "rewritten": self.rewritten.median_seconds},
             "device": self.original.device,
+            "onednn": measure.onednn_on(),
         }
 
 
@@ -235,9 +237,10 @@ def verify(original: Model, rewritten: Model, options: VerifyOptions | None = No
     shapes = shapes_mod.infer(original.graph, options.input_shapes)
     if not fetches:
         fetches = without_saver(original, analysis.default_fetches(original, shapes=shapes))
-    missing = [f for f in fetches if f.split(":")[0] not in rewritten.graph]
-    if missing:
-        raise GraphRewriteError(f"the rewritten model has no node '{missing[0]}'")
+    for model, which in ((original, "original"), (rewritten, "rewritten")):
+        missing = [f for f in fetches if f.split(":")[0] not in model.graph]
+        if missing:  # the original first: a typo in ${outputs} is in neither
+            raise GraphRewriteError(f"the {which} model has no node '{missing[0]}'")
     read = sorted(r for r in bind.iterators(original.graph) if r in measure.upstream(
         original.graph, fetches))
     if read:

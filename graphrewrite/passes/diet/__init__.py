@@ -101,7 +101,7 @@ def run(graph: Graph, analysis: Analysis, options: DietOptions, model=None) -> D
             continue
         found.append(update)
     slots = optimizers.slots_of(found)
-    sgd_momentum: list[str] = []
+    momentum_kinds: dict[str, str] = {}  # weight -> the optimizer whose momentum it takes
     for update in found:
         if update.var in slots:  # a Keras slot's own write, read as an update: not a weight
             continue
@@ -110,13 +110,13 @@ def run(graph: Graph, analysis: Analysis, options: DietOptions, model=None) -> D
             kept.setdefault(reason, []).append(update.var)
             continue
         if optimizers.takes_sgd_momentum(graph, update):  # read before the rewrite
-            sgd_momentum.append(update.var)
+            momentum_kinds[update.var] = {"rmsprop": "RMSProp's"}.get(update.kind, "SGD's")
         diet.rewrite(update)
-    if sgd_momentum and options.momentum == "drop":
-        log.warning("diet: %d weights take SGD momentum, dropped: each then steps by lr / "
+    if momentum_kinds and options.momentum == "drop":
+        log.warning("diet: %d weights take momentum (%s), dropped: each then steps by lr / "
                     "(1 - momentum), which at high rates can stop training (a CNN at lr 0.1, "
                     "momentum 0.9 did); momentum=bfloat16 keeps it in 16 bits",
-                    len(sgd_momentum))
+                    len(momentum_kinds), " and ".join(sorted(set(momentum_kinds.values()))))
     for name in other_float_variables(graph, analysis.shapes, options, diet, slots,
                                        analysis.split.gradient_flow):
         kept.setdefault(diet.unread.get(name) or why_not(graph, name), []).append(name)
