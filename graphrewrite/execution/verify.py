@@ -239,7 +239,7 @@ def verify(original: Model, rewritten: Model, options: VerifyOptions | None = No
         fetches = without_saver(original, analysis.default_fetches(original, shapes=shapes))
     for model, which in ((original, "original"), (rewritten, "rewritten")):
         missing = [f for f in fetches if f.split(":")[0] not in model.graph]
-        if missing:  # the original first: a typo in ${outputs} is in neither
+        if missing:  # the original first: a mistyped output is in neither
             raise GraphRewriteError(f"the {which} model has no node '{missing[0]}'")
     read = sorted(r for r in bind.iterators(original.graph) if r in measure.upstream(
         original.graph, fetches))
