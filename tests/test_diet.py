@@ -577,6 +577,8 @@ def _keras_step(optimizer: str, lr: float, hidden: int = HIDDEN, schedule: bool 
             "rmsprop_momentum": lambda: tf.keras.optimizers.RMSprop(lr, momentum=0.9,
                                                                     jit_compile=False),
             "adagrad": lambda: tf.keras.optimizers.Adagrad(lr, jit_compile=False),
+            "lso": lambda: tf.keras.mixed_precision.LossScaleOptimizer(
+                tf.keras.optimizers.SGD(lr, momentum=0.9, jit_compile=False)),
             "sgd": lambda: tf.keras.optimizers.SGD(lr, jit_compile=False),
             "adamw": lambda: tf.keras.optimizers.AdamW(lr, jit_compile=False),
             "rmsprop": lambda: tf.keras.optimizers.RMSprop(lr, jit_compile=False)}
@@ -916,6 +918,18 @@ def test_tf2_updates_of_other_forms_stay_float32_with_one_warning(caplog, tmp_pa
     facts = result.results["diet"]
     assert len(facts.dieted) == 10  # every weight (not the 2 statistics), with min_size=0
     assert not [r for r in caplog.records if "stay float32" in r.getMessage()]
+
+
+@pytest.mark.tf
+def test_updates_inside_a_loss_scale_cond_are_named_as_why_nothing_was_dieted(tmp_path):
+    """A LossScaleOptimizer applies its gradients in an If's branch: diet rewrote nothing and
+    said only that (a mixed-precision ResNet step built outside the repo)."""
+    *_, graph_def = _keras_step("lso", 0.05)
+    (tmp_path / "step.pb").write_bytes(graph_def.SerializeToString())
+    result, _ = _diet(tmp_path / "step.pb", tmp_path / "diet.pb")
+    note = result.results["diet"].note
+    assert not result.results["diet"].dieted
+    assert "diet does not read updates inside" in note and "If" in note, note
 
 
 @pytest.mark.tf

@@ -77,6 +77,10 @@ __all__ = ["run", "other_float_variables", "why_not", "DietOptions", "DietResult
 
 log = logging.getLogger(__name__)
 
+# Ops whose bodies (functions) may hold a step's updates, which diet does not read.
+FUNCTIONAL_OPS = frozenset({"If", "StatelessIf", "Case", "StatelessCase", "While",
+                            "StatelessWhile", "PartitionedCall", "StatefulPartitionedCall"})
+
 
 def run(graph: Graph, analysis: Analysis, options: DietOptions, model=None) -> DietResult:
     """Diet every supported variable; in a graph without variables, its large constants."""
@@ -134,8 +138,13 @@ def run(graph: Graph, analysis: Analysis, options: DietOptions, model=None) -> D
                     "; ".join(f"{', '.join(v[:4])}{' ...' if len(v) > 4 else ''} ({r})"
                               for r, v in unexpected.items()))
     if not diet.dieted:
-        return DietResult(graph, False, note="diet: no variable with a supported optimizer "
-                                             "update was rewritten", kept_float=kept)
+        note = "diet: no variable with a supported optimizer update was rewritten"
+        calls = sorted({graph.op(n) for n in graph.nodes()} & FUNCTIONAL_OPS)
+        if not unexpected and calls:  # a LossScaleOptimizer's updates run in an If's branch
+            note += (f": no update in the step itself, and diet does not read updates inside "
+                     f"{' or '.join(calls)} (a LossScaleOptimizer applies its gradients in a "
+                     "cond)")
+        return DietResult(graph, False, note=note, kept_float=kept)
     diet.finish()
     graph, choice = choose_reads(graph, {r: f for r, f in diet.forward_reads.items()
                                          if f in graph}, analysis, model)
