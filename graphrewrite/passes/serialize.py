@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import networkx as nx
+
 from ..analysis import scratch
 from ..analysis import split as split_mod
 from ..analysis.step import Analysis
@@ -67,7 +69,8 @@ def run(graph: Graph, analysis: Analysis, options: SerializeOptions, model=None)
     done = [(first, then) for first, then in pairs if graph.add_control(first, then)]
     for first, then in done:
         for sibling in _bias_gradients(graph, then):
-            graph.add_control(first, sibling)
+            if not nx.has_path(graph.nx, sibling, first):  # never a cycle
+                graph.add_control(first, sibling)
     keep_apart(graph)
     return SerializeResult(graph, bool(done), serialized=done)
 
