@@ -15,7 +15,8 @@ from .build import shape_attr
 from .options import APPLY_OPS, SLOT_USERS
 
 __all__ = ["shapes_attr", "record_shape", "matrix_shape", "initializer_groups",
-           "initial_value", "through_identity_n", "escapes", "ancestors_in", "placeholder_spec", "writers"]
+           "initial_value", "through_identity_n", "escapes", "ancestors_in", "placeholder_spec",
+           "writers"]
 
 
 def shapes_attr(shapes) -> attr_value_pb2.AttrValue:
