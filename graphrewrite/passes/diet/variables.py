@@ -509,10 +509,9 @@ class Diet:
             rate = b.binary("RealDiv", lr, b.binary("Sub", one, momentum, "one_minus_momentum"),
                             "rate")
             return b.binary("Mul", rate, direction, "step"), writes
-        slot, stored = slots["mom"], types_pb2.DT_FLOAT
-        if self.options.momentum == "bfloat16" or keras:
-            if self.options.momentum == "bfloat16":
-                stored = types_pb2.DT_BFLOAT16
+        slot, stored = slots["mom"], (types_pb2.DT_BFLOAT16 if self.options.momentum ==
+                                      "bfloat16" else types_pb2.DT_FLOAT)
+        if stored != types_pb2.DT_FLOAT or keras:
             slot = self._new_slot(var, "diet_momentum", shape, resource, stored)
             self._remove(slots["mom"], shape)
         accum, w = self._accumulate(b, slot, momentum, lr, direction, resource, "accum", shape,
@@ -547,7 +546,7 @@ class Diet:
         `accum = momentum accum + g` and subtracts lr times it."""
         terms = update.terms
         grad, lr, momentum = terms["grad"], terms["lr"], terms["momentum"]
-        keras = update.form == "keras" or update.negated
+        negated = update.form == "keras" or update.negated  # Keras's form, fused or not
         if self.options.momentum == "keep" and update.form == "keras":  # Keras's own m stays
             return b.unary("Neg", terms["increment"], "step"), []
         if self.options.momentum != "drop":  # updated here: its float32 slot or a 16-bit one
@@ -556,13 +555,13 @@ class Diet:
                 stored = types_pb2.DT_BFLOAT16
                 slot = self._new_slot(var, "diet_momentum", shape, resource, stored)
                 self._remove(update.slots["accum"], shape)
-            take = b.unary("Neg", lr, "minus_lr") if keras else self._scalar(b, 1.0, "one")
+            take = b.unary("Neg", lr, "minus_lr") if negated else self._scalar(b, 1.0, "one")
             accum, w = self._accumulate(b, slot, momentum, take, grad, resource, "accum", shape,
                                         stored)
-            if keras and update.nesterov:  # m = momentum m - lr g; var += momentum m - lr g
+            if negated and update.nesterov:  # m = momentum m - lr g; var += momentum m - lr g
                 return b.binary("Sub", b.binary("Mul", lr, grad, "lr_grad"),
                                 b.binary("Mul", momentum, accum, "ahead"), "step"), [w]
-            if keras:  # m = momentum m - lr g; var += m
+            if negated:  # m = momentum m - lr g; var += m
                 return b.unary("Neg", accum, "step"), [w]
             if update.nesterov:
                 direction = b.binary("AddV2", grad, b.binary("Mul", momentum, accum), "nesterov")
