@@ -42,7 +42,7 @@ from ..core.names import PAD_PREFIX
 from ..core.tensor_ref import TensorRef
 
 __all__ = ["GROUPED_OPS", "MERGED_OPS", "KEEP_APART_PREFIX", "can_gate", "pad_readers",
-           "keep_apart"]
+           "bias_gradients", "keep_apart"]
 
 # Element-wise ops Grappler regroups across chains; a new control output on one stops that.
 GROUPED_OPS = frozenset({"Add", "AddV2", "AddN", "Mul", "Sub", "RealDiv", "Div", "Neg"})
@@ -72,15 +72,21 @@ def keep_apart(graph: Graph) -> int:
         if name in graph or len(graph.data_inputs(kernel)) < 3:
             continue
         read = graph.data_inputs(kernel)[2]
-        gradient = _through_identities(graph, read)
-        if any(slot == 0 and graph.op(user) == "BiasAddGrad" and
-               nx.has_path(graph.nx, user, kernel) for user, slot in graph.consumers(gradient)):
+        if any(nx.has_path(graph.nx, bias, kernel)
+               for bias in bias_gradients(graph, _through_identities(graph, read))):
             attrs = {"T": graph.node_def(kernel).attr["T"],
                      "_grappler_do_not_remove": attr_value_pb2.AttrValue(b=True)}
             graph.add_node(name, "Identity", [read], attrs, device=graph.node_def(kernel).device)
             graph.replace_uses(read, TensorRef(name), [kernel])
             kept += 1
     return kept
+
+
+def bias_gradients(graph: Graph, gradient: TensorRef) -> list[str]:
+    """The `BiasAddGrad`s reading `gradient`: those oneDNN merges with a `Conv2DBackpropFilter`
+    reading it too."""
+    return [user for user, slot in graph.consumers(gradient)
+            if slot == 0 and graph.op(user) == "BiasAddGrad"]
 
 
 def _through_identities(graph: Graph, ref: TensorRef) -> TensorRef:

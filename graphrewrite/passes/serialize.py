@@ -31,7 +31,7 @@ from ..analysis import split as split_mod
 from ..analysis.step import Analysis
 from ..core.graph import Graph
 from .base import PassOptions, PassResult
-from .pads import keep_apart
+from .pads import bias_gradients, keep_apart
 
 __all__ = ["SerializeOptions", "SerializeResult", "run"]
 
@@ -67,20 +67,11 @@ def run(graph: Graph, analysis: Analysis, options: SerializeOptions, model=None)
                                if len(kernels) > 1 else "")
     graph = graph.copy()
     done = [(first, then) for first, then in pairs if graph.add_control(first, then)]
-    for first, then in done:
-        for sibling in _bias_gradients(graph, then):
+    for first, then in done:  # a weight gradient's bias gradient waits as it does
+        siblings = bias_gradients(graph, graph.data_inputs(then)[2]) \
+            if graph.op(then) == "Conv2DBackpropFilter" else []
+        for sibling in siblings:
             if not nx.has_path(graph.nx, sibling, first):  # never a cycle
                 graph.add_control(first, sibling)
     keep_apart(graph)
     return SerializeResult(graph, bool(done), serialized=done)
-
-
-def _bias_gradients(graph: Graph, kernel: str) -> list[str]:
-    """The `BiasAddGrad`s reading the gradient a `Conv2DBackpropFilter` `kernel` reads."""
-    if graph.op(kernel) != "Conv2DBackpropFilter":
-        return []
-    gradient = graph.data_inputs(kernel)[2]
-    return [user for user, slot in graph.consumers(gradient)
-            if slot == 0 and graph.op(user) == "BiasAddGrad"]
-
-
