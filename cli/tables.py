@@ -163,6 +163,12 @@ def format_optimize(facts: dict) -> str:
                                 f"{facts['transfer_seconds'] * 1000:.1f} ms of transfers on "
                                 f"{facts['device_profile']}, "
                                 f"{facts['exposed_seconds'] * 1000:.1f} ms of them exposed"))
+    if facts.get("recomputed_loops"):
+        rows.append(("in loops", f"{len(facts['recomputed_loops'])} recurrent loops push "
+                                 f"{facts['loop_lists_freed']} fewer values an iteration, "
+                                 "computed again in their gradient loops ("
+                                 f"{facts['loop_nodes_copied']} nodes copied; "
+                                 f"{_shorten(facts['recomputed_loops'], 3)})"))
     for key, what in NAMED_ROWS:
         if facts[key]:
             rows.append((key, f"{len(facts[key])} {what} ({_shorten(facts[key], 3)})"))
@@ -248,8 +254,9 @@ def _peak_rows(facts: dict) -> list[tuple[str, str]]:
                                     "as run, after Grappler")),
             ("as written", peaks(written["before"], written["after"],
                                  "live tensors, the step the passes plan on"
-                                 if not facts.get("rerun") else "live tensors, a call or loop "
-                                 "as one node: rerun is priced as run"))]
+                                 if not (facts.get("rerun") or facts.get("recomputed_loops"))
+                                 else "live tensors, a call or loop as one node: what loops "
+                                 "keep is priced as run"))]
 
 
 def format_summary(facts: dict) -> str:

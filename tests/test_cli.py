@@ -145,7 +145,7 @@ def test_optimize_memory_reports_and_explains(tmp_path):
     assert result.exit_code == 0, result.stderr
     facts = json.loads(result.stdout)
     assert facts["mode"] == "memory"
-    assert facts["pipeline"] == "inline rerun defer recompute(policy=memory) serialize"
+    assert facts["pipeline"] == "inline loop_recompute rerun defer recompute(policy=memory) serialize"
     assert facts["peak_bytes"]["after"] < facts["peak_bytes"]["before"]
     as_run = facts["peak_bytes_as_run"]  # after Grappler, as inspect models the graphs
     assert 0 < as_run["after"] < as_run["before"]
@@ -186,7 +186,7 @@ def test_optimize_planner_is_written_into_the_pipeline_and_needs_a_recompute_pas
     assert search.exit_code == 0, search.stderr
     facts = json.loads(search.stdout)
     assert facts["pipeline"] == \
-        "inline rerun defer recompute(policy=memory, planner=search) serialize"
+        "inline loop_recompute rerun defer recompute(policy=memory, planner=search) serialize"
     replayed = run_cli("optimize", fixture_path("mlp"), "-o", tmp_path / "p.pb", "--passes",
                        facts["pipeline"], "--json")
     assert (tmp_path / "p.pb").read_bytes() == out.read_bytes()

@@ -119,7 +119,8 @@ def test_every_cell_is_described_in_a_few_words_for_the_benchmark():
 @pytest.mark.parametrize("name", cells({**REWRITE_XFAIL, **AS_RUN_XFAIL}, FAST))
 def test_rewrite_finds_candidates_and_lowers_the_modelled_peak(name):
     _, facts, _ = rewritten(name)
-    assert (facts["checkpoints"] or facts["rerun"]) and facts["nodes_added"] > 0, facts["note"]
+    assert facts["checkpoints"] and facts["nodes_added"] > 0 or facts["rerun"] \
+        or facts["recomputed_loops"], facts["note"]
     run = facts["peak_bytes_as_run"]  # what verify measures: a kept rewrite must not raise it
     if run["before"] is not None and run["after"] is not None:  # beyond the model's accuracy
         assert run["after"] <= run["before"] * (1 + AS_RUN_SLACK), (run, facts["note"])
@@ -151,7 +152,8 @@ def test_two_steps_are_bitwise_equal(name):
     from graphrewrite.execution import verify
 
     entry, facts, out = rewritten(name)
-    assert facts["checkpoints"] or facts["rerun"], "nothing was recomputed: " + facts["note"]
+    assert facts["checkpoints"] or facts["rerun"] or facts["recomputed_loops"], \
+        "nothing was recomputed: " + facts["note"]
     fetches = entry["outputs"] if entry["kind"] == "tf1_meta" and entry["outputs"] else None
     outcome = verify.verify(io.load(entry["path"]), io.load(out),
                             verify.VerifyOptions(fetches=fetches, runs=0), isolated=False)

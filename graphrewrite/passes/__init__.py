@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from . import (accumulate, chunk_loss, defer, diet, inline, recompute, relax_assign, rerun,
-               serialize, swap)
+from . import (accumulate, chunk_loss, defer, diet, inline, loop_recompute, recompute,
+               relax_assign, rerun, serialize, swap)
 
 __all__ = ["Pass", "PASSES"]
 
@@ -27,6 +27,8 @@ PASSES = {
                          relax_assign.RelaxAssignResult),
     "defer": Pass(defer.DeferOptions, defer.run, defer.DeferResult),
     "inline": Pass(inline.InlineOptions, inline.run, inline.InlineResult),
+    "loop_recompute": Pass(loop_recompute.LoopRecomputeOptions, loop_recompute.run,
+                           loop_recompute.LoopRecomputeResult),
     "rerun": Pass(rerun.RerunOptions, rerun.run, rerun.RerunResult),
     "diet": Pass(diet.DietOptions, diet.run, diet.DietResult),
     "chunk_loss": Pass(chunk_loss.ChunkLossOptions, chunk_loss.run, chunk_loss.ChunkLossResult),

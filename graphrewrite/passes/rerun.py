@@ -20,7 +20,7 @@ from ..core.graph import Graph
 from . import rerun_copy as rerun
 from .base import PassOptions, PassResult
 
-__all__ = ["GAIN", "RerunOptions", "RerunResult", "run"]
+__all__ = ["GAIN", "RerunOptions", "RerunResult", "peak_as_run", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -45,13 +45,13 @@ def run(graph: Graph, analysis: Analysis, options: RerunOptions, model=None):
     if not pairs or model is None:
         return RerunResult(graph, False)
     graph_def = graph.to_graph_def()
-    best = _peak(model, graph, analysis)
+    best = peak_as_run(model, graph, analysis)
     kept = []
     for forward, backward in pairs:
         if forward in kept:  # read by two backward passes: the first one's run stays alone
             continue
         trial = rerun.rerun(graph_def, forward, backward)
-        peak = _peak(model, Graph.from_graph_def(trial), analysis)
+        peak = peak_as_run(model, Graph.from_graph_def(trial), analysis)
         log.info("rerun %s before %s: modelled peak as run %s -> %s", forward, backward,
                  best, peak)
         if best and peak is not None and peak < best * (1 - GAIN):
@@ -63,7 +63,7 @@ def run(graph: Graph, analysis: Analysis, options: RerunOptions, model=None):
     return RerunResult(Graph.from_graph_def(graph_def), True, rerun=kept)
 
 
-def _peak(model, graph: Graph, found: Analysis) -> int | None:
+def peak_as_run(model, graph: Graph, found: Analysis) -> int | None:
     """The allocator's peak of `graph`'s step as run; None where Grappler cannot run it."""
     report = analysis_mod.as_run(model, graph, found)
     return None if report is None else report.allocated_peak()

@@ -26,7 +26,7 @@ from ..core.graph import Graph
 from ..core.names import COPY_SUFFIX
 from ..core.tensor_ref import TensorRef
 
-__all__ = ["FUNCTIONAL", "FUNCTION_ATTRS", "READ", "candidates", "rerun"]
+__all__ = ["FUNCTIONAL", "FUNCTION_ATTRS", "READ", "candidates", "functions", "rerun"]
 
 FUNCTIONAL = CALL_OPS | LOOP_OPS
 FUNCTION_ATTRS = ("f", "body", "cond", "then_branch", "else_branch", "branches")
@@ -43,11 +43,11 @@ def candidates(graph: Graph, backward: set[str], fetches: list[str]) -> list[tup
     pairs = []
     for name in graph.nodes():
         if graph.op(name) not in FUNCTIONAL or \
-                not _functions(graph.node_def(name)) & backward:
+                not functions(graph.node_def(name)) & backward:
             continue
         for source in dict.fromkeys(ref.node for ref in graph.data_inputs(name)):
             node = graph.node_def(source)
-            if node.op in FUNCTIONAL and not _functions(node) & backward \
+            if node.op in FUNCTIONAL and not functions(node) & backward \
                     and _repeatable(graph, library, source, name, step):
                 pairs.append((source, name))
     order = {n: k for k, n in enumerate(graph.nodes())}
@@ -85,7 +85,7 @@ def _repeatable(graph: Graph, library: dict, forward: str, backward: str, step: 
     """Whether `forward` run again before `backward` computes what it computed the first time
     in the step that runs the nodes `step` (an initialiser's or a saver's writes run in other
     steps)."""
-    stateful = _stateful_ops(library, _functions(graph.node_def(forward)))
+    stateful = _stateful_ops(library, functions(graph.node_def(forward)))
     if stateful is None or stateful - {READ}:
         return False
     if not stateful:
@@ -121,11 +121,11 @@ def _stateful_ops(library: dict, names: set[str]) -> set[str] | None:
             if node.op not in library and ops.is_stateful(node.op) \
                     and node.op not in FUNCTIONAL:
                 found.add(node.op)
-            todo.extend(_functions(node) | ({node.op} if node.op in library else set()))
+            todo.extend(functions(node) | ({node.op} if node.op in library else set()))
     return found
 
 
-def _functions(node) -> set[str]:
+def functions(node) -> set[str]:
     """The functions a node calls through its attributes."""
     names = set()
     for key in FUNCTION_ATTRS:

@@ -1,0 +1,402 @@
+"""A recurrent step's values computed again inside its gradient loop, from the few it keeps.
+
+A TF2 `While` differentiated by TensorFlow keeps, for each value its gradient loop reads, a
+tensor list the forward body pushes to every iteration (`TensorListPushBack`) and the gradient
+body pops from (`TensorListPopBack`). An LSTM's step pushes its four gates, `tanh(c)`, the
+previous state and the input: eight `[batch, units]` tensors an iteration, held from the forward
+loop to the gradient loop. Most are computed from a few others by stateless kernels; the
+gradient body can compute them again from those (the previous `h` and `c`, the input, the
+weights), in the iteration that needs them, with the same kernels on the same inputs (bitwise
+equal), and the forward body stops pushing them: the loop's part of the peak falls to what the
+kept lists hold, for one more forward step per iteration.
+
+A value the copies need that no kept list holds (a bias the gradient loop never read) is carried
+on one of the freed lists instead: the forward body pushes it there, the gradient body pops it,
+the list's element shape left open. A weight pushed every iteration is one buffer referenced N
+times, so carrying it costs next to nothing.
+
+The two loops may sit in different function bodies (a Keras RNN in a TF2 step is a call of its
+forward function and one of its backward function, each holding its loop): a list is followed
+from the gradient loop's input through calls, arguments and `Identity`s to the forward loop's
+output. Only bodies run by one loop, and functions called once, are rewritten.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tensorflow.core.framework import graph_pb2, node_def_pb2, types_pb2
+from tensorflow.python.framework import tensor_util
+
+from ..analysis.inline import CALL_OPS, LOOP_OPS
+from ..core import ops
+from ..core.names import LOOP_PREFIX as PREFIX
+from .rerun_copy import FUNCTIONAL, functions
+
+__all__ = ["MAX_COPIES", "Pair", "pairs", "recompute"]
+
+MAX_COPIES = 200  # nodes copied into one gradient body at most
+PUSH, POP = "TensorListPushBack", "TensorListPopBack"
+
+
+class _Scope:
+    """The top-level graph (name None) or one function body, with its nodes by name."""
+
+    def __init__(self, name, container, function=None):
+        self.name, self.function, self.container = name, function, container
+        self.nodes = {n.name: n for n in container}
+        self.args = [a.name for a in function.signature.input_arg] if function else []
+
+    def split(self, text: str) -> tuple[str, int]:
+        """(node, port) of a data input; the port read from `node:output:k` in a body (a
+        loop's or a call's outputs: one list argument)."""
+        parts = text.split(":")
+        if self.function is None:
+            return parts[0], int(parts[1]) if len(parts) > 1 else 0
+        return parts[0], int(parts[-1]) if len(parts) > 1 else 0
+
+    def readers(self, name: str, port: int) -> int:
+        """How many inputs (and results, in a body) read output `port` of `name`."""
+        texts = [i for n in self.nodes.values() for i in n.input if not i.startswith("^")]
+        if self.function is not None:
+            texts += list(self.function.ret.values())
+        return sum(1 for t in texts if t.split(":")[0] == name and self.split(t)[1] == port)
+
+
+class _View:
+    """Every scope of a graph and, per function, the nodes that run it."""
+
+    def __init__(self, graph_def: graph_pb2.GraphDef):
+        self.scopes = {None: _Scope(None, graph_def.node)}
+        for function in graph_def.library.function:
+            self.scopes[function.signature.name] = _Scope(function.signature.name,
+                                                          function.node_def, function)
+        self.callers: dict[str, list[tuple[str | None, str]]] = {}
+        for scope in self.scopes.values():
+            for node in scope.nodes.values():
+                for name in functions(node) | ({node.op} & self.scopes.keys()):
+                    self.callers.setdefault(name, []).append((scope.name, node.name))
+
+    def once(self, function: str) -> bool:
+        return len(self.callers.get(function, [])) == 1
+
+    def resolve(self, scope: _Scope, text: str):
+        """(scope, node, port) making the value `text` names in `scope`, followed through
+        Identities, call results and arguments of functions called once; None elsewhere."""
+        for _ in range(64):
+            if text in scope.args:
+                if not self.once(scope.name):
+                    return None
+                outer, call = self.callers[scope.name][0]
+                outer = self.scopes[outer]
+                node = outer.nodes[call]
+                if node.op not in CALL_OPS:
+                    return None
+                scope, text = outer, _data(node)[scope.args.index(text)]
+                continue
+            name, port = scope.split(text)
+            node = scope.nodes.get(name)
+            if node is None:
+                return None
+            if node.op == "Identity":
+                text = node.input[0]
+            elif node.op in CALL_OPS:
+                inner = self.scopes.get(node.attr["f"].func.name)
+                if inner is None or not self.once(inner.name):
+                    return None
+                signature = inner.function.signature
+                scope, text = inner, inner.function.ret[signature.output_arg[port].name]
+            else:
+                return scope, name, port
+        return None
+
+
+@dataclass
+class Pair:
+    """A forward loop and the gradient loop popping its lists: (loop var of the gradient
+    loop, loop var of the forward loop) per list."""
+
+    forward: tuple[str | None, str]   # (scope, node)
+    gradient: tuple[str | None, str]
+    lists: list[tuple[int, int]] = field(default_factory=list)
+
+    def name(self) -> str:
+        return self.forward[1] if self.forward[0] is None else f"{self.forward[0]}/" \
+            f"{self.forward[1]}"
+
+
+def pairs(graph_def: graph_pb2.GraphDef) -> list[Pair]:
+    """Every forward loop whose lists one gradient loop pops, in a stable order."""
+    view = _View(graph_def)
+    found = []
+    for scope in view.scopes.values():
+        for node in scope.nodes.values():
+            if node.op not in LOOP_OPS:
+                continue
+            body = view.scopes.get(node.attr["body"].func.name)
+            if body is None:
+                continue
+            lists, forward = [], set()
+            for j, arg in enumerate(body.args):
+                if _pop_of(body, j) is None:
+                    continue
+                source = view.resolve(scope, _data(node)[j])
+                if source is None or source[1] not in source[0].nodes \
+                        or source[0].nodes[source[1]].op not in LOOP_OPS:
+                    continue
+                forward.add((source[0].name, source[1]))
+                lists.append((j, source[2]))
+            if len(forward) == 1 and lists:
+                found.append(Pair(forward.pop(), (scope.name, node.name), lists))
+    return sorted(found, key=lambda p: (p.forward[0] or "", p.forward[1]))
+
+
+def _pop_of(body: _Scope, j: int):
+    """The pop of loop var `j` in a gradient body: its only reader, whose list is what the
+    body passes on."""
+    arg = body.args[j]
+    readers = [n for n in body.nodes.values() if arg in n.input]
+    if len(readers) != 1 or readers[0].op != POP or readers[0].input[0] != arg:
+        return None
+    result = body.function.ret[body.function.signature.output_arg[j].name]
+    return readers[0] if result == f"{readers[0].name}:output_handle:0" else None
+
+
+def _push_of(body: _Scope, k: int):
+    """The push that makes loop var `k` of a forward body, or None."""
+    text = body.function.ret[body.function.signature.output_arg[k].name]
+    node = body.nodes.get(text.split(":")[0])
+    if node is None or node.op != PUSH or node.input[0] != body.args[k] \
+            or body.readers(node.name, 0) != 1:
+        return None
+    return node
+
+
+def recompute(graph_def: graph_pb2.GraphDef, pair: Pair):
+    """A copy of `graph_def` whose gradient loop of `pair` computes again every value it pops
+    that its forward body computes by stateless kernels from the values kept, and (count of
+    lists freed, count of nodes copied); None where nothing can be."""
+    result = graph_pb2.GraphDef()
+    result.CopyFrom(graph_def)
+    view = _View(result)
+    w_scope, g_scope = view.scopes[pair.forward[0]], view.scopes[pair.gradient[0]]
+    w_node, g_node = w_scope.nodes[pair.forward[1]], g_scope.nodes[pair.gradient[1]]
+    fw, fg = view.scopes[w_node.attr["body"].func.name], view.scopes[g_node.attr["body"].func.name]
+    if not (view.once(fw.name) and view.once(fg.name)):
+        return None
+    entries = []  # (j, k, pushed value in fw, its push, its pop in fg)
+    for j, k in pair.lists:
+        push, pop = _push_of(fw, k), _pop_of(fg, j)
+        if push is not None and pop is not None:
+            entries.append((j, k, push.input[1], push, pop))
+    chosen = _choose(fw, entries)
+    if chosen is None:
+        return None
+    redo, carriers, cone = chosen
+    kept = {value: f"{pop.name}:tensor:0" for j, k, value, push, pop in entries
+            if (j, k) not in redo}
+    carried = {leaf: f"{entry[4].name}:tensor:0" for leaf, entry in carriers.items()}
+
+    def mapped(text: str) -> str:
+        if text in kept:
+            return kept[text]
+        if text in carried:
+            return carried[text]
+        return PREFIX + text
+
+    by_loop_var = {(e[0], e[1]): e for e in entries}
+    replaced = {f"{by_loop_var[key][4].name}:tensor:0": mapped(by_loop_var[key][2])
+                for key in redo}
+    for node in fg.nodes.values():
+        for i, text in enumerate(node.input):
+            if text in replaced:
+                node.input[i] = replaced[text]
+    for name in cone:
+        copy = node_def_pb2.NodeDef()
+        copy.CopyFrom(fw.nodes[name])
+        copy.name = PREFIX + name
+        del copy.input[:]
+        copy.input.extend(mapped(t) for t in fw.nodes[name].input if not t.startswith("^"))
+        fg.function.node_def.append(copy)
+    carrier_keys = {(e[0], e[1]) for e in carriers.values()}
+    orphans = set()
+    for key in redo:
+        j, k, value, push, pop = by_loop_var[key]
+        if key in carrier_keys:
+            continue
+        orphans.add(pop.input[1].split(":")[0])
+        _remove(fg, pop.name)
+        fg.function.ret[fg.function.signature.output_arg[j].name] = fg.args[j]
+        _remove(fw, push.name)
+        fw.function.ret[fw.function.signature.output_arg[k].name] = fw.args[k]
+    for leaf, (j, k, value, push, pop) in carriers.items():
+        push.input[1] = leaf
+        _record_element(fw, leaf, pop)
+        orphans.add(pop.input[1].split(":")[0])
+        if not (_open_shape(fg, pop) and _open_shape(w_scope, _list_of(w_scope, w_node, k))):
+            return None
+    _drop_unread(fg, orphans)
+    return result, (len(redo), len(cone))
+
+
+def _choose(fw: _Scope, entries):
+    """(loop vars recomputed, leaf value -> the entry whose list carries it, the forward
+    nodes to copy in order), or None. A value is recomputed where its forward cone, down to
+    kept values, holds only stateless kernels; a leaf of a cone no kept list holds needs a
+    freed list of its type to carry it, else the values needing it are kept."""
+    redo = {(j, k) for j, k, value, push, pop in entries
+            if _copyable(fw, value) and not _invariant(fw, value)}
+    while redo:
+        kept = {e[2] for e in entries if (e[0], e[1]) not in redo}
+        cone, leaves = [], {}
+        for j, k, value, push, pop in entries:
+            if (j, k) in redo:
+                _cone(fw, value, kept, cone, leaves, (j, k))
+        if len(cone) > MAX_COPIES:
+            return None
+        free = [e for e in entries if (e[0], e[1]) in redo]
+        carriers, short = {}, set()
+        for leaf in sorted(leaves):
+            kind = _dtype(fw, leaf)
+            entry = next((e for e in free if e[3].attr["element_dtype"].type == kind), None)
+            if entry is None:
+                short |= leaves[leaf]
+                continue
+            free.remove(entry)
+            carriers[leaf] = entry
+        if not short:
+            return redo, carriers, cone
+        redo -= short
+    return None
+
+
+def _copyable(fw: _Scope, text: str) -> bool:
+    """Whether the node making `text` in a forward body may run again in another body."""
+    if text in fw.args:
+        return False
+    node = fw.nodes.get(text.split(":")[0])
+    return node is not None and node.op not in FUNCTIONAL and not functions(node) \
+        and not node.op.startswith("TensorList") and not ops.is_stateful(node.op) \
+        and node.op not in ops.PLACEHOLDER_OPS
+
+
+def _invariant(fw: _Scope, text: str) -> bool:
+    """Whether `text` is the same in every iteration (made from arguments the body passes on
+    unchanged and constants): a list of it holds one buffer N times, so keeping it is free."""
+    if text in fw.args:
+        k = fw.args.index(text)
+        return fw.function.ret[fw.function.signature.output_arg[k].name] == text
+    node = fw.nodes.get(text.split(":")[0])
+    if node is None or not _copyable(fw, text):
+        return False
+    return all(_invariant(fw, t) for t in node.input if not t.startswith("^"))
+
+
+def _cone(fw: _Scope, text: str, kept: set, cone: list, leaves: dict, owner) -> None:
+    """Adds to `cone` (in an order that runs) the nodes computing `text` from `kept` values,
+    constants and leaves; `leaves` maps each leaf to the loop vars needing it."""
+    if text in kept:
+        return
+    if not _copyable(fw, text):
+        leaves.setdefault(text, set()).add(owner)
+        return
+    name = text.split(":")[0]
+    if name in cone:
+        return
+    for source in fw.nodes[name].input:
+        if not source.startswith("^"):
+            _cone(fw, source, kept, cone, leaves, owner)
+    if name not in cone:
+        cone.append(name)
+
+
+def _dtype(fw: _Scope, text: str) -> int:
+    """The element type of value `text` in a body (an argument or a node's output)."""
+    if text in fw.args:
+        return fw.function.signature.input_arg[fw.args.index(text)].type
+    name, arg, index = (text.split(":") + ["output", "0"])[:3]
+    node = fw.nodes[name]
+    definition = ops.op_def(node.op)
+    for output in definition.output_arg if definition else []:
+        if output.name != arg:
+            continue
+        if output.type:
+            return output.type
+        if output.type_list_attr:
+            return node.attr[output.type_list_attr].list.type[int(index)]
+        return node.attr[output.type_attr].type
+    return types_pb2.DT_INVALID
+
+
+def _record_element(fw: _Scope, leaf: str, pop) -> None:
+    """Gives a carrier's pop the recorded shape (`_output_shapes`) of the value it now
+    carries, or none where that is not recorded: the old one would size the element wrongly."""
+    if "_output_shapes" not in pop.attr:
+        return
+    if leaf in fw.args:
+        recorded = fw.function.arg_attr[fw.args.index(leaf)].attr.get("_output_shapes")
+        shape = recorded.list.shape[0] if recorded is not None and recorded.list.shape \
+            else None
+    else:
+        name, _, index = (leaf.split(":") + ["output", "0"])[:3]
+        recorded = fw.nodes[name].attr.get("_output_shapes")
+        outputs = recorded.list.shape if recorded is not None else []
+        shape = outputs[int(index)] if len(outputs) == 1 or int(index) < len(outputs) \
+            and _single_output_arg(fw.nodes[name]) else None
+    if shape is None:
+        del pop.attr["_output_shapes"]
+    else:
+        pop.attr["_output_shapes"].list.shape[1].CopyFrom(shape)
+
+
+def _single_output_arg(node) -> bool:
+    """Whether `node`'s outputs are one argument's (so `name:arg:k` is output k)."""
+    definition = ops.op_def(node.op)
+    return definition is not None and len(definition.output_arg) == 1
+
+
+def _list_of(scope: _Scope, loop, k: int):
+    """The `EmptyTensorList` that starts loop var `k` of `loop`, when only the loop reads it."""
+    name, port = scope.split(_data(loop)[k])
+    node = scope.nodes.get(name)
+    if node is None or node.op != "EmptyTensorList" or scope.readers(name, port) != 1:
+        return None
+    return node
+
+
+def _open_shape(scope: _Scope, node) -> bool:
+    """Points `node`'s element shape (input 0 of an empty list, 1 of a pop) at an unknown
+    shape, so the list takes any element; False where `node` is None."""
+    if node is None:
+        return False
+    index = 1 if node.op == POP else 0
+    name = f"{PREFIX}{node.name}/element_shape"
+    const = node_def_pb2.NodeDef(name=name, op="Const")
+    const.attr["dtype"].type = types_pb2.DT_INT32
+    const.attr["value"].tensor.CopyFrom(tensor_util.make_tensor_proto(-1, types_pb2.DT_INT32))
+    scope.container.append(const)
+    scope.nodes[name] = const
+    node.input[index] = name if scope.function is None else f"{name}:output:0"
+    return True
+
+
+def _remove(scope: _Scope, name: str) -> None:
+    nodes = scope.container
+    for i, node in enumerate(nodes):
+        if node.name == name:
+            del nodes[i]
+            break
+    del scope.nodes[name]
+
+
+def _drop_unread(scope: _Scope, names: set[str]) -> None:
+    """Removes the constants of `names` nothing reads any more (a removed pop's shape)."""
+    read = {t.lstrip("^").split(":")[0] for n in scope.container for t in n.input}
+    read |= {t.split(":")[0] for t in scope.function.ret.values()}
+    for name in sorted(names - read):
+        if name in scope.nodes and scope.nodes[name].op == "Const":
+            _remove(scope, name)
+
+
+def _data(node) -> list[str]:
+    return [i for i in node.input if not i.startswith("^")]

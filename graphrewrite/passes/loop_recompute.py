@@ -1,0 +1,62 @@
+"""Loop recompute pass: a recurrent layer's gradient loop computes its step's values again.
+
+Each forward `While` whose lists a gradient `While` pops is tried in turn (`loop_copy`); a try
+is kept where the step as TensorFlow runs it (after Grappler, with the calls' loops:
+`analysis.as_run`) needs less memory. It runs before `rerun`, whose second forward pass then
+pushes only the values kept.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from ..analysis.step import Analysis
+from ..core.graph import Graph
+from . import loop_copy
+from .base import PassOptions, PassResult
+from .rerun import GAIN, peak_as_run
+
+__all__ = ["LoopRecomputeOptions", "LoopRecomputeResult", "run"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LoopRecomputeOptions(PassOptions):
+    pass
+
+
+@dataclass
+class LoopRecomputeResult(PassResult):
+    recomputed_loops: list[str] = field(default_factory=list)  # forward loops, fewer pushes
+    loop_lists_freed: int = 0   # per-iteration lists their forward bodies no longer push
+    loop_nodes_copied: int = 0  # forward nodes copied into gradient bodies
+
+
+def run(graph: Graph, analysis: Analysis, options: LoopRecomputeOptions, model=None):
+    """Recompute in each gradient loop the values whose recomputation lowers the step's peak
+    as run."""
+    graph_def = graph.to_graph_def()
+    pairs = loop_copy.pairs(graph_def) if graph_def.library.function else []
+    if not pairs or model is None:
+        return LoopRecomputeResult(graph, False)
+    best = peak_as_run(model, graph, analysis)
+    kept, freed, copied = [], 0, 0
+    for pair in pairs:
+        trial = loop_copy.recompute(graph_def, pair)
+        if trial is None:
+            log.info("loop %s: no value its gradient loop pops can be recomputed", pair.name())
+            continue
+        peak = peak_as_run(model, Graph.from_graph_def(trial[0]), analysis)
+        log.info("loop %s: %d lists recomputed (%d nodes copied): modelled peak as run "
+                 "%s -> %s", pair.name(), *trial[1], best, peak)
+        if best and peak is not None and peak < best * (1 - GAIN):
+            graph_def, best = trial[0], peak
+            kept.append(pair.name())
+            freed, copied = freed + trial[1][0], copied + trial[1][1]
+    if not kept:
+        return LoopRecomputeResult(graph, False, note="no gradient loop computing its step's "
+                                   "values again lowers the step's peak as run")
+    return LoopRecomputeResult(Graph.from_graph_def(graph_def), True, recomputed_loops=kept,
+                               loop_lists_freed=freed, loop_nodes_copied=copied)

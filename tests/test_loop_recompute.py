@@ -1,0 +1,75 @@
+"""A recurrent loop's step values computed again in its gradient loop (`loop_recompute`)."""
+
+import pytest
+import tensorflow as tf
+
+from graphrewrite.core import io, ops
+from graphrewrite.core.names import LOOP_PREFIX
+from graphrewrite.execution import verify
+from graphrewrite.passes import loop_copy
+from graphrewrite.passes.loop_recompute import LoopRecomputeResult
+from graphrewrite.pipeline import run as pipeline
+
+STEPS, BATCH, UNITS = 24, 16, 64
+
+
+def _export(path, noise: bool) -> None:
+    """A TF1 graph (control flow v2: a functional While) of a hand-written tanh RNN whose
+    variables are read inside the loop; with `noise`, each step's pre-activation is scaled by a
+    random draw (a dropout-like stateful op the gradient loop must not run again)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.set_random_seed(3)
+        x = tf.compat.v1.placeholder(tf.float32, [STEPS, BATCH, 32], name="x")
+        w = tf.compat.v1.get_variable("w", [32, UNITS])
+        u = tf.compat.v1.get_variable("u", [UNITS, UNITS])
+        b = tf.compat.v1.get_variable("b", [UNITS], initializer=tf.compat.v1.ones_initializer())
+
+        def body(t, h):
+            z = tf.matmul(tf.gather(x, t), w) + tf.matmul(h, u) + b
+            if noise:
+                z = z * tf.random.uniform([BATCH, UNITS], 0.5, 1.5)
+            return t + 1, tf.tanh(z) * tf.sigmoid(z + 1.0)
+
+        # One iteration at a time: iterations racing for the generator would draw in any order.
+        _, h = tf.while_loop(lambda t, h: t < STEPS, body, [0, tf.zeros([BATCH, UNITS])],
+                             parallel_iterations=1 if noise else 10)
+        loss = tf.reduce_mean(tf.square(h))
+        tf.compat.v1.train.AdamOptimizer(0.01).minimize(loss)
+        tf.compat.v1.train.export_meta_graph(filename=str(path),
+                                             saver_def=tf.compat.v1.train.Saver().as_saver_def())
+
+
+def _copied_ops(graph) -> list[str]:
+    return [n.op for f in graph.shell.library.function for n in f.node_def
+            if n.name.startswith(LOOP_PREFIX)]
+
+
+@pytest.mark.tf
+@pytest.mark.parametrize("noise", [False, True])
+def test_the_gradient_loop_computes_the_step_again_bitwise(tmp_path, noise):
+    path, out = tmp_path / "rnn.meta", tmp_path / "rnn_opt.meta"
+    _export(path, noise)
+    model = io.load(path)
+    assert len(loop_copy.pairs(model.graph.to_graph_def())) == 1
+    result = pipeline.optimize(model, "memory")
+    loops = result.of(LoopRecomputeResult)
+    assert loops.recomputed_loops and loops.loop_lists_freed >= 2, loops.note
+    copied = _copied_ops(result.graph)
+    assert "MatMul" in copied and "Tanh" in copied
+    assert not [op for op in copied if ops.is_stateful(op) or "Random" in op]
+    before, after, model_kind = result.predicted_peaks
+    assert model_kind == "as_run" and after < before
+    io.save(model, result.graph, out)
+    outcome = verify.verify(io.load(path), io.load(out), verify.VerifyOptions(runs=0),
+                            isolated=False)
+    assert outcome.match, outcome.to_json()["mismatched"][:5]
+    assert outcome.to_json()["variables_compared"] == 11  # w, u, b, Adam's slots and powers
+
+
+def test_a_loop_without_a_gradient_loop_is_no_pair():
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [4, 8])
+        tf.while_loop(lambda t, h: t < 3, lambda t, h: (t + 1, tf.tanh(h)), [0, x])
+    assert loop_copy.pairs(graph.as_graph_def()) == []
