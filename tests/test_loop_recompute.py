@@ -58,6 +58,14 @@ def test_the_gradient_loop_computes_the_step_again_bitwise(tmp_path, noise):
     copied = _copied_ops(result.graph)
     assert "MatMul" in copied and "Tanh" in copied
     assert not [op for op in copied if ops.is_stateful(op) or "Random" in op]
+    # The copies reading popped values wait for the gradient of the iteration before, or the
+    # executor runs them up to parallel_iterations ahead and holds what they compute.
+    body = next(f for f in result.graph.shell.library.function
+                if any(n.name.startswith(LOOP_PREFIX) for n in f.node_def))
+    ready = "^" + LOOP_PREFIX + "gradient_ready"
+    first = [n for n in body.node_def if n.name.startswith(LOOP_PREFIX) and n.input
+             and n.op != "IdentityN" and not any(i.startswith(LOOP_PREFIX) for i in n.input)]
+    assert first and all(ready in n.input for n in first)
     before, after, model_kind = result.predicted_peaks
     assert model_kind == "as_run" and after < before
     io.save(model, result.graph, out)

@@ -67,9 +67,10 @@ def why_so_little(ctx: Context, report) -> str:
         BACKWARD: "the backward pass's own values hold it (e.g. the logits' gradient): no "
                   "checkpoint choice changes them",
         CALLS: "values inside while loops and function calls hold it (an RNN's per-step "
-               "values); a loop is never copied in part, only a stacked RNN's earlier layers "
-               "run again whole (the rerun pass of --mode memory), and variant tensors are "
-               "never swapped",
+               "values); --mode memory computes a step's values again in its gradient loop "
+               "where that lowers the peak (loop_recompute: a functional While's; a v1 loop's "
+               "are kept) and runs a stacked RNN's earlier layers again whole (rerun); "
+               "variant tensors are never swapped",
     }[top]
     return f"at the modelled peak ({shares}) {advice}"
 

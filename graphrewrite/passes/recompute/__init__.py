@@ -184,7 +184,8 @@ def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None)
     automatic = options.policy in ("memory", "speed")  # hints and selectors are obeyed as given
     unchanged = RecomputeResult(graph, False, note=(
         f"no checkpoint choice lowers the modelled peak by {search.MIN_GAIN:.0%} or more: "
-        "nothing recomputed; " + why_so_little(ctx, analysis.memory)), pinned=pinned)
+        "nothing recomputed between checkpoints; " + why_so_little(ctx, analysis.memory)),
+        pinned=pinned)
     if automatic and best.peak > analysis.memory.peak() * (1 - search.MIN_GAIN):
         return unchanged
     final = finish(ctx, best)
