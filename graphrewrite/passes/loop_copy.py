@@ -244,7 +244,9 @@ def recompute(graph_def: graph_pb2.GraphDef, pair: Pair):
         copy.name = PREFIX + name
         del copy.input[:]
         copy.input.extend(mapped(t) for t in fw.nodes[name].input if not t.startswith("^"))
-        if copy.input and ready and not any(t.startswith(PREFIX) for t in copy.input):
+        if ready and copy.op != "Const" and not any(  # the first copies on each path wait
+                t.startswith(PREFIX) and fw.nodes[t[len(PREFIX):].split(":")[0]].op != "Const"
+                for t in copy.input):
             copy.input.append("^" + ready)
         fg.function.node_def.append(copy)
     carrier_keys = {e[0] for e in carriers.values()}
