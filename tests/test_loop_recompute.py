@@ -6,18 +6,28 @@ import tensorflow as tf
 from graphrewrite.core import io, ops
 from graphrewrite.core.names import LOOP_PREFIX
 from graphrewrite.execution import verify
-from graphrewrite.passes import loop_copy
+from graphrewrite.passes import loop_copy, loop_copy_v1
 from graphrewrite.passes.loop_recompute import LoopRecomputeResult
 from graphrewrite.pipeline import run as pipeline
 
 STEPS, BATCH, UNITS = 24, 16, 64
 
 
-def _export(path, noise: bool) -> None:
-    """A TF1 graph (control flow v2: a functional While) of a hand-written tanh RNN whose
-    variables are read inside the loop; with `noise`, each step's pre-activation is scaled by a
-    random draw (a dropout-like stateful op the gradient loop must not run again)."""
+def _export(path, noise: bool, control_flow: str) -> None:
+    """A TF1 graph of a hand-written tanh RNN whose variables are read inside the loop: with
+    control flow v2 a functional While, with v1 loop frames; with `noise`, each step's
+    pre-activation is scaled by a random draw (a dropout-like stateful op the gradient loop
+    must not run again)."""
     graph = tf.Graph()
+    if control_flow == "v1":
+        tf.compat.v1.disable_control_flow_v2()
+    try:
+        _build(graph, path, noise)
+    finally:
+        tf.compat.v1.enable_control_flow_v2()
+
+
+def _build(graph, path, noise: bool) -> None:
     with graph.as_default():
         tf.compat.v1.set_random_seed(3)
         x = tf.compat.v1.placeholder(tf.float32, [STEPS, BATCH, 32], name="x")
@@ -40,33 +50,38 @@ def _export(path, noise: bool) -> None:
                                              saver_def=tf.compat.v1.train.Saver().as_saver_def())
 
 
-def _copied_ops(graph) -> list[str]:
-    return [n.op for f in graph.shell.library.function for n in f.node_def
-            if n.name.startswith(LOOP_PREFIX)]
+def _copies(graph) -> dict:
+    """The nodes loop_recompute added, by name: in loop bodies, or in a v1 loop's frame."""
+    graph_def = graph.to_graph_def()
+    nodes = [n for f in graph_def.library.function for n in f.node_def] + list(graph_def.node)
+    return {n.name: n for n in nodes if n.name.startswith(LOOP_PREFIX)}
 
 
 @pytest.mark.tf
-@pytest.mark.parametrize("noise", [False, True])
-def test_the_gradient_loop_computes_the_step_again_bitwise(tmp_path, noise):
+@pytest.mark.parametrize("control_flow,noise", [("v2", False), ("v2", True), ("v1", False)])
+def test_the_gradient_loop_computes_the_step_again_bitwise(tmp_path, control_flow, noise):
     path, out = tmp_path / "rnn.meta", tmp_path / "rnn_opt.meta"
-    _export(path, noise)
+    _export(path, noise, control_flow)
     model = io.load(path)
-    assert len(loop_copy.pairs(model.graph.to_graph_def())) == 1
+    graph_def = model.graph.to_graph_def()
+    assert len(loop_copy.pairs(graph_def) + loop_copy_v1.pairs(graph_def)) == 1
     result = pipeline.optimize(model, "memory")
     loops = result.of(LoopRecomputeResult)
     assert loops.recomputed_loops and loops.loop_lists_freed >= 2, loops.note
-    copied = _copied_ops(result.graph)
+    copies = _copies(result.graph)
+    copied = [n.op for n in copies.values()]
     assert "MatMul" in copied and "Tanh" in copied
-    assert not [op for op in copied if ops.is_stateful(op) or "Random" in op]
+    carriers = ("TensorListPopBack", "StackPopV2", "StackPushV2")  # renamed, not copied
+    assert not [op for op in copied if ops.is_stateful(op) and op not in carriers
+                or "Random" in op]
     # The copies reading popped values wait for the gradient of the iteration before, or the
     # executor runs them up to parallel_iterations ahead and holds what they compute.
-    body = next(f for f in result.graph.shell.library.function
-                if any(n.name.startswith(LOOP_PREFIX) for n in f.node_def))
+    first = [n for n in copies.values()  # not the gate, constants or carriers' renamed pops
+             if n.op not in ("IdentityN", "Const") + carriers
+             and not any(i.split(":")[0] in copies and copies[i.split(":")[0]].op != "Const"
+                         for i in n.input)]
     ready = "^" + LOOP_PREFIX + "gradient_ready"
-    copies = {n.name: n for n in body.node_def if n.name.startswith(LOOP_PREFIX)}
-    first = [n for n in copies.values() if n.op not in ("IdentityN", "Const") and not any(
-        i.split(":")[0] in copies and copies[i.split(":")[0]].op != "Const" for i in n.input)]
-    assert first and all(ready in n.input for n in first)
+    assert first and all(any(i.startswith(ready) for i in n.input) for n in first)
     before, after, model_kind = result.predicted_peaks
     assert model_kind == "as_run" and after < before
     io.save(model, result.graph, out)

@@ -6,7 +6,8 @@ pass that removes variables (diet's dropped optimizer slots) would leave such en
 that adds variables must list them, or `global_variables_initializer()` never initialises them.
 
 So when a graph goes back into its container (`Model.with_graph`): entries naming nodes that the
-original graph had and the new one does not are dropped, and a new variable node carrying a
+original graph had and the new one does not are dropped (from node lists, variable collections
+and v1 loop and cond contexts, whose values a v1 loop's rewrite may remove), and a new variable node carrying a
 serialized `VariableDef` in the attribute NEW_VARIABLE_ATTR is added to `variables`.
 Collections of untouched graphs are left exactly as they were.
 """
@@ -22,6 +23,9 @@ VARIABLE_COLLECTIONS = frozenset({
     "variables", "trainable_variables", "local_variables", "model_variables",
     "moving_average_variables", "global_step", "metric_variables"})
 GLOBAL_VARIABLES = "variables"
+# v1 control-flow contexts: collection -> message. Their values name the loop's and the cond's
+# tensors; `import_meta_graph` looks each one up.
+CONTEXTS = {"while_context": "WhileContextDef", "cond_context": "CondContextDef"}
 
 
 def _node(name: str) -> str:
@@ -44,6 +48,9 @@ def sync(meta_graph, old_graph, new_graph) -> None:
                 if len(kept) != len(collection.bytes_list.value):
                     del collection.bytes_list.value[:]
                     collection.bytes_list.value.extend(kept)
+            elif collection.HasField("bytes_list") and key in CONTEXTS:
+                collection.bytes_list.value[:] = [_context(CONTEXTS[key], v, gone)
+                                                  for v in collection.bytes_list.value]
     listed = {_node(_variable_def(v).variable_name)
               for v in meta_graph.collection_def[GLOBAL_VARIABLES].bytes_list.value} \
         if GLOBAL_VARIABLES in meta_graph.collection_def else set()
@@ -52,6 +59,26 @@ def sync(meta_graph, old_graph, new_graph) -> None:
         if NEW_VARIABLE_ATTR in attr and name not in listed and name not in old_graph:
             meta_graph.collection_def[GLOBAL_VARIABLES].bytes_list.value.append(
                 attr[NEW_VARIABLE_ATTR].s)
+
+
+def _context(kind: str, data: bytes, gone: set) -> bytes:
+    """A serialized v1 loop or cond context without the values of nodes in `gone`."""
+    from tensorflow.core.protobuf import control_flow_pb2
+
+    context = getattr(control_flow_pb2, kind).FromString(data)
+    _drop_values(context, gone)
+    return context.SerializeToString()
+
+
+def _drop_values(context, gone: set) -> None:
+    values = context.values_def
+    values.values[:] = [v for v in values.values if _node(v) not in gone]
+    for key in [k for k, v in values.external_values.items()
+                if _node(k) in gone or _node(v) in gone]:
+        del values.external_values[key]
+    for nested in getattr(context, "nested_contexts", []):
+        _drop_values(nested.cond_ctxt if nested.HasField("cond_ctxt") else nested.while_ctxt,
+                     gone)
 
 
 def _variable_def(data: bytes) -> variable_pb2.VariableDef:

@@ -142,9 +142,10 @@ class Pair:
     """A forward loop and the gradient loop popping its lists: (loop var of the gradient
     loop, loop var of the forward loop) per list."""
 
-    forward: tuple[str | None, str]   # (scope, node)
+    forward: tuple[str | None, str]   # (scope, node); a v1 loop's: (None, frame)
     gradient: tuple[str | None, str]
-    lists: list[tuple[int, int]] = field(default_factory=list)
+    lists: list = field(default_factory=list)  # a v1 loop's: (pop, push)
+    v1: bool = False  # stacks in v1 frames (`loop_copy_v1`), not lists of a functional While
 
     def name(self) -> str:
         return self.forward[1] if self.forward[0] is None else f"{self.forward[0]}/" \
@@ -221,7 +222,9 @@ def recompute(graph_def: graph_pb2.GraphDef, pair: Pair):
     redo, carriers, cone = chosen
     kept = {value: f"{pop.name}:tensor:0" for key, value, _, push, pop in entries
             if key not in redo}
-    carried = {leaf: f"{entry[4].name}:tensor:0" for leaf, entry in carriers.items()}
+    # A carrier's pop gets a new name: the model would read its old element's shape by name.
+    renamed = {entry[4].name: PREFIX + entry[4].name for entry in carriers.values()}
+    carried = {leaf: f"{renamed[entry[4].name]}:tensor:0" for leaf, entry in carriers.items()}
 
     def mapped(text: str) -> str:
         if text in kept:
@@ -238,6 +241,7 @@ def recompute(graph_def: graph_pb2.GraphDef, pair: Pair):
             if text in replaced:
                 node.input[i] = replaced[text]
     ready = _gradient_ready(fg)
+    computed = {PREFIX + name for name in cone if fw.nodes[name].op != "Const"}
     for name in cone:
         copy = node_def_pb2.NodeDef()
         copy.CopyFrom(fw.nodes[name])
@@ -245,8 +249,7 @@ def recompute(graph_def: graph_pb2.GraphDef, pair: Pair):
         del copy.input[:]
         copy.input.extend(mapped(t) for t in fw.nodes[name].input if not t.startswith("^"))
         if ready and copy.op != "Const" and not any(  # the first copies on each path wait
-                t.startswith(PREFIX) and fw.nodes[t[len(PREFIX):].split(":")[0]].op != "Const"
-                for t in copy.input):
+                t.split(":")[0] in computed for t in copy.input):
             copy.input.append("^" + ready)
         fg.function.node_def.append(copy)
     carrier_keys = {e[0] for e in carriers.values()}
@@ -266,6 +269,7 @@ def recompute(graph_def: graph_pb2.GraphDef, pair: Pair):
         orphans.add(pop.input[1].split(":")[0])
         if not (_open_shape(fg, pop) and _open_shape(w_scope, _list_of(w_scope, w_node, k))):
             return None
+    _rename(fg, renamed)
     _drop_unread(fg, orphans)
     return result, (len(redo), len(cone))
 
@@ -439,6 +443,20 @@ def _remove(scope: _Scope, name: str) -> None:
             del nodes[i]
             break
     del scope.nodes[name]
+
+
+def _rename(scope: _Scope, renamed: dict[str, str]) -> None:
+    """Renames nodes of a body, and every input and result naming them."""
+    def new(text: str) -> str:
+        name, sep, rest = text.lstrip("^").partition(":")
+        return "^" * text.startswith("^") + renamed.get(name, name) + sep + rest
+
+    for node in scope.container:
+        node.input[:] = [new(t) for t in node.input]
+        node.name = renamed.get(node.name, node.name)
+    for key, value in scope.function.ret.items():
+        scope.function.ret[key] = new(value)
+    scope.nodes = {n.name: n for n in scope.container}
 
 
 def _drop_unread(scope: _Scope, names: set[str]) -> None:

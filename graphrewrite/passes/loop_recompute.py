@@ -1,6 +1,7 @@
 """Loop recompute pass: a recurrent layer's gradient loop computes its step's values again.
 
-Each forward `While` whose lists a gradient `While` pops is tried in turn (`loop_copy`); a try
+Each forward `While` whose lists a gradient `While` pops (`loop_copy`), and each v1 forward frame
+whose stacks a gradient frame pops (`loop_copy_v1`), is tried in turn; a try
 is kept where the step as TensorFlow runs it (after Grappler, with the calls' loops:
 `analysis.as_run`) needs less memory. It runs before `rerun`, whose second forward pass then
 pushes only the values kept.
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 
 from ..analysis.step import Analysis
 from ..core.graph import Graph
-from . import loop_copy
+from . import loop_copy, loop_copy_v1
 from .base import PassOptions, PassResult
 from .rerun import GAIN, peak_as_run
 
@@ -38,13 +39,14 @@ def run(graph: Graph, analysis: Analysis, options: LoopRecomputeOptions, model=N
     """Recompute in each gradient loop the values whose recomputation lowers the step's peak
     as run."""
     graph_def = graph.to_graph_def()
-    pairs = loop_copy.pairs(graph_def) if graph_def.library.function else []
+    pairs = (loop_copy.pairs(graph_def) if graph_def.library.function else []) \
+        + loop_copy_v1.pairs(graph_def)
     if not pairs or model is None:
         return LoopRecomputeResult(graph, False)
     best = peak_as_run(model, graph, analysis)
     kept, freed, copied = [], 0, 0
     for pair in pairs:
-        trial = loop_copy.recompute(graph_def, pair)
+        trial = (loop_copy_v1 if pair.v1 else loop_copy).recompute(graph_def, pair)
         if trial is None:
             log.info("loop %s: no value its gradient loop pops can be recomputed", pair.name())
             continue

@@ -68,8 +68,8 @@ def why_so_little(ctx: Context, report) -> str:
                   "checkpoint choice changes them",
         CALLS: "values inside while loops and function calls hold it (an RNN's per-step "
                "values); --mode memory computes a step's values again in its gradient loop "
-               "where that lowers the peak (loop_recompute: a functional While's; a v1 loop's "
-               "are kept) and runs a stacked RNN's earlier layers again whole (rerun); "
+               "where that lowers the peak (loop_recompute) and runs a stacked RNN's earlier "
+               "layers again whole (rerun); "
                "variant tensors are never swapped",
     }[top]
     return f"at the modelled peak ({shares}) {advice}"
