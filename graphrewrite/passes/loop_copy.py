@@ -30,6 +30,7 @@ from tensorflow.python.framework import tensor_util
 
 from ..analysis.inline import CALL_OPS, LOOP_OPS
 from ..core import ops
+from ..core.errors import GraphError
 from ..core.names import LOOP_PREFIX as PREFIX
 from .rerun_copy import FUNCTIONAL, functions
 
@@ -271,6 +272,8 @@ def recompute(graph_def: graph_pb2.GraphDef, pair: Pair):
             return None
     _rename(fg, renamed)
     _drop_unread(fg, orphans)
+    for scope in (fw, fg):
+        _check(scope)
     return result, (len(redo), len(cone))
 
 
@@ -454,9 +457,19 @@ def _rename(scope: _Scope, renamed: dict[str, str]) -> None:
     for node in scope.container:
         node.input[:] = [new(t) for t in node.input]
         node.name = renamed.get(node.name, node.name)
-    for key, value in scope.function.ret.items():
+    for key, value in list(scope.function.ret.items()):  # not while writing to the map
         scope.function.ret[key] = new(value)
     scope.nodes = {n.name: n for n in scope.container}
+
+
+def _check(scope: _Scope) -> None:
+    """Raises GraphError (a bug of this module) where an input or result of a rewritten body
+    names no node or argument: TensorFlow would refuse the body, and the model would only
+    warn that Grappler could not run it."""
+    for text in [t for n in scope.container for t in n.input] + list(scope.function.ret.values()):
+        name = text.lstrip("^").split(":")[0]
+        if name not in scope.nodes and name not in scope.args:
+            raise GraphError(f"loop_copy left {text!r} in {scope.name} naming nothing")
 
 
 def _drop_unread(scope: _Scope, names: set[str]) -> None:
