@@ -64,6 +64,26 @@ def test_inspect_reports_control_flow():
     assert v2["control_flow"]["v1_loop_nodes"] == 0
 
 
+@pytest.mark.tf
+def test_inspect_sees_the_loops_of_called_functions(tmp_path):
+    import tensorflow as tf
+
+    @tf.function
+    def inner(x):
+        return tf.while_loop(lambda i, x: i < 3, lambda i, x: (i + 1, x * 2.0), [0, x])[1]
+
+    @tf.function(input_signature=[tf.TensorSpec([4], tf.float32)])
+    def step(x):
+        return inner(x)
+
+    path = tmp_path / "step.pb"
+    graph_def = step.get_concrete_function().graph.as_graph_def(add_shapes=True)
+    assert not {n.op for n in graph_def.node} & {"While", "StatelessWhile"}
+    path.write_bytes(graph_def.SerializeToString())
+    facts = json.loads(run_cli("inspect", "--json", str(path)).stdout)
+    assert set(facts["control_flow"]["functional"]) & {"While", "StatelessWhile"}
+
+
 def test_inspect_table_for_people():
     result = run_cli("inspect", fixture_path("rnn_while_v1"))
     assert result.exit_code == 0

@@ -32,7 +32,8 @@ def summarize(model: Model, outputs: list[str]) -> dict:
         "functions": len(graph.shell.library.function),
         "control_flow": {
             "v1_loop_nodes": sum(histogram[op] for op in V1_LOOP_OPS),
-            "functional": sorted(op for op in FUNCTIONAL_CONTROL_OPS if histogram[op]),
+            "functional": sorted(op for op in FUNCTIONAL_CONTROL_OPS if histogram[op] or op in {
+                n.op for f in graph.shell.library.function for n in f.node_def}),  # calls' too
         },
         "variables": sorted(parameters.variables(graph)),
         "warnings": list(model.warnings),
