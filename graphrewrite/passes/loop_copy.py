@@ -53,8 +53,6 @@ class _Scope:
         """(node, port) of a data input; the port read from `node:output:k` in a body (a
         loop's or a call's outputs: one list argument)."""
         parts = text.split(":")
-        if self.function is None:
-            return parts[0], int(parts[1]) if len(parts) > 1 else 0
         return parts[0], int(parts[-1]) if len(parts) > 1 else 0
 
     def copyable(self, text: str) -> bool:
@@ -149,8 +147,8 @@ class Pair:
     v1: bool = False  # stacks in v1 frames (`loop_copy_v1`), not lists of a functional While
 
     def name(self) -> str:
-        return self.forward[1] if self.forward[0] is None else f"{self.forward[0]}/" \
-            f"{self.forward[1]}"
+        scope, node = self.forward
+        return node if scope is None else f"{scope}/{node}"
 
 
 def pairs(graph_def: graph_pb2.GraphDef) -> list[Pair]:
@@ -337,8 +335,7 @@ def _cone(body, text: str, kept: set, cone: list, leaves: dict, owner) -> None:
     for source in body.nodes[name].input:
         if not source.startswith("^"):
             _cone(body, source, kept, cone, leaves, owner)
-    if name not in cone:
-        cone.append(name)
+    cone.append(name)  # after its inputs: the order runs
 
 
 def copyable_op(node) -> bool:
