@@ -4,7 +4,7 @@ import pytest
 import tensorflow as tf
 
 from graphrewrite.core import io, ops
-from graphrewrite.core.names import LOOP_PREFIX
+from graphrewrite.core.names import LOOP_PREFIX, LOOP_SUFFIX
 from graphrewrite.execution import verify
 from graphrewrite.passes import loop_copy, loop_copy_v1
 from graphrewrite.passes.loop_recompute import LoopRecomputeResult
@@ -13,21 +13,22 @@ from graphrewrite.pipeline import run as pipeline
 STEPS, BATCH, UNITS = 24, 16, 64
 
 
-def _export(path, noise: bool, control_flow: str) -> None:
+def _export(path, noise: bool, control_flow: str, peephole: bool = False) -> None:
     """A TF1 graph of a hand-written tanh RNN whose variables are read inside the loop: with
     control flow v2 a functional While, with v1 loop frames; with `noise`, each step's
     pre-activation is scaled by a random draw (a dropout-like stateful op the gradient loop
-    must not run again)."""
+    must not run again); with `peephole`, a broadcasting chain of products and sums (as a
+    peephole LSTM's `w_diag * c` and a layer norm's `(x - mean) * rsqrt(var) * gamma`)."""
     graph = tf.Graph()
     if control_flow == "v1":
         tf.compat.v1.disable_control_flow_v2()
     try:
-        _build(graph, path, noise)
+        _build(graph, path, noise, peephole)
     finally:
         tf.compat.v1.enable_control_flow_v2()
 
 
-def _build(graph, path, noise: bool) -> None:
+def _build(graph, path, noise: bool, peephole: bool) -> None:
     with graph.as_default():
         tf.compat.v1.set_random_seed(3)
         x = tf.compat.v1.placeholder(tf.float32, [STEPS, BATCH, 32], name="x")
@@ -36,7 +37,9 @@ def _build(graph, path, noise: bool) -> None:
         b = tf.compat.v1.get_variable("b", [UNITS], initializer=tf.compat.v1.ones_initializer())
 
         def body(t, h):
-            z = tf.matmul(tf.gather(x, t), w) + tf.matmul(h, u) + b
+            z = tf.nn.bias_add(tf.matmul(tf.gather(x, t), w) + tf.matmul(h, u), b)
+            if peephole:
+                z = (z + b * h) * tf.sigmoid(b) * (b + 2.0) + h * tf.reduce_mean(h, 1, True)
             if noise:
                 z = z * tf.random.uniform([BATCH, UNITS], 0.5, 1.5)
             return t + 1, tf.tanh(z) * tf.sigmoid(z + 1.0)
@@ -54,23 +57,31 @@ def _copies(graph) -> dict:
     """The nodes loop_recompute added, by name: in loop bodies, or in a v1 loop's frame."""
     graph_def = graph.to_graph_def()
     nodes = [n for f in graph_def.library.function for n in f.node_def] + list(graph_def.node)
-    return {n.name: n for n in nodes if n.name.startswith(LOOP_PREFIX)}
+    return {n.name: n for n in nodes
+            if n.name.startswith(LOOP_PREFIX) or n.name.endswith(LOOP_SUFFIX)}
 
 
 @pytest.mark.tf
-@pytest.mark.parametrize("control_flow,noise", [("v2", False), ("v2", True), ("v1", False)])
-def test_the_gradient_loop_computes_the_step_again_bitwise(tmp_path, control_flow, noise):
+@pytest.mark.parametrize("control_flow,noise,peephole", [
+    ("v2", False, False), ("v2", True, False), ("v1", False, False), ("v2", False, True),
+    ("v1", False, True)])
+def test_the_gradient_loop_computes_the_step_again_bitwise(tmp_path, control_flow, noise,
+                                                           peephole):
     path, out = tmp_path / "rnn.meta", tmp_path / "rnn_opt.meta"
-    _export(path, noise, control_flow)
+    _export(path, noise, control_flow, peephole)
     model = io.load(path)
     graph_def = model.graph.to_graph_def()
     assert len(loop_copy.pairs(graph_def) + loop_copy_v1.pairs(graph_def)) == 1
     result = pipeline.optimize(model, "memory")
     loops = result.of(LoopRecomputeResult)
+    if peephole:  # Grappler would regroup its broadcasting chains by other names: left alone
+        assert not loops.recomputed_loops and loops.note
+        return
     assert loops.recomputed_loops and loops.loop_lists_freed >= 2, loops.note
     copies = _copies(result.graph)
     copied = [n.op for n in copies.values()]
-    assert "MatMul" in copied and "Tanh" in copied
+    assert "MatMul" in copied and "Sigmoid" in copied
+
     carriers = ("TensorListPopBack", "StackPopV2", "StackPushV2")  # renamed, not copied
     assert not [op for op in copied if ops.is_stateful(op) and op not in carriers
                 or "Random" in op]

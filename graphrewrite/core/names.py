@@ -1,7 +1,7 @@
 """Name prefixes and suffixes of the nodes graphrewrite adds, and the attributes it marks nodes
 with, so every module recognises them the same way."""
 
-__all__ = ["TRIGGER_PREFIX", "PAD_PREFIX", "LOOP_PREFIX", "COPY_SUFFIX", "AHEAD_SUFFIX", "SWAP_OUT_SUFFIX",
+__all__ = ["TRIGGER_PREFIX", "PAD_PREFIX", "LOOP_PREFIX", "LOOP_SUFFIX", "COPY_SUFFIX", "AHEAD_SUFFIX", "SWAP_OUT_SUFFIX",
            "SWAP_IN_SUFFIX", "ACCUMULATE_SUFFIX", "ACCUMULATE_GUARD_SUFFIX", "DIET_ATTR",
            "SLOT_OF_ATTR", "copied_from"]
 
@@ -21,6 +21,7 @@ SWAP_OUT_SUFFIX = "-graphrewrite_swap_out"           # a copy of an activation i
 SWAP_IN_SUFFIX = "-graphrewrite_swap_in"             # the copy back, just before backward reads it
 ACCUMULATE_SUFFIX = "-graphrewrite_accumulate"      # a link of a running sum replacing an AddN
 ACCUMULATE_GUARD_SUFFIX = "-graphrewrite_accumulate_guard"  # keeps Grappler from refolding it
+LOOP_SUFFIX = "-graphrewrite_loop"  # a copy in a gradient loop standing for the pop it replaces
 
 # Attributes the diet pass sets on what it rewrote (read back by `analysis.state`, `verify`, the
 # TF2 API's binding).

@@ -32,12 +32,16 @@ from ..analysis.inline import CALL_OPS, LOOP_OPS
 from ..core import ops
 from ..core.errors import GraphError
 from ..core.names import LOOP_PREFIX as PREFIX
+from ..core.names import LOOP_SUFFIX
 from .rerun_copy import FUNCTIONAL, functions
 
-__all__ = ["MAX_COPIES", "Pair", "pairs", "recompute", "choose", "copyable_op", "output_type"]
+__all__ = ["MAX_COPIES", "Pair", "pairs", "recompute", "choose", "copyable_op", "output_type",
+           "regroupable", "recorded_shape", "reader_counts", "pad", "copy_names",
+           "broadcasts"]
 
 MAX_COPIES = 200  # nodes copied into one gradient body at most
 PUSH, POP = "TensorListPushBack", "TensorListPopBack"
+ASSOCIATIVE = ("Mul", "Add", "AddV2")
 FLOATS = (types_pb2.DT_FLOAT, types_pb2.DT_HALF, types_pb2.DT_BFLOAT16, types_pb2.DT_DOUBLE)
 
 
@@ -60,7 +64,15 @@ class _Scope:
         if text in self.args:
             return False
         node = self.nodes.get(text.split(":")[0])
-        return node is not None and copyable_op(node)
+        return node is not None and copyable_op(node) and not regroupable(node, self.shape)
+
+    def shape(self, text: str):
+        """The recorded shape (`_output_shapes`) of value `text`, or None."""
+        if text in self.args:
+            recorded = self.function.arg_attr[self.args.index(text)].attr.get("_output_shapes")
+            return _dims(recorded.list.shape[0]) if recorded and recorded.list.shape else None
+        name, _, port = (text.split(":") + ["", "0"])[:3]
+        return recorded_shape(self.nodes.get(name), int(port))
 
     def invariant(self, text: str) -> bool:
         """Whether `text` is the same in every iteration (made from arguments the body passes
@@ -208,7 +220,7 @@ def recompute(graph_def: graph_pb2.GraphDef, pair: Pair):
     w_scope, g_scope = view.scopes[pair.forward[0]], view.scopes[pair.gradient[0]]
     w_node, g_node = w_scope.nodes[pair.forward[1]], g_scope.nodes[pair.gradient[1]]
     fw, fg = view.scopes[w_node.attr["body"].func.name], view.scopes[g_node.attr["body"].func.name]
-    if not (view.once(fw.name) and view.once(fg.name)):
+    if not (view.once(fw.name) and view.once(fg.name)) or broadcasts(fw) or broadcasts(fg):
         return None
     entries = []  # ((j, k), pushed value in fw, its type, its push, its pop in fg)
     for j, k in pair.lists:
@@ -225,14 +237,19 @@ def recompute(graph_def: graph_pb2.GraphDef, pair: Pair):
     renamed = {entry[4].name: PREFIX + entry[4].name for entry in carriers.values()}
     carried = {leaf: f"{renamed[entry[4].name]}:tensor:0" for leaf, entry in carriers.items()}
 
+    by_loop_var = {e[0]: e for e in entries}
+    copy_of = copy_names(cone, [(by_loop_var[key][1], by_loop_var[key][4].name)
+                                for key in sorted(redo)])
+
     def mapped(text: str) -> str:
         if text in kept:
             return kept[text]
         if text in carried:
             return carried[text]
-        return PREFIX + text
+        name, sep, rest = text.partition(":")
+        return copy_of[name] + sep + rest
 
-    by_loop_var = {e[0]: e for e in entries}
+    before = reader_counts(fw.container, fw.function.ret.values())
     replaced = {f"{by_loop_var[key][4].name}:tensor:0": mapped(by_loop_var[key][1])
                 for key in redo}
     for node in fg.nodes.values():
@@ -240,11 +257,11 @@ def recompute(graph_def: graph_pb2.GraphDef, pair: Pair):
             if text in replaced:
                 node.input[i] = replaced[text]
     ready = _gradient_ready(fg)
-    computed = {PREFIX + name for name in cone if fw.nodes[name].op != "Const"}
+    computed = {copy_of[name] for name in cone if fw.nodes[name].op != "Const"}
     for name in cone:
         copy = node_def_pb2.NodeDef()
         copy.CopyFrom(fw.nodes[name])
-        copy.name = PREFIX + name
+        copy.name = copy_of[name]
         del copy.input[:]
         copy.input.extend(mapped(t) for t in fw.nodes[name].input if not t.startswith("^"))
         if ready and copy.op != "Const" and not any(  # the first copies on each path wait
@@ -268,7 +285,20 @@ def recompute(graph_def: graph_pb2.GraphDef, pair: Pair):
         orphans.add(pop.input[1].split(":")[0])
         if not (_open_shape(fg, pop) and _open_shape(w_scope, _list_of(w_scope, w_node, k))):
             return None
+    values = {by_loop_var[key][1] for key in redo}
+    for k, value in enumerate(sorted(values)):  # each lost its push
+        pad(fw.container, f"{PREFIX}pad/{k}", value, fw.dtype(value))
+    after = reader_counts(fg.container, fg.function.ret.values())
+    for name in cone:  # a copy has at least as many readers as its original (2 at most)
+        roots = [v for v in values if v.split(":")[0] == name]
+        want = 2 if roots else min(2, before.get(name, 0))
+        if fw.nodes[name].op != "Const" and after.get(copy_of[name], 0) < want:
+            value = roots[0] if roots else next(
+                t for n in cone for t in fw.nodes[n].input if t.split(":")[0] == name)
+            pad(fg.container, f"{PREFIX}pad/{name}", mapped(value), fw.dtype(value))
     _rename(fg, renamed)
+    fg.nodes = {n.name: n for n in fg.container}
+    fw.nodes = {n.name: n for n in fw.container}
     _drop_unread(fg, orphans)
     for scope in (fw, fg):
         _check(scope)
@@ -336,6 +366,91 @@ def _cone(body, text: str, kept: set, cone: list, leaves: dict, owner) -> None:
         if not source.startswith("^"):
             _cone(body, source, kept, cone, leaves, owner)
     cone.append(name)  # after its inputs: the order runs
+
+
+def copy_names(cone: list[str], roots: list[tuple[str, str]]) -> dict[str, str]:
+    """Forward node -> the name of its copy in the gradient loop. A copy whose value replaces
+    a pop is named after the pop plus `LOOP_SUFFIX`, so it sorts against the other operands of
+    its readers as the pop did (Grappler orders a commutative chain's operands by name before it
+    regroups it: issue 14); the others under `LOOP_PREFIX`."""
+    names = {name: PREFIX + name for name in cone}
+    for value, pop in roots:  # (value pushed, its pop)
+        name = value.split(":")[0]
+        if names.get(name, "").startswith(PREFIX):
+            names[name] = pop + LOOP_SUFFIX
+    return names
+
+
+def broadcasts(body) -> bool:
+    """Whether a body holds a chain of sums or of products (a link read only by the next, not
+    counting pushes), one of operands of other or unknown shapes. Grappler regroups such chains
+    by their operands' names and readers, which the rewrite changes on both sides of the loop:
+    a peephole LSTM and a layer-norm LSTM rounded otherwise, even with their copies named and
+    read as the originals. Such loops are left alone; a lone broadcast (LSTMCell's
+    `f + forget_bias`) is no chain."""
+    readers: dict = {}  # without pushes: the rewrite removes them
+    for node in body.container:
+        for text in node.input if node.op not in (PUSH, "StackPushV2") else ():
+            if not text.startswith("^"):
+                readers.setdefault(text.split(":")[0], []).append(node)
+
+    def family(node):
+        return "Add" if node.op in ("Add", "AddV2") else node.op
+
+    def linked(a, b) -> bool:  # a's only reader is b, of its family
+        return len(readers.get(a.name, [])) == 1 and readers[a.name][0].name == b.name \
+            and family(a) == family(b)
+
+    for node in body.container:
+        if node.op == "AddN" or not regroupable(node, body.shape):
+            continue
+        sources = [body.nodes.get(t.split(":")[0]) for t in node.input if not t.startswith("^")]
+        if any(s is not None and linked(s, node) for s in sources) or any(
+                linked(node, r) for r in readers.get(node.name, [])):
+            return True
+    return False
+
+
+def regroupable(node, shape_of) -> bool:
+    """Whether Grappler's arithmetic optimizer may regroup `node` with its neighbours by their
+    names: an `AddN` (its terms sorted), or a sum or product of operands of other shapes
+    (MinimizeBroadcasts, or of unknown ones). A copy is named otherwise than its original, so
+    it would round otherwise (a peephole LSTM's `w_diag * c`, a layer norm's products)."""
+    if node.op == "AddN":
+        return True
+    if node.op not in ASSOCIATIVE:
+        return False
+    shapes = [shape_of(t) for t in node.input if not t.startswith("^")]
+    return None in shapes or len(set(shapes)) > 1
+
+
+def recorded_shape(node, port: int):
+    recorded = node.attr.get("_output_shapes") if node is not None else None
+    if recorded is None or port >= len(recorded.list.shape):
+        return None
+    return _dims(recorded.list.shape[port])
+
+
+def _dims(shape):
+    return None if shape.unknown_rank else tuple(d.size for d in shape.dim)
+
+
+def reader_counts(nodes, extra=()) -> dict:
+    """Data inputs (and `extra` texts: a body's results) reading each node, by name."""
+    counts: dict = {}
+    for text in [t for n in nodes for t in n.input if not t.startswith("^")] + list(extra):
+        name = text.split(":")[0]
+        counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def pad(container, name: str, text: str, dtype: int) -> None:
+    """A reader of `text` nothing reads, which Grappler keeps (`_grappler_do_not_remove`): the
+    readers Grappler counts stay as they were (a link of a sum or product chain it regroups
+    must have one reader; a value whose push went would become one)."""
+    node = container.add(name=name, op="IdentityN", input=[text])
+    node.attr["T"].list.type.append(dtype)
+    node.attr["_grappler_do_not_remove"].b = True
 
 
 def copyable_op(node) -> bool:

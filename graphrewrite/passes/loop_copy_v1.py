@@ -18,7 +18,8 @@ from tensorflow.core.framework import graph_pb2, node_def_pb2
 from ..analysis.loops import ENTER, MERGE, frame_of
 from ..core.graph import Graph
 from ..core.names import LOOP_PREFIX as PREFIX
-from .loop_copy import FLOATS, Pair, choose, copyable_op, output_type
+from .loop_copy import (FLOATS, Pair, broadcasts, choose, copy_names, copyable_op, output_type,
+                        pad, reader_counts, recorded_shape, regroupable)
 
 __all__ = ["pairs", "recompute"]
 
@@ -30,6 +31,7 @@ class _Frame:
 
     def __init__(self, nodes: dict, frames: dict, frame: str):
         self.nodes, self.frames, self.frame = nodes, frames, frame
+        self.container = [n for name, n in nodes.items() if frames.get(name) == frame]
 
     def _node(self, text: str):
         name = text.lstrip("^").split(":")[0]
@@ -38,8 +40,13 @@ class _Frame:
     def copyable(self, text: str) -> bool:
         """A stateless kernel of the forward frame, not its loop variables' `Identity`s."""
         node = self._node(text)
-        return node is not None and copyable_op(node) and not (
-            node.op == "Identity" and self.nodes[node.input[0].split(":")[0]].op == "Switch")
+        return node is not None and copyable_op(node) and not regroupable(node, self.shape) \
+            and not (node.op == "Identity"
+                     and self.nodes[node.input[0].split(":")[0]].op == "Switch")
+
+    def shape(self, text: str):
+        name, _, port = text.partition(":")
+        return recorded_shape(self.nodes.get(name), int(port or 0))
 
     def invariant(self, text: str) -> bool:
         node = self._node(text)
@@ -86,6 +93,9 @@ def recompute(graph_def: graph_pb2.GraphDef, pair: Pair):
     nodes = {n.name: n for n in result.node}
     frames = frame_of(Graph.from_graph_def(result))
     body = _Frame(nodes, frames, pair.forward[1])
+    if any(broadcasts(_Frame(nodes, frames, frame)) for frame in (pair.forward[1],
+                                                                  pair.gradient[1])):
+        return None
     entries = []
     for pop, push in pair.lists:
         stack = nodes[_stack(nodes, nodes[push].input[0])]
@@ -105,10 +115,14 @@ def recompute(graph_def: graph_pb2.GraphDef, pair: Pair):
     if anchor is None:
         return None
 
-    def mapped(text: str) -> str:
-        return kept.get(text) or carried.get(text) or PREFIX + text
-
     by_pop = {e[0]: e for e in entries}
+    copy_of = copy_names(cone, [(by_pop[key][1], key) for key in sorted(redo)])
+
+    def mapped(text: str) -> str:
+        name, sep, rest = text.partition(":")
+        return kept.get(text) or carried.get(text) or copy_of[name] + sep + rest
+
+    before = reader_counts(result.node)
     replaced = {}
     for key in redo:
         replaced[key] = replaced[key + ":0"] = mapped(by_pop[key][1])
@@ -117,11 +131,11 @@ def recompute(graph_def: graph_pb2.GraphDef, pair: Pair):
             if text in replaced:
                 node.input[i] = replaced[text]
     ready = _gradient_ready(result, nodes, frames, pair.gradient[1])
-    computed = {PREFIX + name for name in cone if nodes[name].op != "Const"}
+    computed = {copy_of[name] for name in cone if nodes[name].op != "Const"}
     for name in cone:
         copy = node_def_pb2.NodeDef()
         copy.CopyFrom(nodes[name])
-        copy.name = PREFIX + name
+        copy.name = copy_of[name]
         del copy.input[:]
         copy.input.extend(mapped(t) for t in _data(nodes[name]))
         if copy.op == "Const":
@@ -137,6 +151,17 @@ def recompute(graph_def: graph_pb2.GraphDef, pair: Pair):
         push.input[1] = leaf
         for node in (push, pop):  # their recorded element shape is the old value's
             node.attr.pop("_output_shapes", None)
+    values = {by_pop[key][1] for key in redo}
+    for k, value in enumerate(sorted(values)):  # each lost its push
+        pad(result.node, f"{PREFIX}pad/{pair.forward[1]}/{k}", value, body.dtype(value))
+    after = reader_counts(result.node)
+    for name in cone:  # a copy has at least as many readers as its original (2 at most)
+        roots = [v for v in values if v.split(":")[0] == name]
+        want = 2 if roots else min(2, before.get(name, 0))
+        if nodes[name].op != "Const" and after.get(copy_of[name], 0) < want:
+            value = roots[0] if roots else next(
+                t for n in cone for t in _data(nodes[n]) if t.split(":")[0] == name)
+            pad(result.node, f"{PREFIX}pad/{name}", mapped(value), body.dtype(value))
     for node in result.node:
         for i, text in enumerate(node.input):
             if text.lstrip("^") in renamed:
