@@ -35,11 +35,17 @@ from ..core.names import LOOP_PREFIX as PREFIX
 from ..core.names import LOOP_SUFFIX
 from .rerun_copy import FUNCTIONAL, functions
 
-__all__ = ["MAX_COPIES", "Pair", "pairs", "recompute", "choose", "copyable_op", "output_type",
-           "regroupable", "recorded_shape", "reader_counts", "pad", "copy_names",
+__all__ = ["MAX_COPIES", "REFUSED", "SHARED", "CHAINS", "NOTHING", "Pair", "pairs", "recompute", "choose", "copyable_op", "output_type",
+           "recorded_shape", "reader_counts", "pad", "copy_names",
            "broadcasts"]
 
 MAX_COPIES = 200  # nodes copied into one gradient body at most
+# Why a pair is left alone (`recompute`'s answer then).
+SHARED = "its bodies or lists are shared with other loops or calls"
+CHAINS = ("its body chains sums or products over operands of other shapes, which Grappler "
+          "regroups by operand names: a copy, named otherwise, would round otherwise")
+NOTHING = "no value it pops is made by stateless kernels from the others"
+REFUSED = (SHARED, CHAINS, NOTHING)
 PUSH, POP = "TensorListPushBack", "TensorListPopBack"
 ASSOCIATIVE = ("Mul", "Add", "AddV2")
 FLOATS = (types_pb2.DT_FLOAT, types_pb2.DT_HALF, types_pb2.DT_BFLOAT16, types_pb2.DT_DOUBLE)
@@ -64,7 +70,7 @@ class _Scope:
         if text in self.args:
             return False
         node = self.nodes.get(text.split(":")[0])
-        return node is not None and copyable_op(node) and not regroupable(node, self.shape)
+        return node is not None and copyable_op(node)
 
     def shape(self, text: str):
         """The recorded shape (`_output_shapes`) of value `text`, or None."""
@@ -213,15 +219,17 @@ def _push_of(body: _Scope, k: int):
 def recompute(graph_def: graph_pb2.GraphDef, pair: Pair):
     """A copy of `graph_def` whose gradient loop of `pair` computes again every value it pops
     that its forward body computes by stateless kernels from the values kept, and (count of
-    lists freed, count of nodes copied); None where nothing can be."""
+    lists freed, count of nodes copied); where nothing can be, the reason (one of `REFUSED`)."""
     result = graph_pb2.GraphDef()
     result.CopyFrom(graph_def)
     view = _View(result)
     w_scope, g_scope = view.scopes[pair.forward[0]], view.scopes[pair.gradient[0]]
     w_node, g_node = w_scope.nodes[pair.forward[1]], g_scope.nodes[pair.gradient[1]]
     fw, fg = view.scopes[w_node.attr["body"].func.name], view.scopes[g_node.attr["body"].func.name]
-    if not (view.once(fw.name) and view.once(fg.name)) or broadcasts(fw) or broadcasts(fg):
-        return None
+    if not (view.once(fw.name) and view.once(fg.name)):
+        return SHARED
+    if broadcasts(fw) or broadcasts(fg):
+        return CHAINS
     entries = []  # ((j, k), pushed value in fw, its type, its push, its pop in fg)
     for j, k in pair.lists:
         push, pop = _push_of(fw, k), _pop_of(fg, j)
@@ -229,7 +237,7 @@ def recompute(graph_def: graph_pb2.GraphDef, pair: Pair):
             entries.append(((j, k), push.input[1], push.attr["element_dtype"].type, push, pop))
     chosen = choose(fw, entries)
     if chosen is None:
-        return None
+        return NOTHING
     redo, carriers, cone = chosen
     kept = {value: f"{pop.name}:tensor:0" for key, value, _, push, pop in entries
             if key not in redo}
@@ -284,7 +292,7 @@ def recompute(graph_def: graph_pb2.GraphDef, pair: Pair):
         _record_element(fw, leaf, pop)
         orphans.add(pop.input[1].split(":")[0])
         if not (_open_shape(fg, pop) and _open_shape(w_scope, _list_of(w_scope, w_node, k))):
-            return None
+            return SHARED
     values = {by_loop_var[key][1] for key in redo}
     for k, value in enumerate(sorted(values)):  # each lost its push
         pad(fw.container, f"{PREFIX}pad/{k}", value, fw.dtype(value))
@@ -402,7 +410,7 @@ def broadcasts(body) -> bool:
             and family(a) == family(b)
 
     for node in body.container:
-        if node.op == "AddN" or not regroupable(node, body.shape):
+        if not _broadcasting(node, body.shape):
             continue
         sources = [body.nodes.get(t.split(":")[0]) for t in node.input if not t.startswith("^")]
         if any(s is not None and linked(s, node) for s in sources) or any(
@@ -411,13 +419,9 @@ def broadcasts(body) -> bool:
     return False
 
 
-def regroupable(node, shape_of) -> bool:
-    """Whether Grappler's arithmetic optimizer may regroup `node` with its neighbours by their
-    names: an `AddN` (its terms sorted), or a sum or product of operands of other shapes
-    (MinimizeBroadcasts, or of unknown ones). A copy is named otherwise than its original, so
-    it would round otherwise (a peephole LSTM's `w_diag * c`, a layer norm's products)."""
-    if node.op == "AddN":
-        return True
+def _broadcasting(node, shape_of) -> bool:
+    """A sum or product of operands of other (or unknown) shapes: what Grappler's
+    MinimizeBroadcasts regroups, by operand names, in a chain of them."""
     if node.op not in ASSOCIATIVE:
         return False
     shapes = [shape_of(t) for t in node.input if not t.startswith("^")]
@@ -454,8 +458,9 @@ def pad(container, name: str, text: str, dtype: int) -> None:
 
 
 def copyable_op(node) -> bool:
-    """Whether a node may run again elsewhere: a stateless kernel, no call, loop or list op."""
-    return node.op not in FUNCTIONAL and not functions(node) \
+    """Whether a node may run again elsewhere: a stateless kernel, no call, loop or list op,
+    no `AddN` (Grappler orders its terms by name, and a copy's are named otherwise)."""
+    return node.op not in FUNCTIONAL and not functions(node) and node.op != "AddN" \
         and not node.op.startswith(("TensorList", "TensorArray", "Stack")) \
         and not ops.is_stateful(node.op) and node.op not in ops.PLACEHOLDER_OPS \
         and node.op not in ops.V1_LOOP_OPS

@@ -18,8 +18,8 @@ from tensorflow.core.framework import graph_pb2, node_def_pb2
 from ..analysis.loops import ENTER, MERGE, frame_of
 from ..core.graph import Graph
 from ..core.names import LOOP_PREFIX as PREFIX
-from .loop_copy import (FLOATS, Pair, broadcasts, choose, copy_names, copyable_op, output_type,
-                        pad, reader_counts, recorded_shape, regroupable)
+from .loop_copy import (CHAINS, FLOATS, NOTHING, Pair, broadcasts, choose, copy_names, copyable_op, output_type,
+                        pad, reader_counts, recorded_shape)
 
 __all__ = ["pairs", "recompute"]
 
@@ -40,7 +40,7 @@ class _Frame:
     def copyable(self, text: str) -> bool:
         """A stateless kernel of the forward frame, not its loop variables' `Identity`s."""
         node = self._node(text)
-        return node is not None and copyable_op(node) and not regroupable(node, self.shape) \
+        return node is not None and copyable_op(node) \
             and not (node.op == "Identity"
                      and self.nodes[node.input[0].split(":")[0]].op == "Switch")
 
@@ -87,7 +87,7 @@ def pairs(graph_def: graph_pb2.GraphDef) -> list[Pair]:
 
 def recompute(graph_def: graph_pb2.GraphDef, pair: Pair):
     """`loop_copy.recompute` for a v1 pair: a copy of `graph_def` and (stacks freed, nodes
-    copied), or None."""
+    copied), or the reason it is left alone."""
     result = graph_pb2.GraphDef()
     result.CopyFrom(graph_def)
     nodes = {n.name: n for n in result.node}
@@ -95,7 +95,7 @@ def recompute(graph_def: graph_pb2.GraphDef, pair: Pair):
     body = _Frame(nodes, frames, pair.forward[1])
     if any(broadcasts(_Frame(nodes, frames, frame)) for frame in (pair.forward[1],
                                                                   pair.gradient[1])):
-        return None
+        return CHAINS
     entries = []
     for pop, push in pair.lists:
         stack = nodes[_stack(nodes, nodes[push].input[0])]
@@ -104,7 +104,7 @@ def recompute(graph_def: graph_pb2.GraphDef, pair: Pair):
                             nodes[push], nodes[pop]))
     chosen = choose(body, entries)
     if chosen is None:
-        return None
+        return NOTHING
     redo, carriers, cone = chosen
     kept = {value: pop.name for key, value, _, push, pop in entries if key not in redo}
     # A carrier's push and pop get new names: the model would read the old shapes by name.
@@ -113,7 +113,7 @@ def recompute(graph_def: graph_pb2.GraphDef, pair: Pair):
     carried = {leaf: renamed[entry[4].name] for leaf, entry in carriers.items()}
     anchor = next(iter(kept.values()), None) or next(iter(carried.values()), None)
     if anchor is None:
-        return None
+        return NOTHING
 
     by_pop = {e[0]: e for e in entries}
     copy_of = copy_names(cone, [(by_pop[key][1], key) for key in sorted(redo)])

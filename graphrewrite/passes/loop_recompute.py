@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from ..analysis.step import Analysis
 from ..core.graph import Graph
 from . import loop_copy, loop_copy_v1
-from .base import PassOptions, PassResult
+from .base import EXAMPLES, PassOptions, PassResult
 from .rerun import GAIN, peak_as_run
 
 __all__ = ["LoopRecomputeOptions", "LoopRecomputeResult", "run"]
@@ -44,11 +44,12 @@ def run(graph: Graph, analysis: Analysis, options: LoopRecomputeOptions, model=N
     if not pairs or model is None:
         return LoopRecomputeResult(graph, False)
     best = peak_as_run(model, graph, analysis)
-    kept, freed, copied = [], 0, 0
+    kept, freed, copied, refused = [], 0, 0, []
     for pair in pairs:
         trial = (loop_copy_v1 if pair.v1 else loop_copy).recompute(graph_def, pair)
-        if trial is None:
-            log.info("loop %s: no value its gradient loop pops can be recomputed", pair.name())
+        if isinstance(trial, str):
+            log.info("loop %s left alone: %s", pair.name(), trial)
+            refused.append(f"{pair.name()}: {trial}")
             continue
         peak = peak_as_run(model, Graph.from_graph_def(trial[0]), analysis)
         log.info("loop %s: %d lists recomputed (%d nodes copied): modelled peak as run "
@@ -58,7 +59,9 @@ def run(graph: Graph, analysis: Analysis, options: LoopRecomputeOptions, model=N
             kept.append(pair.name())
             freed, copied = freed + trial[1][0], copied + trial[1][1]
     if not kept:
-        return LoopRecomputeResult(graph, False, note="no gradient loop computing its step's "
-                                   "values again lowers the step's peak as run")
+        why = "; ".join(refused[:EXAMPLES]) if len(refused) == len(pairs) else \
+            "computing them again lowers no step's peak as run"
+        return LoopRecomputeResult(graph, False, note="no gradient loop computes its step's "
+                                   f"values again ({why})")
     return LoopRecomputeResult(Graph.from_graph_def(graph_def), True, recomputed_loops=kept,
                                loop_lists_freed=freed, loop_nodes_copied=copied)
