@@ -165,7 +165,8 @@ def test_optimize_memory_reports_and_explains(tmp_path):
     assert result.exit_code == 0, result.stderr
     facts = json.loads(result.stdout)
     assert facts["mode"] == "memory"
-    assert facts["pipeline"] == "inline loop_recompute rerun defer recompute(policy=memory) serialize"
+    assert facts["pipeline"] == ("inline loop_recompute rerun defer recompute(policy=memory) "
+                                 "serialize")
     assert facts["peak_bytes"]["after"] < facts["peak_bytes"]["before"]
     as_run = facts["peak_bytes_as_run"]  # after Grappler, as inspect models the graphs
     assert 0 < as_run["after"] < as_run["before"]

@@ -73,7 +73,8 @@ def test_command_line_options_become_pipeline_text():
         'inline recompute(policy=collection, checkpoints="op:Conv2D,scope:stem")')
     assert grammar.compose("memory", budget="60%", swap_checkpoints=True,
                             swap_options={"form": "grappler", "bandwidth": 8e9}) == (
-        "inline loop_recompute rerun defer recompute(policy=memory, budget=60%) serialize swap(form=grappler, "
+        "inline loop_recompute rerun defer recompute(policy=memory, budget=60%) serialize "
+        "swap(form=grappler, "
         "bandwidth=8000000000.0, "
         "budget=60%)")
     assert grammar.compose("none") == ""

@@ -7,8 +7,9 @@ that adds variables must list them, or `global_variables_initializer()` never in
 
 So when a graph goes back into its container (`Model.with_graph`): entries naming nodes that the
 original graph had and the new one does not are dropped (from node lists, variable collections
-and v1 loop and cond contexts, whose values a v1 loop's rewrite may remove), and a new variable node carrying a
-serialized `VariableDef` in the attribute NEW_VARIABLE_ATTR is added to `variables`.
+and v1 loop and cond contexts, whose values a v1 loop's rewrite may remove), and a new variable
+node carrying a serialized `VariableDef` in the attribute NEW_VARIABLE_ATTR is added to
+`variables`.
 Collections of untouched graphs are left exactly as they were.
 """
 

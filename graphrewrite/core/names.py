@@ -1,9 +1,9 @@
 """Name prefixes and suffixes of the nodes graphrewrite adds, and the attributes it marks nodes
 with, so every module recognises them the same way."""
 
-__all__ = ["TRIGGER_PREFIX", "PAD_PREFIX", "LOOP_PREFIX", "LOOP_SUFFIX", "COPY_SUFFIX", "AHEAD_SUFFIX", "SWAP_OUT_SUFFIX",
-           "SWAP_IN_SUFFIX", "ACCUMULATE_SUFFIX", "ACCUMULATE_GUARD_SUFFIX", "DIET_ATTR",
-           "SLOT_OF_ATTR", "copied_from"]
+__all__ = ["TRIGGER_PREFIX", "PAD_PREFIX", "LOOP_PREFIX", "LOOP_SUFFIX", "COPY_SUFFIX",
+           "AHEAD_SUFFIX", "SWAP_OUT_SUFFIX", "SWAP_IN_SUFFIX", "ACCUMULATE_SUFFIX",
+           "ACCUMULATE_GUARD_SUFFIX", "DIET_ATTR", "SLOT_OF_ATTR", "copied_from"]
 
 TRIGGER_PREFIX = "graphrewrite/recompute_trigger/"  # a NoOp gating a recomputed segment
 PAD_PREFIX = "graphrewrite/pad/"                    # an IdentityN keeping Grappler's reader counts

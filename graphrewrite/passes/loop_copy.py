@@ -35,9 +35,9 @@ from ..core.names import LOOP_PREFIX as PREFIX
 from ..core.names import LOOP_SUFFIX
 from .rerun_copy import FUNCTIONAL, functions
 
-__all__ = ["MAX_COPIES", "REFUSED", "SHARED", "CHAINS", "NOTHING", "Pair", "pairs", "recompute", "choose", "copyable_op", "output_type",
-           "recorded_shape", "reader_counts", "pad", "copy_names",
-           "broadcasts"]
+__all__ = ["MAX_COPIES", "REFUSED", "SHARED", "CHAINS", "NOTHING", "Pair", "pairs",
+           "recompute", "choose", "copyable_op", "output_type", "recorded_shape",
+           "reader_counts", "pad", "copy_names", "broadcasts"]
 
 MAX_COPIES = 200  # nodes copied into one gradient body at most
 # Why a pair is left alone (`recompute`'s answer then).

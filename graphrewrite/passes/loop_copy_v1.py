@@ -18,8 +18,8 @@ from tensorflow.core.framework import graph_pb2, node_def_pb2
 from ..analysis.loops import ENTER, MERGE, frame_of
 from ..core.graph import Graph
 from ..core.names import LOOP_PREFIX as PREFIX
-from .loop_copy import (CHAINS, FLOATS, NOTHING, Pair, broadcasts, choose, copy_names, copyable_op, output_type,
-                        pad, reader_counts, recorded_shape)
+from .loop_copy import (CHAINS, FLOATS, NOTHING, Pair, broadcasts, choose, copy_names,
+                        copyable_op, output_type, pad, reader_counts, recorded_shape)
 
 __all__ = ["pairs", "recompute"]
 

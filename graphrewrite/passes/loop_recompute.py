@@ -60,7 +60,7 @@ def run(graph: Graph, analysis: Analysis, options: LoopRecomputeOptions, model=N
             freed, copied = freed + trial[1][0], copied + trial[1][1]
     if not kept:
         why = "; ".join(refused[:EXAMPLES]) if len(refused) == len(pairs) else \
-            "computing them again lowers no step's peak as run"
+            "computing them again does not lower the step's peak as run"
         return LoopRecomputeResult(graph, False, note="no gradient loop computes its step's "
                                    f"values again ({why})")
     return LoopRecomputeResult(Graph.from_graph_def(graph_def), True, recomputed_loops=kept,
