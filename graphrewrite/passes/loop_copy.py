@@ -37,7 +37,7 @@ from .rerun_copy import FUNCTIONAL, functions
 
 __all__ = ["MAX_COPIES", "REFUSED", "SHARED", "CHAINS", "NOTHING", "Pair", "pairs",
            "recompute", "choose", "copyable_op", "output_type", "recorded_shape",
-           "reader_counts", "pad", "copy_names", "broadcasts"]
+           "reader_counts", "pad", "copy_names", "broadcasts", "short_of_readers"]
 
 MAX_COPIES = 200  # nodes copied into one gradient body at most
 # Why a pair is left alone (`recompute`'s answer then).
@@ -297,13 +297,8 @@ def recompute(graph_def: graph_pb2.GraphDef, pair: Pair):
     for k, value in enumerate(sorted(values)):  # each lost its push
         pad(fw.container, f"{PREFIX}pad/{k}", value, fw.dtype(value))
     after = reader_counts(fg.container, fg.function.ret.values())
-    for name in cone:  # a copy has at least as many readers as its original (2 at most)
-        roots = [v for v in values if v.split(":")[0] == name]
-        want = 2 if roots else min(2, before.get(name, 0))
-        if fw.nodes[name].op != "Const" and after.get(copy_of[name], 0) < want:
-            value = roots[0] if roots else next(
-                t for n in cone for t in fw.nodes[n].input if t.split(":")[0] == name)
-            pad(fg.container, f"{PREFIX}pad/{name}", mapped(value), fw.dtype(value))
+    for name, value in short_of_readers(fw, cone, values, before, after, copy_of):
+        pad(fg.container, f"{PREFIX}pad/{name}", mapped(value), fw.dtype(value))
     _rename(fg, renamed)
     fg.nodes = {n.name: n for n in fg.container}
     fw.nodes = {n.name: n for n in fw.container}
@@ -446,6 +441,18 @@ def reader_counts(nodes, extra=()) -> dict:
         name = text.split(":")[0]
         counts[name] = counts.get(name, 0) + 1
     return counts
+
+
+def short_of_readers(body, cone, values, before: dict, after: dict, copy_of: dict):
+    """(forward node, a value of it) for each copy with fewer readers than Grappler saw its
+    original have (counting to 2): a copy replacing a pop (of `values`) needs 2, for its
+    readers are the gradient's and its original's were a push and more."""
+    for name in cone:
+        roots = [v for v in values if v.split(":")[0] == name]
+        want = 2 if roots else min(2, before.get(name, 0))
+        if body.nodes[name].op != "Const" and after.get(copy_of[name], 0) < want:
+            yield name, roots[0] if roots else next(
+                t for n in cone for t in body.nodes[n].input if t.split(":")[0] == name)
 
 
 def pad(container, name: str, text: str, dtype: int) -> None:

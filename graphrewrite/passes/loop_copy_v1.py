@@ -19,7 +19,8 @@ from ..analysis.loops import ENTER, MERGE, frame_of
 from ..core.graph import Graph
 from ..core.names import LOOP_PREFIX as PREFIX
 from .loop_copy import (CHAINS, FLOATS, NOTHING, Pair, broadcasts, choose, copy_names,
-                        copyable_op, output_type, pad, reader_counts, recorded_shape)
+                        copyable_op, output_type, pad, reader_counts, recorded_shape,
+                        short_of_readers)
 
 __all__ = ["pairs", "recompute"]
 
@@ -155,13 +156,8 @@ def recompute(graph_def: graph_pb2.GraphDef, pair: Pair):
     for k, value in enumerate(sorted(values)):  # each lost its push
         pad(result.node, f"{PREFIX}pad/{pair.forward[1]}/{k}", value, body.dtype(value))
     after = reader_counts(result.node)
-    for name in cone:  # a copy has at least as many readers as its original (2 at most)
-        roots = [v for v in values if v.split(":")[0] == name]
-        want = 2 if roots else min(2, before.get(name, 0))
-        if nodes[name].op != "Const" and after.get(copy_of[name], 0) < want:
-            value = roots[0] if roots else next(
-                t for n in cone for t in _data(nodes[n]) if t.split(":")[0] == name)
-            pad(result.node, f"{PREFIX}pad/{name}", mapped(value), body.dtype(value))
+    for name, value in short_of_readers(body, cone, values, before, after, copy_of):
+        pad(result.node, f"{PREFIX}pad/{name}", mapped(value), body.dtype(value))
     for node in result.node:
         for i, text in enumerate(node.input):
             if text.lstrip("^") in renamed:
