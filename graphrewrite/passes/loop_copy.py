@@ -58,6 +58,7 @@ class _Scope:
         self.name, self.function, self.container = name, function, container
         self.nodes = {n.name: n for n in container}
         self.args = [a.name for a in function.signature.input_arg] if function else []
+        self.invariants: dict[str, bool] = {}  # `invariant`'s answers: a body's paths rejoin
 
     def split(self, text: str) -> tuple[str, int]:
         """(node, port) of a data input; the port read from `node:output:k` in a body (a
@@ -87,9 +88,11 @@ class _Scope:
         if text in self.args:
             k = self.args.index(text)
             return self.function.ret[self.function.signature.output_arg[k].name] == text
-        node = self.nodes.get(text.split(":")[0])
-        return node is not None and self.copyable(text) and all(
-            self.invariant(t) for t in node.input if not t.startswith("^"))
+        if text not in self.invariants:
+            node = self.nodes.get(text.split(":")[0])
+            self.invariants[text] = node is not None and self.copyable(text) and all(
+                self.invariant(t) for t in node.input if not t.startswith("^"))
+        return self.invariants[text]
 
     def dtype(self, text: str) -> int:
         """The type of value `text` (an argument or `node:output_arg:index`)."""

@@ -33,6 +33,7 @@ class _Frame:
     def __init__(self, nodes: dict, frames: dict, frame: str):
         self.nodes, self.frames, self.frame = nodes, frames, frame
         self.container = [n for name, n in nodes.items() if frames.get(name) == frame]
+        self.invariants: dict[str, bool] = {}  # `invariant`'s answers: a frame's paths rejoin
 
     def _node(self, text: str):
         name = text.lstrip("^").split(":")[0]
@@ -55,7 +56,10 @@ class _Frame:
             return False
         if node.op in ENTER:
             return node.attr["is_constant"].b
-        return copyable_op(node) and all(self.invariant(t) for t in _data(node))
+        if text not in self.invariants:
+            self.invariants[text] = copyable_op(node) and all(
+                self.invariant(t) for t in _data(node))
+        return self.invariants[text]
 
     def dtype(self, text: str) -> int:
         name, _, port = text.partition(":")
@@ -97,10 +101,11 @@ def recompute(graph_def: graph_pb2.GraphDef, pair: Pair):
     if any(broadcasts(_Frame(nodes, frames, frame)) for frame in (pair.forward[1],
                                                                   pair.gradient[1])):
         return CHAINS
+    before = reader_counts(result.node)
     entries = []
     for pop, push in pair.lists:
         stack = nodes[_stack(nodes, nodes[push].input[0])]
-        if not _data_readers(result, push):
+        if not before.get(push):  # nothing reads what it pushed
             entries.append((pop, nodes[push].input[1], stack.attr["elem_type"].type,
                             nodes[push], nodes[pop]))
     chosen = choose(body, entries)
@@ -123,7 +128,6 @@ def recompute(graph_def: graph_pb2.GraphDef, pair: Pair):
         name, sep, rest = text.partition(":")
         return kept.get(text) or carried.get(text) or copy_of[name] + sep + rest
 
-    before = reader_counts(result.node)
     replaced = {}
     for key in redo:
         replaced[key] = replaced[key + ":0"] = mapped(by_pop[key][1])
@@ -195,10 +199,6 @@ def _gradient_ready(graph_def, nodes: dict, frames: dict, frame: str) -> list[st
                               input=[name + ":1" for name in switches])
     node.attr["T"].list.type.extend(nodes[name].attr["T"].type for name in switches)
     return ["^" + node.name]
-
-
-def _data_readers(graph_def, name: str) -> list[str]:
-    return [n.name for n in graph_def.node for i in _data(n) if i.split(":")[0] == name]
 
 
 def _remove(graph_def, names: set[str]) -> None:
