@@ -19,7 +19,12 @@ recompute pass avoids all three (copy names keep their originals' order, trigger
 tf.tuple Identities, a Pack pad tells shape inference a copy has its original's shape); this
 module tells such a cause from a real difference when it happens anyway.
 
-`diagnose` first runs the original ORIGINAL_RUNS times: a step that differs from itself (a ViT
+`diagnose` first looks for random draws whose order is a race (`racing_draws`): a stateful
+random op in a loop body that runs iterations at once draws in the order the iterations reach
+it. A Keras LSTM with recurrent dropout draws its masks so; traced, its step differed from
+itself in one process of twenty, and the rewrite's in some, which a few runs do not show (and
+with the arithmetic optimizer off they agreed by chance, blaming it). Then it runs the original
+ORIGINAL_RUNS times: a step that differs from itself (a ViT
 with Keras AdamW did, in one run of three, by 2.8e-8 in the optimizer's updates; two runs that
 happened to agree once sent the diagnosis on to blame Grappler) cannot be matched bitwise by
 any rewrite. Then it runs both graphs with the arithmetic optimizer off, then with Grappler off,
@@ -33,8 +38,8 @@ import logging
 
 from . import measure
 
-__all__ = ["ORIGINAL_RUNS", "ORIGINAL_CAUSE", "ARITHMETIC_CAUSE", "GRAPPLER_CAUSE",
-           "arithmetic_off_config", "grappler_off_config", "diagnose"]
+__all__ = ["ORIGINAL_RUNS", "ORIGINAL_CAUSE", "RACING_CAUSE", "ARITHMETIC_CAUSE", "GRAPPLER_CAUSE",
+           "racing_draws", "arithmetic_off_config", "grappler_off_config", "diagnose"]
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +48,10 @@ ORIGINAL_RUNS = 3  # runs of the original compared with each other before Grappl
 ORIGINAL_CAUSE = (
     "the original step is not deterministic: run twice on the same inputs it differs from "
     "itself, so no rewrite can be bitwise equal to it (compare within --rtol/--atol)")
+RACING_CAUSE = (
+    "the original step's random draws are not ordered: it has random ops inside loops that "
+    "run iterations at once, which draw in the order the iterations reach them, and that order "
+    "changes from run to run, so neither graph repeats itself bitwise")
 ARITHMETIC_CAUSE = (
     "Grappler's arithmetic optimizer: with it off, both agree bitwise. It regroups chains of "
     "Mul/Add by their operands' names and control edges (MinimizeBroadcasts), which the rewrite "
@@ -60,6 +69,44 @@ def _unseeded(message) -> int:
     return sum(1 for node in getattr(graph_def, "node", ())
                if "seed" in node.attr and "seed2" in node.attr
                and node.attr["seed"].i == 0 and node.attr["seed2"].i == 0)
+
+
+def racing_draws(message) -> list[str]:
+    """Stateful random ops (a `seed` attribute, or a `Stateful*` generator op) of a runnable
+    GraphDef or MetaGraphDef that run in a loop of `parallel_iterations` > 1: in a functional
+    While's body or a function it calls (named `function/node`), or in a v1 loop frame."""
+    from ..analysis import loops
+    from ..core.graph import Graph
+
+    graph_def = getattr(message, "graph_def", message)
+    if not hasattr(graph_def, "node"):
+        return []
+    functions = {f.signature.name: f for f in graph_def.library.function}
+    bodies = [n.attr["body"].func.name
+              for nodes in [graph_def.node] + [f.node_def for f in functions.values()]
+              for n in nodes if n.op in ("While", "StatelessWhile")
+              and n.attr["parallel_iterations"].i > 1]
+    found, seen = [], set()
+    while bodies:
+        name = bodies.pop()
+        if name in seen or name not in functions:
+            continue
+        seen.add(name)
+        for node in functions[name].node_def:
+            if _draws(node):
+                found.append(f"{name}/{node.name}")
+            bodies += [node.op] + [v.func.name for v in node.attr.values() if v.HasField("func")]
+    graph = Graph.from_graph_def(graph_def)
+    frames = loops.frame_of(graph)
+    at_once = loops.parallel_iterations(graph, frames)
+    found += sorted(n for n, frame in frames.items()
+                    if frame and at_once.get(frame, 1) > 1 and _draws(graph.node_def(n)))
+    return found
+
+
+def _draws(node) -> bool:
+    return ("seed" in node.attr and "seed2" in node.attr) or (
+        node.op.startswith("Stateful") and node.op != "StatefulPartitionedCall")
 
 
 def arithmetic_off_config():
@@ -88,6 +135,12 @@ def diagnose(original, rewritten, feeds: dict, own: dict, fetches: list[str], ag
     their inputs (`verify.own_variables`: a dieted TF2 step's weights are stored in 16 bits);
     `agree(first, second)` says whether two step measurements are bitwise equal (verify's
     comparison)."""
+    racing = racing_draws(original)
+    if racing:
+        cause = (f"{RACING_CAUSE} ({len(racing)} such ops, e.g. '{racing[0]}'; run verify "
+                 "again, or compare within --rtol/--atol)")
+        log.warning("verify: %s", cause)
+        return cause
     run = measure.run_step_isolated if isolated else measure.run_step
     first = run(original, feeds, fetches, 0)
     if not all(agree(first, run(original, feeds, fetches, 0)) for _ in range(ORIGINAL_RUNS - 1)):
