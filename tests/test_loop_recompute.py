@@ -71,7 +71,8 @@ def test_the_gradient_loop_computes_the_step_again_bitwise(tmp_path, control_flo
     _export(path, noise, control_flow, peephole)
     model = io.load(path)
     graph_def = model.graph.to_graph_def()
-    assert len(loop_copy.pairs(graph_def) + loop_copy_v1.pairs(graph_def)) == 1
+    found = loop_copy.pairs(graph_def) + loop_copy_v1.pairs(graph_def)
+    assert len(found) == 1
     result = pipeline.optimize(model, "memory")
     loops = result.of(LoopRecomputeResult)
     if peephole:  # Grappler would regroup its broadcasting chains by other names: left alone
@@ -93,6 +94,11 @@ def test_the_gradient_loop_computes_the_step_again_bitwise(tmp_path, control_flo
                          for i in n.input)]
     ready = "^" + LOOP_PREFIX + "gradient_ready"
     assert first and all(any(i.startswith(ready) for i in n.input) for n in first)
+    # The forward loop runs one iteration at a time, or what an iteration computes without the
+    # state is computed ahead and held; the gradient loop keeps its own setting.
+    rewritten = result.graph.to_graph_def()
+    assert _parallel_iterations(rewritten, found[0], found[0].forward) == {1}
+    assert _parallel_iterations(rewritten, found[0], found[0].gradient) == {1 if noise else 10}
     before, after, model_kind = result.predicted_peaks
     assert model_kind == "as_run" and after < before
     io.save(model, result.graph, out)
@@ -100,6 +106,14 @@ def test_the_gradient_loop_computes_the_step_again_bitwise(tmp_path, control_flo
                             isolated=False)
     assert outcome.match, outcome.to_json()["mismatched"][:5]
     assert outcome.to_json()["variables_compared"] == 11  # w, u, b, Adam's slots and powers
+
+
+def _parallel_iterations(graph_def, pair, loop) -> set:
+    """The `parallel_iterations` of a top-level While, or of a v1 frame's Enters."""
+    if pair.v1:
+        return {n.attr["parallel_iterations"].i for n in graph_def.node
+                if n.op == "Enter" and n.attr["frame_name"].s.decode() == loop[1]}
+    return {n.attr["parallel_iterations"].i for n in graph_def.node if n.name == loop[1]}
 
 
 def test_a_loop_without_a_gradient_loop_is_no_pair():

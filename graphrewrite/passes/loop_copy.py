@@ -15,6 +15,13 @@ on one of the freed lists instead: the forward body pushes it there, the gradien
 the list's element shape left open. A weight pushed every iteration is one buffer referenced N
 times, so carrying it costs next to nothing.
 
+A rewritten forward loop runs one iteration at a time (`parallel_iterations` 1). Otherwise the
+executor runs what an iteration computes without the recurrent state (a Keras LSTM with
+recurrent dropout slices its weights and draws its masks every iteration) up to 32 iterations
+ahead, and holds it until the state arrives: once those values are no longer pushed, that is
+what the peak holds (the LSTM: 21.9 MiB measured against 8.6 modelled, 9.3 one iteration at a
+time). It also draws a body's random numbers in iteration order, which otherwise race.
+
 The two loops may sit in different function bodies (a Keras RNN in a TF2 step is a call of its
 forward function and one of its backward function, each holding its loop): a list is followed
 from the gradient loop's input through calls, arguments and `Identity`s to the forward loop's
@@ -308,6 +315,7 @@ def recompute(graph_def: graph_pb2.GraphDef, pair: Pair):
     _drop_unread(fg, orphans)
     for scope in (fw, fg):
         _check(scope)
+    w_node.attr["parallel_iterations"].i = 1
     return result, (len(redo), len(cone))
 
 

@@ -167,6 +167,8 @@ def recompute(graph_def: graph_pb2.GraphDef, pair: Pair):
             if text.lstrip("^") in renamed:
                 node.input[i] = "^" * text.startswith("^") + renamed[text.lstrip("^")]
         node.name = renamed.get(node.name, node.name)
+        if node.op in ENTER and frames.get(node.name) == pair.forward[1]:
+            node.attr["parallel_iterations"].i = 1  # as `loop_copy` says
     _remove(result, gone)
     return result, (len(redo), len(cone))
 
