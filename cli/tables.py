@@ -169,6 +169,10 @@ def format_optimize(facts: dict) -> str:
                                  "computed again in their gradient loops ("
                                  f"{facts['loop_nodes_copied']} nodes copied; "
                                  f"{_shorten(facts['recomputed_loops'], 3)})"))
+    if facts.get("serial_gradient_loops"):
+        rows.append(("in loops", f"{len(facts['serial_gradient_loops'])} gradient loops run one "
+                                 "iteration at a time, adding the weight gradients they sum as "
+                                 f"they come ({_shorten(facts['serial_gradient_loops'], 3)})"))
     for key, what in NAMED_ROWS:
         if facts[key]:
             rows.append((key, f"{len(facts[key])} {what} ({_shorten(facts[key], 3)})"))

@@ -75,8 +75,13 @@ def test_the_gradient_loop_computes_the_step_again_bitwise(tmp_path, control_flo
     assert len(found) == 1
     result = pipeline.optimize(model, "memory")
     loops = result.of(LoopRecomputeResult)
-    if peephole:  # Grappler would regroup its broadcasting chains by other names: left alone
+    rewritten = result.graph.to_graph_def()
+    if peephole:  # Grappler would regroup its broadcasting chains by other names: left alone,
         assert not loops.recomputed_loops and loop_copy.CHAINS in loops.note
+        # but its gradient loop runs one iteration at a time: its weight-gradient sums keep up
+        assert loops.serial_gradient_loops == [found[0].name()]
+        assert _parallel_iterations(rewritten, found[0], found[0].gradient) == {1}
+        assert _parallel_iterations(rewritten, found[0], found[0].forward) == {10}
         return
     assert loops.recomputed_loops and loops.loop_lists_freed >= 2, loops.note
     copies = _copies(result.graph)
@@ -95,8 +100,8 @@ def test_the_gradient_loop_computes_the_step_again_bitwise(tmp_path, control_flo
     ready = "^" + LOOP_PREFIX + "gradient_ready"
     assert first and all(any(i.startswith(ready) for i in n.input) for n in first)
     # The forward loop runs one iteration at a time, or what an iteration computes without the
-    # state is computed ahead and held; the gradient loop keeps its own setting.
-    rewritten = result.graph.to_graph_def()
+    # state is computed ahead and held; the gradient loop, whose copies wait, keeps its own.
+    assert not loops.serial_gradient_loops
     assert _parallel_iterations(rewritten, found[0], found[0].forward) == {1}
     assert _parallel_iterations(rewritten, found[0], found[0].gradient) == {1 if noise else 10}
     before, after, model_kind = result.predicted_peaks
