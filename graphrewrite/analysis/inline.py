@@ -26,11 +26,18 @@ DEPTH = 4  # calls inside inlined bodies, inlined in turn
 
 
 def inline_calls(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef | None:
-    """A copy of `graph_def` with the calls of functions that run a loop inlined; None when it
-    has none or a body cannot be read."""
-    functions = {f.signature.name: f for f in graph_def.library.function
-                 if any(n.op in LOOP_OPS for n in f.node_def)}
-    return _inlined(graph_def, functions)
+    """A copy of `graph_def` with the calls of functions that run a loop, or call one that does
+    (a Keras GRU in a nested `tf.function`: 1.9 MiB modelled, 11.1 measured), inlined; None
+    when it has none or a body cannot be read."""
+    library = {f.signature.name: f for f in graph_def.library.function}
+    looping = {name for name, f in library.items() if any(n.op in LOOP_OPS for n in f.node_def)}
+    while True:  # the callers of those, in turn
+        more = {name for name, f in library.items() if name not in looping and any(
+            n.op in CALL_OPS and n.attr["f"].func.name in looping for n in f.node_def)}
+        if not more:
+            break
+        looping |= more
+    return _inlined(graph_def, {name: library[name] for name in looping})
 
 
 def inline_gradient_calls(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef | None:

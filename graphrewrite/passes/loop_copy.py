@@ -124,11 +124,18 @@ class _View:
         for function in graph_def.library.function:
             self.scopes[function.signature.name] = _Scope(function.signature.name,
                                                           function.node_def, function)
+        # Callers in the scopes the graph runs: a function the inline pass spliced in stays in
+        # the library, its calls with it (a nested tf.function's GRU: called "twice").
         self.callers: dict[str, list[tuple[str | None, str]]] = {}
-        for scope in self.scopes.values():
+        live, seen = [None], {None}
+        while live:
+            scope = self.scopes[live.pop()]
             for node in scope.nodes.values():
                 for name in functions(node) | ({node.op} & self.scopes.keys()):
                     self.callers.setdefault(name, []).append((scope.name, node.name))
+                    if name not in seen and name in self.scopes:
+                        seen.add(name)
+                        live.append(name)
 
     def once(self, function: str) -> bool:
         return len(self.callers.get(function, [])) == 1
