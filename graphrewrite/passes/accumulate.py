@@ -4,8 +4,11 @@ An AddN (or AccumulateNV2) holds every input until the last one exists. As a cha
 nodes, each contribution is added, and freed, as soon as it and the running sum exist; an
 element-wise op writes into its dying input, so the chain accumulates in place. The chain adds
 in the order Grappler's AddN would (its common-subexpression pass sorts the inputs of commutative
-ops by name), and TensorFlow's AddN kernel adds its inputs one after another, left to right, so
-the sum is bitwise the same. The last link keeps the AddN's name: its readers are unchanged.
+ops by name) and groups them as TensorFlow's AddN kernel does (`aggregate_ops.cc`): the first
+`n % 8` inputs (8 or 9 where that leaves under 2) left to right, then each next 8 summed left to
+right on their own and that sum added to the total (`out += in1 + ... + in8`). So the sum is
+bitwise the same; a single chain of 20 terms (an unrolled LSTM's weight gradient) was not. The
+last link keeps the AddN's name: its readers are unchanged.
 
 A guard NoOp, which nothing fetches and so never runs, takes a control edge from every other
 link: Grappler's AddOpsRewrite skips nodes that drive a control dependency, so it does not fold
@@ -24,9 +27,11 @@ from ..core.names import ACCUMULATE_GUARD_SUFFIX, ACCUMULATE_SUFFIX
 from ..core.tensor_ref import CONTROL, TensorRef
 from .base import PassOptions, PassResult
 
-__all__ = ["SUMMING_OPS", "AccumulateOptions", "AccumulateResult", "run"]
+__all__ = ["SUMMING_OPS", "KERNEL_WIDTH", "AccumulateOptions", "AccumulateResult", "run",
+           "kernel_groups"]
 
 SUMMING_OPS = ("AddN", "AccumulateNV2")
+KERNEL_WIDTH = 8  # inputs TensorFlow's AddN kernel sums in one expression
 
 
 @dataclass(frozen=True)
@@ -57,18 +62,43 @@ def run(graph: Graph, analysis: Analysis, options: AccumulateOptions, model=None
     return AccumulateResult(graph, True, accumulated=sums, terms=terms)
 
 
+def kernel_groups(count: int) -> list[int]:
+    """The sizes of the groups TensorFlow's AddN kernel sums `count` inputs in, in order: each
+    group left to right, the first one the running total, each later one added to it whole."""
+    head = count % KERNEL_WIDTH
+    head = min(count, head + KERNEL_WIDTH if head < 2 else head)
+    return [head] + [KERNEL_WIDTH] * ((count - head) // KERNEL_WIDTH)
+
+
 def _chain(graph: Graph, name: str) -> None:
     node = graph.node_def(name)
     terms = sorted(graph.data_inputs(name), key=str)
     waits = [TensorRef(c, CONTROL) for c in graph.control_inputs(name)]
     attrs = {"T": attr_value_pb2.AttrValue(type=node.attr["T"].type)}
-    total, links = terms[0], []
-    for index, term in enumerate(terms[1:-1], start=1):
-        link = graph.add_node(graph.unique_name(f"{name}{ACCUMULATE_SUFFIX}_{index}"), "AddV2",
-                              [total, term] + (waits if index == 1 else []), attrs, node.device)
-        total = TensorRef(link)
+    links: list[str] = []
+    additions = len(terms) - 1
+
+    def add(left: TensorRef, right: TensorRef) -> TensorRef:
+        first = [] if links else waits  # the AddN's control inputs: on the first addition
+        if len(links) == additions - 1:  # the last addition: the AddN itself
+            graph.redefine(name, "AddV2", [left, right] + first, attrs)
+            return TensorRef(name)
+        link = graph.add_node(graph.unique_name(f"{name}{ACCUMULATE_SUFFIX}_{len(links) + 1}"),
+                              "AddV2", [left, right] + first, attrs, node.device)
         links.append(link)
-    graph.redefine(name, "AddV2", [total, terms[-1]] + ([] if links else waits), attrs)
+        return TensorRef(link)
+
+    def summed(group: list[TensorRef]) -> TensorRef:
+        total = group[0]
+        for term in group[1:]:
+            total = add(total, term)
+        return total
+
+    start, total = 0, None
+    for size in kernel_groups(len(terms)):
+        group = summed(terms[start:start + size])
+        total = group if total is None else add(total, group)
+        start += size
     if not links:
         return
     keep = {"_grappler_do_not_remove": attr_value_pb2.AttrValue(b=True)}
