@@ -192,6 +192,35 @@ def test_a_regularized_total_loss_keeps_one_seed_and_is_the_loss():
     assert {"total", "sparse_softmax_cross_entropy_loss/value"} <= found.forward
 
 
+def test_a_keras_loss_objects_sample_weight_is_not_a_seed():
+    """A TF2 step whose loss is a Keras loss object's (its sample weight a constant 1.0 that
+    the forward product and its gradient read) plus a second term on another model output (a
+    recurrent state, in the graph found outside the repo): the second term's dead gradients
+    reach sinks the weight does not, so it was kept as a seed and the forward pass was empty."""
+    inputs = tf.keras.Input((16,))
+    hidden = tf.keras.layers.Dense(32, activation="tanh")(inputs)
+    model = tf.keras.Model(inputs, [tf.keras.layers.Dense(4)(hidden), hidden])
+    opt = tf.keras.optimizers.RMSprop(1e-3)
+    opt.build(model.trainable_variables)
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function(input_signature=[tf.TensorSpec([8, 16], tf.float32, name="x"),
+                                  tf.TensorSpec([8], tf.int32, name="y")])
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            logits, state = model(x, training=True)
+            loss = loss_fn(y, logits) + 1e-3 * tf.reduce_mean(tf.square(state))
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                model.trainable_variables))
+        return loss
+
+    graph = Graph.from_graph_def(step.get_concrete_function().graph.as_graph_def())
+    found = split(graph)
+    assert len(found.seeds) == 1 and "weighted_loss" not in found.seeds[0], found.seeds
+    matmuls = [n for n in graph.nodes() if graph.op(n) == "MatMul" and "gradient" not in n]
+    assert len(matmuls) == 2 and all(n in found.forward for n in matmuls)
+
+
 def test_a_collected_loss_that_is_not_minimised_is_fetched_with_the_minimised_one(tmp_path):
     """An estimator collects the cross-entropy in `losses` but minimises it plus the
     regularization: `verify` must compare the loss the optimizer minimises too; a minimised loss

@@ -57,6 +57,7 @@ FORWARD_INPUTS = {
     "MaxPoolGrad": (0, 1), "MaxPoolGradV2": (0, 1), "MaxPool3DGrad": (0, 1),
     "LRNGrad": (1, 2),
 }
+OUTPUT_OPS = frozenset({"Identity", "IdentityN"})  # a sink of these is what a step returns
 UPDATE_PREFIXES = ("Apply", "ResourceApply", "SparseApply", "ResourceSparseApply")
 VARIABLE_WRITES = frozenset({"AssignVariableOp", "AssignSubVariableOp", "AssignAddVariableOp",
                              "Assign", "AssignSub", "AssignAdd"})
@@ -217,6 +218,13 @@ def find_seeds(graph: Graph, dag: nx.DiGraph, data: nx.DiGraph, constant: set[st
     # respect to its constants, which no constant of the first term reaches.
     batch = reachable(data, _fed(graph)) if len(candidates) > 1 else set()
     ends = {n: ends[n] & batch for n in candidates}
+    candidates = {n for n in candidates if not any(ends[o] < ends[n] for o in candidates)}
+    # The same over the sinks a step keeps (writes to variables, its outputs): a loss's own
+    # constant of ones (a Keras loss's sample weight, `weighted_loss/Const`) reaches the
+    # output and every update; the seed, besides the updates, the dead gradients of a second
+    # loss term (the gradient with respect to a mean's count), which the first rule counted.
+    kept = {n for n in sinks if ops.is_stateful(graph.op(n)) or graph.op(n) in OUTPUT_OPS}
+    ends = {n: reach[n] & kept for n in candidates}
     return sorted(n for n in candidates if not any(ends[o] < ends[n] for o in candidates))
 
 
