@@ -201,7 +201,8 @@ def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None)
         final = finish(ctx, best)
     missed = note  # the planners' only note: the budget out of reach
     if automatic and final.report.peak() > analysis.memory.peak() * (1 - SMALL_GAIN):
-        note = " ".join(filter(None, (note, f"it saves under {SMALL_GAIN:.0%}: "
+        note = " ".join(filter(None, (note, "recomputing between checkpoints saves under "
+                                      f"{SMALL_GAIN:.0%} as written: "
                                       + why_so_little(ctx, final.report))))
     if pins is not None:
         note = " ".join(filter(None, (note, _pins_cost(graph, analysis, options, budget,
