@@ -21,15 +21,15 @@ module tells such a cause from a real difference when it happens anyway.
 
 `diagnose` first looks for random draws whose order is a race (`racing_draws`): a stateful
 random op in a loop body that runs iterations at once draws in the order the iterations reach
-it. A Keras LSTM with recurrent dropout draws its masks so; traced, its step differed from
-itself in one process of twenty, and the rewrite's in some, which a few runs do not show (and
-with the arithmetic optimizer off they agreed by chance, blaming it). Then it runs the original
-ORIGINAL_RUNS times: a step that differs from itself (a ViT
-with Keras AdamW did, in one run of three, by 2.8e-8 in the optimizer's updates; two runs that
-happened to agree once sent the diagnosis on to blame Grappler) cannot be matched bitwise by
-any rewrite. Then it runs both graphs with the arithmetic optimizer off, then with Grappler off,
-and names the first configuration under which they agree bitwise; an empty cause means they
-differ whatever Grappler does (a real difference).
+it. A Keras LSTM with recurrent dropout draws its masks so: traced, its step differed from
+itself in one session of twenty, which a few runs do not show (and with the arithmetic
+optimizer off the two graphs agreed by chance, blaming it). Then it runs the original
+ORIGINAL_RUNS times: a step that differs from itself (a ViT with Keras AdamW did, in one run of
+three, by 2.8e-8 in the optimizer's updates; two runs that happened to agree once sent the
+diagnosis on to blame Grappler) cannot be matched bitwise by any rewrite. Then it runs both
+graphs with the arithmetic optimizer off, then with Grappler off, and names the first
+configuration under which they agree bitwise; an empty cause means they differ whatever
+Grappler does (a real difference).
 """
 
 from __future__ import annotations
@@ -105,6 +105,7 @@ def racing_draws(message) -> list[str]:
 
 
 def _draws(node) -> bool:
+    """A stateful random op: seeded by attributes, or a `tf.random.Generator`'s."""
     return ("seed" in node.attr and "seed2" in node.attr) or (
         node.op.startswith("Stateful") and node.op != "StatefulPartitionedCall")
 
