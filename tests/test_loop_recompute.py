@@ -4,7 +4,7 @@ import pytest
 import tensorflow as tf
 
 from graphrewrite.core import io, ops
-from graphrewrite.core.names import LOOP_PREFIX, LOOP_SUFFIX
+from graphrewrite.core.names import LOOP_GATE, LOOP_PREFIX, LOOP_SUFFIX
 from graphrewrite.execution import verify
 from graphrewrite.passes import loop_copy, loop_copy_v1
 from graphrewrite.passes.loop_recompute import LoopRecomputeResult
@@ -97,7 +97,7 @@ def test_the_gradient_loop_computes_the_step_again_bitwise(tmp_path, control_flo
              if n.op not in ("IdentityN", "Const") + carriers
              and not any(i.split(":")[0] in copies and copies[i.split(":")[0]].op != "Const"
                          for i in n.input)]
-    ready = "^" + LOOP_PREFIX + "gradient_ready"
+    ready = "^" + LOOP_GATE
     assert first and all(any(i.startswith(ready) for i in n.input) for n in first)
     # The forward loop runs one iteration at a time, or what an iteration computes without the
     # state is computed ahead and held; the gradient loop, whose copies wait, keeps its own.
@@ -106,6 +106,9 @@ def test_the_gradient_loop_computes_the_step_again_bitwise(tmp_path, control_flo
     assert _parallel_iterations(rewritten, found[0], found[0].gradient) == {1 if noise else 10}
     before, after, model_kind = result.predicted_peaks
     assert model_kind == "as_run" and after < before
+    # Gated, its iterations keep pace with the sums it carries: no pile-up bound beside the peak.
+    as_run = result.run_reports[1]
+    assert as_run.allocated_peak_bound() == as_run.allocated_peak()
     io.save(model, result.graph, out)
     outcome = verify.verify(io.load(path), io.load(out), verify.VerifyOptions(runs=0),
                             isolated=False)

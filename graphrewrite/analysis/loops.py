@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..core.graph import Graph
+from ..core.names import LOOP_GATE
 from ..core.tensor_ref import CONTROL, TensorRef
 
 __all__ = ["ENTER", "EXIT", "MERGE", "NEXT", "PASS_THROUGH", "ACCUMULATE", "READ", "RETURNED",
@@ -202,9 +203,10 @@ def _lagging_sums(graph: Graph, shapes, order, frames, result: LoopMemory) -> No
     `(window - 1) x its sums' terms` is held at once (each its own allocation), at its last
     scheduled sum."""
     held: dict[str, tuple[tuple, str]] = {}  # frame -> (terms held, its last scheduled sum)
+    gated = {frames.get(n) for n in order if LOOP_GATE in n}  # `loop_copy`'s: they keep pace
     for name in order:
         frame = frames.get(name, "")
-        if not frame or graph.op(name) not in SUMS:
+        if not frame or frame in gated or graph.op(name) not in SUMS:
             continue
         window = min(result.trips.get(frame) or 1, result.parallel.get(frame, 1))
         inputs = graph.data_inputs(name)

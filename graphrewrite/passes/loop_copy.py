@@ -38,8 +38,8 @@ from tensorflow.python.framework import tensor_util
 from ..analysis.inline import CALL_OPS, LOOP_OPS
 from ..core import ops
 from ..core.errors import GraphError
+from ..core.names import LOOP_GATE, LOOP_SUFFIX
 from ..core.names import LOOP_PREFIX as PREFIX
-from ..core.names import LOOP_SUFFIX
 from .rerun_copy import FUNCTIONAL, functions
 
 __all__ = ["MAX_COPIES", "REFUSED", "SHARED", "CHAINS", "NOTHING", "Pair", "pairs",
@@ -521,7 +521,7 @@ def _gradient_ready(fg: _Scope) -> str | None:
                if arg.type in FLOATS and fg.function.ret[signature.output_arg[k].name] != arg.name]
     if not carried:
         return None
-    node = node_def_pb2.NodeDef(name=PREFIX + "gradient_ready", op="IdentityN",
+    node = node_def_pb2.NodeDef(name=LOOP_GATE, op="IdentityN",
                                 input=[name for name, _ in carried])
     node.attr["T"].list.type.extend(kind for _, kind in carried)
     fg.container.append(node)

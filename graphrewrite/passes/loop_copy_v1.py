@@ -17,6 +17,7 @@ from tensorflow.core.framework import graph_pb2, node_def_pb2
 
 from ..analysis.loops import ENTER, MERGE, frame_of
 from ..core.graph import Graph
+from ..core.names import LOOP_GATE
 from ..core.names import LOOP_PREFIX as PREFIX
 from .loop_copy import (CHAINS, FLOATS, NOTHING, Pair, broadcasts, choose, copy_names,
                         copyable_op, output_type, pad, reader_counts, recorded_shape,
@@ -197,7 +198,7 @@ def _gradient_ready(graph_def, nodes: dict, frames: dict, frame: str) -> list[st
                       and n.input and n.input[0].split(":")[0] in merges)
     if not switches:
         return []
-    node = graph_def.node.add(name=PREFIX + "gradient_ready/" + frame, op="IdentityN",
+    node = graph_def.node.add(name=f"{LOOP_GATE}/{frame}", op="IdentityN",
                               input=[name + ":1" for name in switches])
     node.attr["T"].list.type.extend(nodes[name].attr["T"].type for name in switches)
     return ["^" + node.name]
