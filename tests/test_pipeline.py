@@ -305,6 +305,26 @@ def test_a_rise_as_run_within_the_models_accuracy_is_kept_only_for_a_gain_as_wri
     assert pipeline.rises_as_run((_Peak(1000), _Peak(after)), (1000, written_after)) == rises
 
 
+@pytest.mark.parametrize("trial_rises", [False, True])
+def test_the_loop_passes_rewrite_stands_alone_when_the_whole_one_is_dropped(monkeypatch,
+                                                                           trial_rises):
+    """Each loop pass keeps a change only where the step as run falls: when the whole rewrite
+    rises as run (a hand-written RNN: two deferred zeros, +3%), theirs is tried alone (its
+    serial gradient loop: 0.72x measured) and kept unless it rises too."""
+    from graphrewrite.passes.loop_recompute import LoopRecomputeResult
+    from graphrewrite.reporting import report
+
+    answers = iter([True, trial_rises])  # the whole rewrite's, then the loop passes' alone
+    monkeypatch.setattr(pipeline, "rises_as_run", lambda *args: next(answers))
+    model = io.load(fixture_path("rnn_while_v2"))
+    result = pipeline.optimize(model, "memory")
+    loops = result.of(LoopRecomputeResult)
+    assert result.changed != trial_rises and loops.modified != trial_rises
+    note = report.optimize_report("in", "out", "graphdef", result)["note"]
+    assert ("only the rewrite of inline, loop_recompute, rerun kept" in note) != trial_rises
+    assert bool(result.reverted) == trial_rises
+
+
 def test_errors_name_the_library_parameter_and_the_cli_its_flag():
     """A `tf2.rewrite` caller never typed `--swap-form`: the library's message names the
     parameter, the command line's the flag, from one text."""

@@ -99,6 +99,10 @@ AUTOMATIC_MODES = frozenset({"memory", "speed", "swap"})
 # race it resolves one way. A 2 MiB MLP step's rewrite modelled 6% higher measured 0.86x, an
 # EfficientNet step's modelled 8% higher measured 0.95x.
 AS_RUN_SLACK = 0.10
+# Passes that keep each change only where the modelled step as run falls: their rewrite stands
+# alone when the whole pipeline's is dropped (a hand-written RNN's serial gradient loop, lost
+# with two deferred zeros that raised its step as run by 3%).
+CHECKED_AS_RUN = ("inline", "loop_recompute", "rerun")
 # A rewrite lowering the step as written by less than this has no gain for the slack to protect:
 # a hand-written RNN's only change, two deferred zeros, modelled 3% higher as run measured 1.05x.
 WRITTEN_GAIN = 0.01
@@ -186,6 +190,17 @@ def optimize(model: Model, mode: str, analysis: AnalysisOptions | None = None,
                     f"({before / 2**20:.1f} -> {after / 2**20:.1f} MiB after Grappler): "
                     "graph left unchanged (--passes runs the same passes and keeps their "
                     "rewrite)")
+        kept = _checked_alone(model, steps, results, (original, run_steps[0], peak_before),
+                              analysis, again, stage)
+        if kept is not None:
+            graph, found, results, serialized, run_reports = kept
+            reverted = ""
+            names = ", ".join(name for name, _ in steps if name in CHECKED_AS_RUN)
+            last = results[next(n for n, _ in reversed(steps) if n in CHECKED_AS_RUN)]
+            last.note = "; ".join(filter(None, (
+                last.note, f"only the rewrite of {names} kept: with the other passes' it "
+                f"raised the step as TensorFlow runs it ({before / 2**20:.1f} -> "
+                f"{after / 2**20:.1f} MiB after Grappler)")))
     dropped_run = None
     if reverted:
         graph, found, serialized = model.graph.copy(), original, None
@@ -199,6 +214,30 @@ def optimize(model: Model, mode: str, analysis: AnalysisOptions | None = None,
     if plan is not None:
         plan_mod.check_followed(plan, result)
     return result
+
+
+def _checked_alone(model: Model, steps: list, results: dict, original_steps: tuple, analysis,
+                   again, stage):
+    """The passes of `steps` that keep each change only where the step as run falls
+    (`CHECKED_AS_RUN`), run again alone when the whole rewrite raised the step as run:
+    (graph, analysis, results, serialized, run reports), the other passes' results unchanged
+    and unmodified; None when they changed nothing or raise it too. `original_steps`: the
+    original's analysis, its step as run and its peak as written."""
+    original, original_run, peak_before = original_steps
+    alone = [(name, opts) for name, opts in steps if name in CHECKED_AS_RUN]
+    if not alone or len(alone) == len(steps) or not any(
+            results[name].modified for name, _ in alone if name in results):
+        return None
+    analysed = model.graph.copy()
+    graph, found, kept, serialized = _run_passes(
+        model, alone, analysis_mod.analyse(model, analysed, analysis), again, stage, analysed)
+    run_steps = _as_run(model, original, original_run, graph, found, True)
+    reports = tuple(None if step is None else step[2] for step in run_steps)
+    if rises_as_run(reports, (peak_before, found.memory.peak())):
+        return None
+    results = {name: kept.get(name, type(r)(graph, False, note=r.note))
+               for name, r in results.items()}
+    return graph, found, results, serialized, reports
 
 
 def _run_passes(model: Model, steps: list, found, again: AnalysisOptions, stage,
