@@ -99,9 +99,10 @@ AUTOMATIC_MODES = frozenset({"memory", "speed", "swap"})
 # race it resolves one way. A 2 MiB MLP step's rewrite modelled 6% higher measured 0.86x, an
 # EfficientNet step's modelled 8% higher measured 0.95x.
 AS_RUN_SLACK = 0.10
-# Passes that keep each change only where the modelled step as run falls: their rewrite stands
-# alone when the whole pipeline's is dropped (a hand-written RNN's serial gradient loop, lost
-# with two deferred zeros that raised its step as run by 3%).
+# The loop passes, which keep each change only where the modelled step as run falls, and the
+# inline pass they read the calls through: their rewrite stands alone when the whole
+# pipeline's is dropped and it does not raise the step as run itself (a hand-written RNN's
+# serial gradient loop, lost with two deferred zeros that raised its step as run by 3%).
 CHECKED_AS_RUN = ("inline", "loop_recompute", "rerun")
 # A rewrite lowering the step as written by less than this has no gain for the slack to protect:
 # a hand-written RNN's only change, two deferred zeros, modelled 3% higher as run measured 1.05x.
