@@ -36,6 +36,7 @@ from tensorflow.core.framework import graph_pb2, node_def_pb2, types_pb2
 from tensorflow.python.framework import tensor_util
 
 from ..analysis.inline import CALL_OPS, LOOP_OPS
+from ..analysis.loops import ENTER
 from ..core import ops
 from ..core.errors import GraphError
 from ..core.names import LOOP_GATE, LOOP_SUFFIX
@@ -43,8 +44,9 @@ from ..core.names import LOOP_PREFIX as PREFIX
 from .rerun_copy import FUNCTIONAL, functions
 
 __all__ = ["MAX_COPIES", "REFUSED", "SHARED", "CHAINS", "NOTHING", "Pair", "pairs",
-           "recompute", "choose", "copyable_op", "output_type", "recorded_shape",
-           "reader_counts", "pad", "copy_names", "broadcasts", "short_of_readers"]
+           "recompute", "one_iteration_at_a_time", "choose", "copyable_op", "output_type",
+           "recorded_shape", "reader_counts", "pad", "copy_names", "broadcasts",
+           "short_of_readers"]
 
 MAX_COPIES = 200  # nodes copied into one gradient body at most
 # Why a pair is left alone (`recompute`'s answer then).
@@ -322,8 +324,25 @@ def recompute(graph_def: graph_pb2.GraphDef, pair: Pair):
     _drop_unread(fg, orphans)
     for scope in (fw, fg):
         _check(scope)
-    w_node.attr["parallel_iterations"].i = 1
+    one_iteration_at_a_time(result, pair, pair.forward)
     return result, (len(redo), len(cone))
+
+
+def one_iteration_at_a_time(graph_def: graph_pb2.GraphDef, pair: Pair, loop) -> bool:
+    """Sets `parallel_iterations` of `loop` (`pair.forward` or `pair.gradient`: a While, or a
+    v1 frame's Enters) to 1; whether it was more."""
+    scope, name = loop
+    if pair.v1:
+        nodes = [n for n in graph_def.node
+                 if n.op in ENTER and n.attr["frame_name"].s.decode() == name]
+    else:
+        body = graph_def.node if scope is None else next(
+            f.node_def for f in graph_def.library.function if f.signature.name == scope)
+        nodes = [n for n in body if n.name == name]
+    more = any(n.attr["parallel_iterations"].i > 1 for n in nodes)
+    for node in nodes:
+        node.attr["parallel_iterations"].i = 1
+    return more
 
 
 def choose(body, entries):

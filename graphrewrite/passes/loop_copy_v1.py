@@ -20,8 +20,8 @@ from ..core.graph import Graph
 from ..core.names import LOOP_GATE
 from ..core.names import LOOP_PREFIX as PREFIX
 from .loop_copy import (CHAINS, FLOATS, NOTHING, Pair, broadcasts, choose, copy_names,
-                        copyable_op, output_type, pad, reader_counts, recorded_shape,
-                        short_of_readers)
+                        copyable_op, one_iteration_at_a_time, output_type, pad, reader_counts,
+                        recorded_shape, short_of_readers)
 
 __all__ = ["pairs", "recompute"]
 
@@ -168,9 +168,8 @@ def recompute(graph_def: graph_pb2.GraphDef, pair: Pair):
             if text.lstrip("^") in renamed:
                 node.input[i] = "^" * text.startswith("^") + renamed[text.lstrip("^")]
         node.name = renamed.get(node.name, node.name)
-        if node.op in ENTER and frames.get(node.name) == pair.forward[1]:
-            node.attr["parallel_iterations"].i = 1  # as `loop_copy` says
     _remove(result, gone)
+    one_iteration_at_a_time(result, pair, pair.forward)  # as `loop_copy` says why
     return result, (len(redo), len(cone))
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from ..analysis.loops import ENTER
 from ..analysis.step import Analysis
 from ..core.graph import Graph
 from . import loop_copy, loop_copy_v1
@@ -69,8 +68,8 @@ def run(graph: Graph, analysis: Analysis, options: LoopRecomputeOptions, model=N
             graph_def, best = trial[0], peak
             kept.append(pair.name())
             freed, copied = freed + trial[1][0], copied + trial[1][1]
-    serial = [pair.name() for pair in pairs
-              if pair.name() not in kept and _one_at_a_time(graph_def, pair)]
+    serial = [pair.name() for pair in pairs if pair.name() not in kept
+              and loop_copy.one_iteration_at_a_time(graph_def, pair, pair.gradient)]
     note = ""
     if not kept:
         why = "; ".join(refused[:EXAMPLES]) if len(refused) == len(pairs) else \
@@ -82,19 +81,3 @@ def run(graph: Graph, analysis: Analysis, options: LoopRecomputeOptions, model=N
                                recomputed_loops=kept, loop_lists_freed=freed,
                                loop_nodes_copied=copied, serial_gradient_loops=serial)
 
-
-def _one_at_a_time(graph_def, pair) -> bool:
-    """Sets the `parallel_iterations` of `pair`'s gradient loop (its While, or its v1 frame's
-    Enters) to 1; whether it was more."""
-    scope, name = pair.gradient
-    if pair.v1:
-        nodes = [n for n in graph_def.node
-                 if n.op in ENTER and n.attr["frame_name"].s.decode() == name]
-    else:
-        body = graph_def.node if scope is None else next(
-            f.node_def for f in graph_def.library.function if f.signature.name == scope)
-        nodes = [n for n in body if n.name == name]
-    more = any(n.attr["parallel_iterations"].i > 1 for n in nodes)
-    for node in nodes:
-        node.attr["parallel_iterations"].i = 1
-    return more
