@@ -188,7 +188,9 @@ def main(ctx, debug, verbose, quiet):
               help="Also write the trade-off curve: mode memory's modelled peak against its "
                    "extra step time at budgets from the original's peak to the lowest found "
                    "(and the exact planner's, on small graphs), each point with its plan "
-                   "(--plan replays it). FILE.json, or .png/.svg (the plot extra).")
+                   "(--plan replays it). With --lossy, also every lever --budget --lossy may "
+                   "take, as run, down to the lowest any reaches. FILE.json, or .png/.svg (the "
+                   "plot extra).")
 @click.option("--no-as-run", "no_as_run", is_flag=True,
               help="Skip the report's model of both steps as TensorFlow runs them (after "
                    "Grappler's rewrites): about a third of the time on large graphs. The "
@@ -297,7 +299,7 @@ def optimize(ctx, model_path, output, in_place, mode, checkpoints, swap_tensors,
             for when, graph in (("before", model.graph), ("after", result.graph))}
     if tradeoff_path:
         _write_tradeoff(Path(tradeoff_path), model, model_path, stages, device_profile,
-                        analysis)
+                        analysis, lossy, as_run=not no_as_run)
     if report_path:
         io.write_atomic(Path(report_path), (json.dumps(facts, indent=2) + "\n").encode())
     if as_json:
@@ -317,13 +319,15 @@ def optimize(ctx, model_path, output, in_place, mode, checkpoints, swap_tensors,
     lifetime.hold((model, result))  # freed by the exit, not one object at a time here
 
 
-def _write_tradeoff(path: Path, model, model_path, stages, profile, analysis) -> None:
+def _write_tradeoff(path: Path, model, model_path, stages, profile, analysis, lossy,
+                    as_run) -> None:
     from graphrewrite.core import io
     from graphrewrite.pipeline import tradeoff
 
     stages("the trade-off curve (mode memory at several budgets)")
     found = tradeoff.curve(model, profile=profile or "default", progress=stages,
-                           analysis=analysis)
+                           analysis=analysis, lossy=lossy, device_profile=profile,
+                           as_run=as_run)
     if path.suffix.lower() == ".json":
         io.write_atomic(path, (json.dumps(found, indent=1) + "\n").encode())
     else:

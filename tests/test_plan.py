@@ -124,6 +124,34 @@ def test_the_tradeoff_curve_falls_and_its_points_replay(tmp_path):
     assert faster["estimate"][-1]["extra_seconds"] < points[-1]["extra_seconds"]
 
 
+@pytest.mark.tf
+def test_the_lossy_curve_goes_below_the_lossless_floor_and_its_points_replay(tmp_path):
+    """`--tradeoff --lossy`: every lever `--budget --lossy` may take, down to the lowest any
+    reaches; on the shipped Keras MetaGraphDef (Adam) that is below recomputation's floor, with
+    diet, and a diet point's plan replays to its stated peak."""
+    model, curve = fixture_path("keras_train"), tmp_path / "curve.json"
+    done = run_cli("optimize", model, "-o", tmp_path / "out.meta", "--tradeoff", curve,
+                   "--lossy", "--no-as-run")
+    assert done.exit_code == 0, done.stderr
+    found = json.loads(curve.read_text())
+    points = found["levers"]
+    assert points[-1]["budget"] is None and points[-1]["budget_met"] is False
+    budgets = [p["budget"] for p in points[:-1]]
+    assert budgets == sorted(budgets, reverse=True) and len(budgets) >= 3
+    assert all(p["peak_bytes"] <= p["budget"] for p in points[:-1] if p["budget_met"])
+    assert points[-1]["peak_bytes"] < min(p["peak_bytes"] for p in found["estimate"])
+    assert "diet" in points[-1]["levers"]
+    assert points[0]["levers"] == "recompute"  # lossless where recomputation reaches it
+    dieted = next(p for p in points[:-1] if "diet" in p["levers"])
+    assert dieted["step_time"] > points[0]["step_time"]  # dequantization costs time
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(dieted["plan"]))
+    replayed = run_cli("optimize", model, "-o", tmp_path / "again.meta", "--plan", plan_file,
+                       "--json", "--no-as-run")
+    assert replayed.exit_code == 0, replayed.stderr
+    assert json.loads(replayed.stdout)["peak_bytes_predicted"]["after"] == dieted["peak_bytes"]
+
+
 def test_pins_hold_what_they_keep_and_say_what_they_cost(tmp_path):
     """`--pin keep=` nodes are checkpoints of the plan, `--pin recompute=` ones are not, and
     the note prices the pins against the plan found without them."""

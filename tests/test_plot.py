@@ -33,6 +33,20 @@ def test_optimize_plot_puts_both_steps_on_one_chart(tmp_path):
         assert label in svg
 
 
+def test_the_tradeoff_chart_draws_each_list_of_points(tmp_path):
+    from graphrewrite.reporting import plot
+
+    def points(*peaks):
+        return [{"peak_bytes": peak * 2**20, "extra_seconds": i * 1e-3}
+                for i, peak in enumerate(peaks)]
+
+    found = {"original_peak_bytes": 100 * 2**20, "profile": "h200",
+             "estimate": points(80, 60), "levers": points(90, 70, 30)}
+    svg = plot.tradeoff(tmp_path / "curve.svg", found, "t").read_text()
+    assert "estimate (as written)" in svg and "every lever, lossy ones too (as run)" in svg
+    assert "exact" not in svg  # no exact planner's points, no line for them
+
+
 def test_a_plot_needs_a_known_extension(tmp_path):
     shown = run_cli("inspect", fixture_path("mlp"), "--plot", tmp_path / "step.gif")
     assert shown.exit_code == 2 and "png" in shown.stderr

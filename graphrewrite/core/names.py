@@ -3,7 +3,8 @@ with, so every module recognises them the same way."""
 
 __all__ = ["TRIGGER_PREFIX", "PAD_PREFIX", "LOOP_PREFIX", "LOOP_GATE", "LOOP_SUFFIX", "COPY_SUFFIX",
            "AHEAD_SUFFIX", "SWAP_OUT_SUFFIX", "SWAP_IN_SUFFIX", "ACCUMULATE_SUFFIX",
-           "ACCUMULATE_GUARD_SUFFIX", "DIET_ATTR", "SLOT_OF_ATTR", "copied_from"]
+           "ACCUMULATE_GUARD_SUFFIX", "DIET_ATTR", "SLOT_OF_ATTR", "copied_from",
+           "made_here"]
 
 TRIGGER_PREFIX = "graphrewrite/recompute_trigger/"  # a NoOp gating a recomputed segment
 PAD_PREFIX = "graphrewrite/pad/"                    # an IdentityN keeping Grappler's reader counts
@@ -37,3 +38,10 @@ def copied_from(name: str) -> str | None:
     if name.endswith(COPY_SUFFIX) and not name.startswith(PAD_PREFIX):
         return name[:-len(COPY_SUFFIX)]
     return None
+
+
+def made_here(name: str) -> bool:
+    """Whether `name` may be of a node a graphrewrite pass adds: every such name holds
+    "graphrewrite" (a plan's recompute decision names diet's dequantized reads, made by the
+    pass before it)."""
+    return "graphrewrite" in name

@@ -5,10 +5,12 @@ each searching pass what it chose (recompute: the checkpoints kept, those recomp
 as a derived list to review, the nodes recomputed; swap: the tensors moved to the host).
 `optimize --plan FILE` runs that pipeline with each search replaced by its decision (recompute
 with policy collection, swap with policy manual), so the same input gives the same bytes without
-searching. An edited plan is checked before anything runs: unknown nodes, a node that cannot be
-recomputed (a stateful or random op, a variable read, ...) listed as recomputed, a recomputed
-list that does not follow from the checkpoints (edit the checkpoints; the list is derived), or a
-plan made for another graph are refused with one line.
+searching. An edited plan is refused with one line, nothing written: before anything runs, a plan
+made for another graph or naming unknown nodes (a name an earlier pass of its pipeline makes,
+as recomputation after diet copies diet's dequantized reads, is checked when the plan runs);
+after the passes ran, a node that cannot be recomputed (a stateful or random op, a variable
+read, ...) listed as recomputed, or a recomputed list that does not follow from the checkpoints
+(edit the checkpoints; the list is derived).
 """
 
 from __future__ import annotations
@@ -17,12 +19,12 @@ import json
 
 from ..core.errors import GraphRewriteError
 from ..core.graph import Graph
+from ..core.names import made_here
 from ..core.tensor_ref import TensorRef
 from ..planning.context import Context
 from . import grammar
 
-__all__ = ["FORMAT", "LISTS", "plan_of", "dumps", "load", "pipeline_of", "check_recomputable",
-           "check_followed"]
+__all__ = ["FORMAT", "LISTS", "plan_of", "dumps", "load", "pipeline_of", "check_followed"]
 
 FORMAT = 1
 LISTS = {"recompute": ("checkpoints", "recomputed_ahead", "recomputed"), "swap": ("tensors",)}
@@ -86,7 +88,7 @@ def load(path, graph: Graph) -> dict:
                 raise GraphRewriteError(f"{where}: '{pass_name}.{key}' must be a list of names")
             for value in values:
                 node = TensorRef.parse(value).node if pass_name == "swap" else value
-                if node not in graph:
+                if node not in graph and not made_here(node):
                     raise GraphRewriteError(f"{where}: '{pass_name}.{key}' names '{value}', "
                                             "which is not in the graph")
     return plan
@@ -114,17 +116,12 @@ def pipeline_of(plan: dict) -> str:
     return grammar.format_pipeline(steps)
 
 
-def check_recomputable(plan: dict, context: Context) -> None:
-    """Refuse a plan listing as recomputed a node that must never be copied."""
-    for name in plan.get("recompute", {}).get("recomputed", []):
-        reason = context.blocker(name)
-        if reason:
-            raise GraphRewriteError(f"${{plan}}: '{name}' ({context.graph.op(name)}) is listed as "
-                                    f"recomputed but cannot be: {reason}")
-
-
-def check_followed(plan: dict, result) -> None:
-    """Refuse a plan whose recomputed list its checkpoints do not give."""
+def check_followed(plan: dict, result, graph: Graph) -> None:
+    """Refuse a plan whose recomputed list its checkpoints do not give (`result` rewrote
+    `graph` as the plan says): a node listed that must never be copied (a stateful or random
+    op: the pass copies none) by its reason, else the list as derived. Checked after the
+    passes ran, on what the recompute pass saw: a pass before it may have replaced a node
+    under the same name (diet's dequantized read for a variable read)."""
     from ..passes.recompute import RecomputeResult
 
     listed = plan.get("recompute", {}).get("recomputed")
@@ -132,6 +129,13 @@ def check_followed(plan: dict, result) -> None:
         return
     done = set(result.of(RecomputeResult).recomputed)
     extra, missing = sorted(set(listed) - done), sorted(done - set(listed))
+    if extra:
+        context = Context.build(graph, result.analyses[0])
+        for name in extra:
+            reason = context.blocker(name) if name in graph else None
+            if reason:
+                raise GraphRewriteError(f"${{plan}}: '{name}' ({graph.op(name)}) is listed as "
+                                        f"recomputed but cannot be: {reason}")
     if extra or missing:
         example = (f"'{extra[0]}' is listed but not" if extra
                    else f"'{missing[0]}' is not listed but")

@@ -21,7 +21,6 @@ from ..core.io import Model
 from ..passes import PASSES
 from ..passes.base import PassResult
 from ..planning.budget import parse_budget
-from ..planning.context import Context
 from . import importable
 from . import plan as plan_mod
 from .grammar import compose, parse_pipeline, pass_options
@@ -147,8 +146,6 @@ def optimize(model: Model, mode: str, analysis: AnalysisOptions | None = None,
     found = analysis_mod.analyse(model, graph, analysis)
     # The rewrites' analyses: the same options, the original's fetches.
     again = dataclasses.replace(found.options, fetches=found.fetches)
-    if plan is not None:
-        plan_mod.check_recomputable(plan, Context.build(graph, found))
     peak_before = found.memory.peak()
     steps = [(name, _budget_in_bytes(opts, peak_before)) for name, opts in steps]
     original = found
@@ -213,7 +210,7 @@ def optimize(model: Model, mode: str, analysis: AnalysisOptions | None = None,
                             run_reports, reverted, serialized, min(budgets, default=None),
                             (original, found), dropped_run=dropped_run)
     if plan is not None:
-        plan_mod.check_followed(plan, result)
+        plan_mod.check_followed(plan, result, model.graph)
     return result
 
 

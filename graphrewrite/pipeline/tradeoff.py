@@ -8,6 +8,13 @@ profile (`planning.devices`, FP32), and its plan (`pipeline.plan`: `optimize --p
 to the same peak). With the exact planner available and the graph small enough
 (`planning.exact.NODE_LIMIT`), its points at the same budgets are there too: how far the
 default planner is from the least recomputation at each peak.
+
+With the lossy levers allowed (`optimize --tradeoff FILE --lossy`) a third list follows every
+lever `optimize --budget B --lossy` may take (`pipeline.levers.fit`: recomputation, the chunked
+loss, diet; swapping on a named device with a host): the step as TensorFlow runs it, at budgets
+from the original's peak down to the lowest any set of levers reaches, each point with the
+levers chosen, the modelled step time on the profile (every node of the rewritten step, so
+dequantization and the loss's blocks count) and its plan, which `--plan` replays.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from ..planning import devices
 from . import plan as plan_mod
 from .run import optimize
 
-__all__ = ["POINTS", "curve"]
+__all__ = ["POINTS", "curve", "lever_points"]
 
 log = logging.getLogger(__name__)
 
@@ -32,10 +39,12 @@ POINTS = 6  # budgets between the original's peak and the lowest found
 
 def curve(model: Model, points: int = POINTS, profile: str = "default",
           progress: Callable[[str], None] | None = None,
-          analysis: AnalysisOptions | None = None) -> dict:
+          analysis: AnalysisOptions | None = None, lossy: bool = False,
+          device_profile: str | None = None, as_run: bool = True) -> dict:
     """The curve's plain data: the original's modelled peak and, per planner, points of
     {budget, peak_bytes, extra_flops, extra_seconds, plan}, highest peak first; the step
-    analysed as `analysis` says."""
+    analysed as `analysis` says. `lossy`: also `lever_points` under "levers", on the device
+    `device_profile` names (as `levers.fit` takes it)."""
     stage = progress or (lambda text: None)
     rate = devices.profile(profile).fp32_flops
 
@@ -68,4 +77,38 @@ def curve(model: Model, points: int = POINTS, profile: str = "default",
     else:
         log.info("tradeoff: no exact planner's points (highspy missing or graph over %d nodes)",
                  exact.NODE_LIMIT)
+    if lossy:
+        found["levers"] = lever_points(model, points, device_profile, stage, analysis, as_run)
     return found
+
+
+def lever_points(model: Model, points: int, profile: str | None,
+                 progress: Callable[[str], None], analysis: AnalysisOptions | None = None,
+                 as_run: bool = True) -> list[dict]:
+    """Points of {budget, peak_bytes, budget_met, levers, step_time, extra_seconds, plan}:
+    `levers.fit` with every lever allowed, first under a budget of one byte (the lowest peak
+    any set reaches, the least lossy near it), then at `points` budgets evenly between the
+    original's peak as run and that one; highest budget first, the lowest last (budget None)."""
+    from .levers import fit, label, step_seconds
+
+    device = devices.profile(profile or "default")
+    original = {}
+
+    def point(budget: int | None) -> dict:
+        progress(f"all levers, budget {'as low as any reaches' if budget is None else budget}")
+        result = fit(model, "memory", analysis, "1" if budget is None else str(budget),
+                     profile, as_run=as_run, lossy=True)
+        if not original:
+            original.update(peak=result.predicted_peaks[0],
+                            seconds=step_seconds(model.graph, result.analyses[0], device))
+        row = next(row for row in result.levers if row["chosen"])
+        return {"budget": budget, "peak_bytes": result.predicted_peaks[1],
+                "budget_met": budget is not None and row["budget_met"], "levers": label(row),
+                "step_time": row["step_time"],
+                "extra_seconds": round(row["step_seconds"] - original["seconds"], 6),
+                "modified": result.changed, "plan": plan_mod.plan_of(result, model.graph)}
+
+    lowest = point(None)
+    budgets = sorted({int(original["peak"] - (original["peak"] - lowest["peak_bytes"]) * k
+                          / (points + 1)) for k in range(1, points + 1)}, reverse=True)
+    return [point(budget) for budget in budgets] + [lowest]

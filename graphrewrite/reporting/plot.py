@@ -127,15 +127,17 @@ def tradeoff(path, found: dict, title: str) -> Path:
     check(path)
     pyplot = _pyplot()
     figure, axes = pyplot.subplots(figsize=(7, 5))
-    for planner in ("estimate", "exact"):
+    labels = {"estimate": "estimate (as written)", "exact": "exact (as written)",
+              "levers": "every lever, lossy ones too (as run)"}
+    for planner, label in labels.items():
         points = sorted(found.get(planner, []), key=lambda p: p["extra_seconds"])
         if points:
             axes.plot([p["extra_seconds"] * 1000 for p in points],
-                      [p["peak_bytes"] / 2**20 for p in points], marker="o", label=planner)
+                      [p["peak_bytes"] / 2**20 for p in points], marker="o", label=label)
     axes.axhline(found["original_peak_bytes"] / 2**20, color="grey", linestyle=":",
                  label="original")
-    axes.set_xlabel(f"extra step time, ms (recomputed FLOPs on profile {found['profile']})")
-    axes.set_ylabel("modelled peak (MiB, as written)")
+    axes.set_xlabel(f"extra step time, ms, modelled on profile {found['profile']}")
+    axes.set_ylabel("modelled peak (MiB)")
     axes.set_title(title, fontsize=10)
     axes.set_ylim(bottom=0)
     axes.grid(alpha=0.3)
