@@ -123,3 +123,29 @@ def test_the_inlined_nested_step_is_bitwise_the_original(nested, tmp_path):
     assert run_cli("optimize", nested, "-o", out, "--no-as-run").exit_code == 0
     result = run_cli("verify", nested, out, "--json", "--runs", "1")
     assert result.exit_code == 0, result.output
+
+
+def test_a_plan_naming_inlined_nodes_replays_to_the_same_bytes(nested, tmp_path):
+    """The recompute decision names nodes the inline pass made (`call/node`): not refused as
+    unknown, and the replay gives the same bytes; an unknown name there is still refused."""
+    import json
+
+    from conftest import run_cli
+
+    searched = run_cli("optimize", nested, "-o", tmp_path / "searched.pb", "--no-as-run",
+                       "--plan-out", tmp_path / "plan.json")
+    assert searched.exit_code == 0, searched.stderr
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert any(name.startswith("StatefulPartitionedCall/")
+               for name in plan["recompute"]["checkpoints"])
+    replayed = run_cli("optimize", nested, "-o", tmp_path / "replayed.pb", "--no-as-run",
+                       "--plan", tmp_path / "plan.json")
+    assert replayed.exit_code == 0, replayed.stderr
+    assert (tmp_path / "replayed.pb").read_bytes() == (tmp_path / "searched.pb").read_bytes()
+    plan["recompute"]["checkpoints"].append("StatefulPartitionedCall/no/such/node")
+    (tmp_path / "bad.json").write_text(json.dumps(plan))
+    refused = run_cli("optimize", nested, "-o", tmp_path / "bad.pb", "--no-as-run",
+                      "--plan", tmp_path / "bad.json")
+    assert refused.exit_code == 2 and "not in the graph" in refused.stderr
+    assert refused.stderr.startswith("graphrewrite: error: --plan")
+    assert not (tmp_path / "bad.pb").exists()

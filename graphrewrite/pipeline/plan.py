@@ -6,8 +6,8 @@ as a derived list to review, the nodes recomputed; swap: the tensors moved to th
 `optimize --plan FILE` runs that pipeline with each search replaced by its decision (recompute
 with policy collection, swap with policy manual), so the same input gives the same bytes without
 searching. An edited plan is refused with one line, nothing written: before anything runs, a plan
-made for another graph or naming unknown nodes (a name an earlier pass of its pipeline makes,
-as recomputation after diet copies diet's dequantized reads, is checked when the plan runs);
+made for another graph or naming unknown nodes (a name an earlier pass of its pipeline may
+make, a node of an inlined call or diet's dequantized read, is checked when the plan runs);
 after the passes ran, a node that cannot be recomputed (a stateful or random op, a variable
 read, ...) listed as recomputed, or a recomputed list that does not follow from the checkpoints
 (edit the checkpoints; the list is derived).
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 
+from ..analysis.inline import CALL_OPS
 from ..core.errors import GraphRewriteError
 from ..core.graph import Graph
 from ..core.names import made_here
@@ -88,10 +89,23 @@ def load(path, graph: Graph) -> dict:
                 raise GraphRewriteError(f"{where}: '{pass_name}.{key}' must be a list of names")
             for value in values:
                 node = TensorRef.parse(value).node if pass_name == "swap" else value
-                if node not in graph and not made_here(node):
+                if node not in graph and not (names.index(pass_name) and
+                                              _made_before(graph, node)):
                     raise GraphRewriteError(f"{where}: '{pass_name}.{key}' names '{value}', "
                                             "which is not in the graph")
     return plan
+
+
+def _made_before(graph: Graph, node: str) -> bool:
+    """Whether a pass before the decision's may make `node`: graphrewrite names what it adds
+    so (diet's dequantized reads), and the inline pass names a called function's nodes after
+    the call (`call/node`). Such a name is checked when the plan runs, by the selectors."""
+    head = node
+    while "/" in head:
+        head = head.rsplit("/", 1)[0]
+        if head in graph and graph.op(head) in CALL_OPS:
+            return True
+    return made_here(node)
 
 
 def pipeline_of(plan: dict) -> str:

@@ -155,7 +155,13 @@ def optimize(model: Model, mode: str, analysis: AnalysisOptions | None = None,
     # Grappler on the original runs beside the passes (it releases the GIL).
     grappled = (analysis_mod.start_as_run(model, model.graph, original)
                 if as_run and backward else None)
-    graph, found, results, serialized = _run_passes(model, steps, found, again, stage, graph)
+    try:
+        graph, found, results, serialized = _run_passes(model, steps, found, again, stage, graph)
+    except GraphRewriteError as err:
+        if plan is None or isinstance(err, PassError):
+            raise
+        # a name the plan gives that no pass before its own made (`plan.load` let it pass)
+        raise GraphRewriteError(f"${{plan}}: {err}") from None
     changed = any(r.modified for r in results.values())  # else Grappler's run repeats
     run_steps = (None, None)
     if as_run and (backward or changed):
