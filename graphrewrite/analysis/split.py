@@ -200,12 +200,17 @@ def find_seeds(graph: Graph, dag: nx.DiGraph, data: nx.DiGraph, constant: set[st
             above_candidate.add(name)
     candidates -= above_candidate
     # A custom gradient's constants of ones (Keras swish's `1 + x * (1 - sigmoid)`) reach the
-    # gradient ops below them; the seed reaches them all. By data edges, as below.
-    reach = {n: frozenset(nx.descendants(data, n)) for n in candidates}
+    # gradient ops below them; the seed reaches them all. By data edges, as below; anchored on
+    # the updates, also from a write into the reads ordered after it: a Keras Adam's variable
+    # update reads the moments it has just written, and only Adam's own constants (`1 - beta`)
+    # reach that update by data edges alone.
+    flows = data if by_gradients else _reads_after_writes(graph, data)
+    reach = {n: frozenset(nx.descendants(flows, n)) for n in candidates}
     anchored = {n: reach[n].intersection(found) for n in candidates}
     candidates = {n for n in candidates if not any(anchored[n] < anchored[o] for o in candidates)}
     if not by_gradients:  # clipping's constants reach every update, as the seed does
-        candidates = _not_joining_a_flow(data, candidates, constant)
+        candidates = _not_joining_a_flow(data, candidates, constant,
+                                         reachable(flows, found, upstream=True))
     # A forward constant of ones (a fresh layer-norm scale, GELU's `1 + erf`) reaches the loss
     # as well as every gradient; a seed reaches only gradients. Drop candidates that reach
     # strictly more sinks than another candidate does. By data edges: a TF2 step's output
@@ -228,9 +233,13 @@ def find_seeds(graph: Graph, dag: nx.DiGraph, data: nx.DiGraph, constant: set[st
     return sorted(n for n in candidates if not any(ends[o] < ends[n] for o in candidates))
 
 
-def _not_joining_a_flow(data: nx.DiGraph, candidates: set[str], constant: set[str]) -> set[str]:
-    """Candidates that join no other candidate's flow midway: dropped is one whose reader
-    another's flow reaches while it is not in that flow itself. Anchored on the optimizer's
+def _not_joining_a_flow(data: nx.DiGraph, candidates: set[str], constant: set[str],
+                        leading: set[str]) -> set[str]:
+    """Candidates that join no other candidate's flow midway: dropped is one whose reader on
+    the way to an update (in `leading`) another's flow reaches while it is not in that flow
+    itself. A seed's reader that leads nowhere (the dead gradient of `compute_average_loss`'s
+    `div_no_nan` with respect to its count, which reads the forward sum) does not count, or a
+    forward constant of ones (GELU's `1 + erf`) would drop the seed. Anchored on the optimizer's
     updates (a model without gradient ops), clipping's constants of ones reach them all as the
     seed does, but their readers are in the seed's flow. A flow follows values, not shapes: it
     does not pass from a computed value into a constant-valued node (`Shape(x)`), so the seed,
@@ -251,7 +260,8 @@ def _not_joining_a_flow(data: nx.DiGraph, candidates: set[str], constant: set[st
     flows = {n: flow(n) for n in candidates}
     return {n for n in candidates
             if not any(reader in flows[other] and n not in flows[other]
-                       for reader in readers[n] for other in candidates if other != n)}
+                       for reader in readers[n] if reader in leading
+                       for other in candidates if other != n)}
 
 
 def reachable(graph: nx.DiGraph, sources, upstream: bool = False) -> set[str]:
@@ -328,6 +338,25 @@ def _data_only(graph: Graph, edges: nx.DiGraph) -> nx.DiGraph:
                         for v, keyed in readers.items() if v in among[u]
                         and any(d["slot"] is not None for d in keyed.values()))
     return data
+
+
+def _reads_after_writes(graph: Graph, data: nx.DiGraph) -> nx.DiGraph:
+    """`data` with an edge from each variable write into each read of the same variable that
+    waits on it by a control edge (automatic control dependencies order them so): the value
+    written flows into that read."""
+    extra = []
+    for name in graph.nodes():
+        if graph.op(name) != "ReadVariableOp":
+            continue
+        handle = graph.data_inputs(name)[0].node
+        extra += [(write, name) for write in graph.control_inputs(name)
+                  if (graph.op(write) in VARIABLE_WRITES or is_update_op(graph.op(write)))
+                  and graph.data_inputs(write)[:1] and graph.data_inputs(write)[0].node == handle]
+    if not extra:
+        return data
+    flows = data.copy()
+    flows.add_edges_from(extra)
+    return flows
 
 
 def _forward_value_inputs(graph: Graph) -> set[str]:
