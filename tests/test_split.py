@@ -320,6 +320,33 @@ def test_a_second_optimizer_under_the_first_ones_control_dependencies():
     assert named_backward(imported, "gradients_1/") <= result.backward
 
 
+def test_a_logistic_loss_on_a_tape_keeps_the_tapes_seed():
+    """A VAE's reconstruction term on a GradientTape: the logistic loss's gradient adds a
+    constant one to `exp(-|x|)` and reaches every update as the seed does, but fewer dead
+    gradients (with respect to the labels): it was taken for the seed."""
+    model = tf.keras.Sequential([tf.keras.layers.Dense(32, activation="relu"),
+                                 tf.keras.layers.Dense(16)])
+    model.build((None, 16))
+    opt = tf.keras.optimizers.Adam(1e-3)
+    opt.build(model.trainable_variables)
+
+    @tf.function(input_signature=[tf.TensorSpec([8, 16], tf.float32, name="x")])
+    def step(x):
+        with tf.GradientTape() as tape:
+            logits = model(x, training=True)
+            loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
+                labels=tf.sigmoid(x), logits=logits)) + 1e-3 * tf.reduce_mean(tf.square(logits))
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                model.trainable_variables))
+        return loss
+
+    graph = Graph.from_graph_def(step.get_concrete_function().graph.as_graph_def())
+    found = split(graph)
+    assert found.seeds == ("ones",), found.seeds
+    matmuls = [n for n in graph.nodes() if graph.op(n) == "MatMul" and "gradient" not in n]
+    assert len(matmuls) == 2 and all(n in found.forward for n in matmuls)
+
+
 def test_each_of_two_gradients_finds_its_own_loss(tmp_path):
     """A GAN's losses in no collection: the discriminator's depends on every activation the
     generator's does (through the fake images), so over both flows at once it alone covered

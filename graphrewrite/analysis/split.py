@@ -208,9 +208,22 @@ def find_seeds(graph: Graph, dag: nx.DiGraph, data: nx.DiGraph, constant: set[st
     reach = {n: frozenset(nx.descendants(flows, n)) for n in candidates}
     anchored = {n: reach[n].intersection(found) for n in candidates}
     candidates = {n for n in candidates if not any(anchored[n] < anchored[o] for o in candidates)}
+    leading = reachable(flows, found, upstream=True)  # what reaches an anchor
     if not by_gradients:  # clipping's constants reach every update, as the seed does
-        candidates = _not_joining_a_flow(data, candidates, constant,
-                                         reachable(flows, found, upstream=True))
+        candidates = _not_joining_a_flow(data, candidates, constant, leading)
+    # A constant of ones that a forward computation or a custom gradient combines with a value
+    # of the batch on the way to an anchor (`1 + erf`, a logistic loss gradient's
+    # `1 + exp(-|x|)`) starts no gradient flow: the seed is first shaped and scaled by
+    # constants alone (a mean's gradient; its readers into dead ends, such as the gradient
+    # with respect to a loss term's constant factor, do not count). Where that singles out
+    # one candidate it is the seed. (Not two: a GAN's generator labels `ones_like(logits)` are
+    # read first by the loss, which no gradient op reads, then by a gradient of constants.)
+    batch = reachable(data, _fed(graph))
+    started = {n for n in candidates
+               if not any(r.node in batch for reader in data.successors(n) if reader in leading
+                          for r in graph.data_inputs(reader))}
+    if len(started) == 1:
+        candidates = started
     # A forward constant of ones (a fresh layer-norm scale, GELU's `1 + erf`) reaches the loss
     # as well as every gradient; a seed reaches only gradients. Drop candidates that reach
     # strictly more sinks than another candidate does. By data edges: a TF2 step's output
@@ -221,7 +234,6 @@ def find_seeds(graph: Graph, dag: nx.DiGraph, data: nx.DiGraph, constant: set[st
     # The same over the sinks that depend on the batch: a loss with a second term (an
     # estimator's L2 regularization loss) has the seed reach that term's dead gradients with
     # respect to its constants, which no constant of the first term reaches.
-    batch = reachable(data, _fed(graph)) if len(candidates) > 1 else set()
     ends = {n: ends[n] & batch for n in candidates}
     candidates = {n for n in candidates if not any(ends[o] < ends[n] for o in candidates)}
     # The same over the sinks a step keeps (writes to variables, its outputs): a loss's own
