@@ -268,3 +268,24 @@ def test_an_output_in_neither_model_is_blamed_on_the_original():
     with pytest.raises(GraphRewriteError, match="the original model has no node 'no_such'"):
         verify.verify(model, model, verify.VerifyOptions(fetches=["no_such"], runs=0),
                       isolated=False)
+
+
+def test_equal_outputs_that_are_not_finite_match_with_a_warning(tmp_path):
+    """A step whose values overflow (a VAE's KL term under verify's seeded weights) matches
+    itself bitwise, inf beside inf and NaN beside NaN, with no difference of its own; but
+    equal NaNs say little of a rewrite, so verify says so."""
+    import tensorflow as tf
+
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [64], name="x")
+        tf.exp(x * 1e4, name="overflow")
+        tf.math.log(x - 10.0, name="undefined")
+    path = tmp_path / "nan.pb"
+    path.write_bytes(g.as_graph_def().SerializeToString())
+    shown = run_cli("verify", path, path, "--runs", "1", "--json")
+    assert shown.exit_code == 0, shown.stderr
+    facts = json.loads(shown.stdout)
+    assert facts["match"] and facts["max_abs_diff"] == 0.0
+    assert facts["not_finite"] == ["overflow:0", "undefined:0"]
+    assert "NaN or inf" in shown.stderr and "RuntimeWarning" not in shown.stderr

@@ -34,7 +34,7 @@ from . import measure, mismatch
 __all__ = ["VARIABLE_PREFIX", "Comparison", "VerifyResult", "VerifyOptions", "load_feeds", "load_data",
            "data_batches", "verify", "without_saver", "training_schedule", "loss_trend",
            "training_start", "LEARNING_RATE", "SCALE_READERS", "own_variables", "compare",
-           "GPU_ONLY_OPS"]
+           "not_finite", "GPU_ONLY_OPS"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,7 @@ class Comparison:
     equal: bool
     max_abs_diff: float
     step: int | None = None  # which step's output (1, 2); None for a variable after the steps
+    finite: bool = True  # the original's value holds no NaN or inf
 
 
 @dataclass
@@ -78,6 +79,7 @@ class VerifyResult:
             "outputs_compared": len({c.name for c in self.comparisons if c.step is not None}),
             "variables_compared": sum(c.step is None for c in self.comparisons),
             "mismatched": list(dict.fromkeys(c.name for c in self.comparisons if not c.equal)),
+            "not_finite": not_finite(self.comparisons),
             "cause": self.cause or None,
             "peak_bytes": {"original": self.original.peak_bytes,
                            "rewritten": self.rewritten.peak_bytes},
@@ -280,6 +282,13 @@ def verify(original: Model, rewritten: Model, options: VerifyOptions | None = No
                                 (rewritten.runnable(), own, second))
     comparisons = compare(first, second, rtol, atol)
     match = all(c.equal for c in comparisons)
+    overflowed = not_finite(comparisons)
+    if overflowed:
+        log.warning("%d of the %d outputs and variables compared hold NaN or inf in the "
+                    "original (%s): equal NaNs say little of the rewrite; feed values the step "
+                    "stays finite on (--feed NAME=FILE.npy: smaller weights, real data)",
+                    len(overflowed), len({c.name for c in comparisons}),
+                    ", ".join(overflowed[:3]))
     if not (match or rtol or atol):
         stage("looking for the cause of the mismatch")
     # A bitwise mismatch is run again under other Grappler settings, to name its cause.
@@ -553,6 +562,11 @@ def compare(first: measure.StepMeasurement, second: measure.StepMeasurement, rto
     return comparisons + _compare_variables(first.variables, second.variables, rtol, atol)
 
 
+def not_finite(comparisons: list[Comparison]) -> list[str]:
+    """The outputs and variables whose original values hold NaN or inf, each named once."""
+    return list(dict.fromkeys(c.name for c in comparisons if not c.finite))
+
+
 def _compare_variables(first: dict, second: dict, rtol: float, atol: float) -> list[Comparison]:
     """Every variable of either model after the steps; one that only one model has differs."""
     out = []
@@ -582,15 +596,18 @@ def _compare(name: str, a: np.ndarray, b: np.ndarray, rtol: float, atol: float,
     if a.shape != b.shape or a.dtype != b.dtype:
         return Comparison(name, False, float("inf"), step)
     numeric = bool(np.issubdtype(a.dtype, np.number) and a.size)
-    diff = 0.0
+    diff, finite = 0.0, True
     if numeric:
-        delta = np.abs(a.astype(np.float64) - b.astype(np.float64))
-        both_nan = np.isnan(delta) & np.isnan(a.astype(np.float64)) & np.isnan(b.astype(np.float64))
-        delta = np.where(both_nan, 0.0, delta)
+        wide, other = a.astype(np.float64), b.astype(np.float64)
+        finite = bool(np.isfinite(wide).all())
+        with np.errstate(invalid="ignore"):  # inf - inf: equal infinities differ by nothing
+            delta = np.abs(wide - other)
+        same = (wide == other) | np.isnan(wide) & np.isnan(other)
+        delta = np.where(same, 0.0, delta)
         diff = float(np.max(delta)) if not np.isnan(delta).any() else float("inf")
     if rtol or atol:
         equal = bool(np.allclose(a, b, rtol=rtol, atol=atol, equal_nan=True)) if numeric \
             else bool(np.array_equal(a, b))
     else:
         equal = a.tobytes() == b.tobytes()
-    return Comparison(name, equal, diff, step)
+    return Comparison(name, equal, diff, step, finite)
