@@ -97,6 +97,27 @@ def test_diet_advice_says_how_much_of_the_variables_it_would_store(tmp_path):
     assert "the rest no update writes" in note
 
 
+def test_diet_advice_names_the_sparse_updates_it_leaves(tmp_path):
+    """A sampled-softmax language model (built outside the repo) trains its embedding and
+    output weights by `ResourceSparseApplyAdagrad`: the note called them weights no update
+    writes, "the step does not train"."""
+    import tensorflow as tf
+
+    from tfgraphs import build
+
+    def step():
+        ids = tf.compat.v1.placeholder(tf.int32, [8], name="ids")
+        table = tf.compat.v1.get_variable("table", [4096, 64], use_resource=True)
+        w = tf.compat.v1.get_variable("w", [64, 64], use_resource=True)
+        loss = tf.reduce_mean(tf.square(tf.matmul(tf.nn.embedding_lookup(table, ids), w)))
+        tf.compat.v1.train.AdagradOptimizer(0.1).minimize(loss, name="train")
+
+    _, note = _note_if_state_held_the_peak(build(step), tmp_path)
+    assert "no update writes" not in note
+    assert ("ResourceSparseApplyAdagrad writes 2 variables (2.0 MiB): an update diet does not "
+            "rewrite") in note
+
+
 def test_state_already_dieted_is_not_pointed_to_diet(tmp_path):
     """Recomputation after diet (`--budget --lossy`) read the dieted updates as none and said
     "--mode diet stores ... 0.0 of the 88.1 MiB the variables hold" beside diet's own line."""

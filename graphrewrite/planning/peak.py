@@ -8,7 +8,7 @@ pass's own values, values inside loops and function calls) and the option that r
 
 from __future__ import annotations
 
-from ..analysis import optimizers, parameters
+from ..analysis import optimizers, parameters, split
 from ..analysis.memory import DEVICE
 from ..analysis.memory import STATE as STATE_LIFETIME
 from ..core.names import DIET_ATTR
@@ -90,8 +90,23 @@ def _diet(ctx: Context, variables: list[str], updates: list) -> str:
                for name in (update.var, *update.slots.values()) if name in ctx.graph}
     part = sum(map(size, trained))
     total = sum(map(size, variables))
-    rest = ("; the rest no update writes (weights the step does not train stay as they are)"
-            if part < total / 2 else "")
+    # Written by updates diet does not rewrite (`ResourceSparseApplyAdagrad`): trained all
+    # the same, and their state is not diet's to store.
+    other: dict[str, set] = {}
+    held = set(variables)
+    for node in ctx.graph.nodes():
+        if split.is_update_op(ctx.graph.op(node)):
+            other.setdefault(ctx.graph.op(node), set()).update(
+                r.node for r in ctx.graph.data_inputs(node)
+                if r.node in held and r.node not in trained)
+    other = {op: names for op, names in other.items() if names}
+    if other:
+        rest = "; " + ", ".join(
+            f"{op} writes {len(names)} variables ({sum(map(size, names)) / 2**20:.1f} MiB)"
+            for op, names in sorted(other.items())) + ": an update diet does not rewrite"
+    else:
+        rest = ("; the rest no update writes (weights the step does not train stay as they "
+                "are)" if part < total / 2 else "")
     return (f"--mode diet stores the trained weights and their optimizer state in 16 bits "
             f"(lossy): {part / 2**20:.1f} of the {total / 2**20:.1f} MiB the variables hold"
             f"{rest}")
