@@ -1149,3 +1149,41 @@ def test_dropping_sgd_momentum_is_warned_of(graphs, tmp_path, caplog, key, warne
     assert bool(said) == warned
     if said:  # named by the optimizer it comes from (RMSProp's was called SGD momentum)
         assert ("RMSProp's" in said[0]) == key.startswith("rmsprop"), said
+
+
+@pytest.mark.tf
+def test_a_factored_second_moment_of_gradients_all_zero_so_far_is_zero_not_nan(tmp_path):
+    """A stochastic-depth ResNet (built outside the repo) drops residual branches at random:
+    a dropped branch's kernels get a gradient of 0, and their factored second moment was
+    0 * 0 / 0. The NaN, stored in 16 bits, became a large weight (its loss: 9 -> 2210)."""
+    import tensorflow as tf
+
+    def loss_after(path, steps):
+        graph = tf.Graph()
+        with graph.as_default():
+            tf.compat.v1.train.import_meta_graph(str(path))
+            train_op = tf.compat.v1.get_collection("train_op")[0]
+            loss = graph.get_tensor_by_name("loss:0")
+            with tf.compat.v1.Session(graph=graph) as session:
+                session.run(tf.compat.v1.global_variables_initializer())
+                return [session.run([loss, train_op])[0] for _ in range(steps)][-1]
+
+    graph = tf.Graph()
+    with graph.as_default():
+        weight = tf.compat.v1.get_variable("w", [64, 64], initializer=tf.zeros_initializer(),
+                                           use_resource=True)
+        step = tf.compat.v1.train.get_or_create_global_step()
+        kept = tf.cast(step >= 1, tf.float32)  # the branch is dropped in the first step
+        loss = tf.reduce_sum(weight * kept, name="loss")  # its gradient: rank 1, as factored
+        train = tf.compat.v1.train.AdamOptimizer(0.01).minimize(loss, global_step=step)
+        tf.compat.v1.add_to_collection("train_op", train)
+        tf.compat.v1.add_to_collection("losses", loss)
+        meta = tf.compat.v1.train.export_meta_graph()
+    path = tmp_path / "dropped.meta"
+    path.write_bytes(meta.SerializeToString())
+    result, _ = _diet(path, tmp_path / "diet.meta", "diet(momentum=keep)")
+    assert result.results["diet"].dieted == ["w"]
+    original, dieted = loss_after(path, 3), loss_after(tmp_path / "diet.meta", 3)
+    adam_step = 0.01 * (0.1 / (1 - 0.9 ** 2)) / np.sqrt(0.001 / (1 - 0.999 ** 2))  # at t = 2
+    assert original == pytest.approx(-adam_step * 64 * 64, rel=1e-3)
+    assert dieted == pytest.approx(original, rel=0.01)

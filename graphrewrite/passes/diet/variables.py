@@ -23,7 +23,9 @@ from .prune import prune, remove_variable
 from .saver import NewEntry
 from .saver import edit as edit_saver
 
-__all__ = ["Diet"]
+__all__ = ["Diet", "TINY"]
+
+TINY = 1e-30  # the least column mean a factored second moment divides by (Adafactor's eps1)
 
 
 class Diet:
@@ -476,7 +478,11 @@ class Diet:
         col_mean = b.mean("col_mean", squared, 0, "axis_0", keep=True)
         r, w1 = self._accumulate(b, rows, keep, take, row_mean, resource, "rows", (matrix[0], 1))
         c, w2 = self._accumulate(b, cols, keep, take, col_mean, resource, "cols", (1, matrix[1]))
-        c_mean = b.mean("cols_mean", c, [0, 1], "axes", keep=False)
+        # Never 0 / 0: a weight whose gradients have all been 0 so far (a stochastic-depth
+        # ResNet's dropped branch) has no second moment, not an undefined one (NaN, cast to
+        # 16 bits as a large weight: that ResNet's loss went from 9 to 2210).
+        c_mean = b.binary("Maximum", b.mean("cols_mean", c, [0, 1], "axes", keep=False),
+                          self._scalar(b, TINY, "tiny"), "cols_mean_positive")
         second = b.binary("RealDiv", b.binary("Mul", r, c, "outer"), c_mean, "second")
         if len(shape) != 2:
             second = b.reshape("second_kernel", second, shape, "kernel_shape")
