@@ -310,8 +310,8 @@ def format_summary(facts: dict) -> str:
         unknown = facts["unknown_shapes"]
         if unknown["count"]:
             rows.append(("unknown sizes", f"{unknown['count']} tensors count 0 bytes (e.g. "
-                                          f"{', '.join(unknown['examples'][:3])}); use "
-                                          "--input-shape"))
+                                          f"{', '.join(unknown['examples'][:3])}); "
+                                          f"{unknown['hint']}"))
         by_data = facts["sized_by_data"]
         if by_data["count"]:
             rows.append(("sized by data", f"{by_data['count']} tensors count 0 bytes: only "

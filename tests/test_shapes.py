@@ -82,6 +82,34 @@ def test_sizes_only_the_data_decides_are_not_blamed_on_the_inputs(tmp_path, capl
     assert not any("--input-shape" in m for m in messages)
 
 
+def test_what_a_data_sized_tensor_computes_is_sized_by_data_and_static_inputs_get_no_advice(
+        tmp_path, caplog):
+    """A mixture of experts routes rows with `DynamicPartition`: each expert's product, and its
+    gradient, has as many rows as the data routed to it, several ops downstream. And where
+    every input's shape is known, --input-shape cannot help whatever is left unknown."""
+    import logging
+
+    from graphrewrite.analysis import step as analysis
+    from graphrewrite.core import io
+
+    def routed():
+        x = tf.compat.v1.placeholder(tf.float32, [64, 8], name="x")
+        expert = tf.compat.v1.placeholder(tf.int32, [64], name="expert")
+        w = tf.constant(0.5, shape=[8, 8], name="w")
+        parts = tf.dynamic_partition(x, expert, 2)
+        hidden = [tf.nn.relu(tf.matmul(part, w)) for part in parts]
+        out = tf.dynamic_stitch(tf.dynamic_partition(tf.range(64), expert, 2), hidden)
+        tf.gradients(tf.reduce_sum(out), [w], name="grad")
+
+    path = tmp_path / "routed.pb"
+    path.write_bytes(build(routed).to_graph_def().SerializeToString())
+    with caplog.at_level(logging.INFO, logger="graphrewrite"):
+        found = analysis.analyse(io.load(path))
+    matmuls = {r.node for r in found.sized_by_data if "MatMul" in r.node}
+    assert "MatMul" in matmuls and any(n.startswith("grad") for n in matmuls)
+    assert not any("--input-shape" in r.getMessage() for r in caplog.records)
+
+
 @pytest.mark.tf
 @pytest.mark.parametrize("fixture", ["mlp.pbtxt", "keras_train.meta", "keras_step_tf2.pb",
                                      "rnn_while_v1.pb", "rnn_while_v2.pb", "tape_tf2.pb"])

@@ -38,7 +38,7 @@ from ..core.graph import Graph, neighbours
 __all__ = ["FORWARD_INPUTS", "UPDATE_PREFIXES", "VARIABLE_WRITES", "SHAPE_OPS", "FED_OPS",
            "SOURCE_INPUT_OPS", "is_gradient_op", "is_update_op", "anchors", "backward_functions",
            "Split", "split", "find_seeds", "reachable", "loop_frame_nodes",
-           "cond_branch_nodes", "enclosed", "constant_valued"]
+           "cond_branch_nodes", "enclosed", "constant_valued", "fed_inputs"]
 
 # Op type -> indices of inputs that are forward values (not the incoming gradient or a shape).
 FORWARD_INPUTS = {
@@ -218,7 +218,7 @@ def find_seeds(graph: Graph, dag: nx.DiGraph, data: nx.DiGraph, constant: set[st
     # with respect to a loss term's constant factor, do not count). Where that singles out
     # one candidate it is the seed. (Not two: a GAN's generator labels `ones_like(logits)` are
     # read first by the loss, which no gradient op reads, then by a gradient of constants.)
-    batch = reachable(data, _fed(graph))
+    batch = reachable(data, fed_inputs(graph))
     started = {n for n in candidates
                if not any(r.node in batch for reader in data.successors(n) if reader in leading
                           for r in graph.data_inputs(reader))}
@@ -432,7 +432,7 @@ def _differentiated(graph: Graph, data: nx.DiGraph, flow: set[str], sinks: set[s
     loss tracker's update, a write that waits (by control edges) before the optimizer's and
     returns nothing. Then the value written, of all the writes outside the flow the one that
     covers the most, is the loss."""
-    activations = reachable(data, _fed(graph))
+    activations = reachable(data, fed_inputs(graph))
     reads = {r.node for n in flow for r in graph.data_inputs(n)
              if r.node not in flow and r.node in activations}
 
@@ -450,7 +450,7 @@ def _differentiated(graph: Graph, data: nx.DiGraph, flow: set[str], sinks: set[s
     return {n for n, count in by_sink.items() if count == most and most > 0}
 
 
-def _fed(graph: Graph) -> list[str]:
+def fed_inputs(graph: Graph) -> list[str]:
     """The placeholders and iterators that feed data (not a TF2 step's resource handles)."""
     return [n for n in graph.nodes() if graph.op(n) in FED_OPS  # (an iterator has no dtype)
             and graph.node_def(n).attr.get("dtype", _NO_TYPE).type != dtypes.RESOURCE]

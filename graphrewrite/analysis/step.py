@@ -22,7 +22,7 @@ from . import shapes as shapes_mod
 from . import split as split_mod
 
 __all__ = ["AnalysisOptions", "Analysis", "sinks", "default_fetches", "analyse", "SIZED_BY_DATA",
-           "start_as_run", "as_run", "as_run_step"]
+           "unknown_size_hint", "start_as_run", "as_run", "as_run_step"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,7 @@ class Analysis:
     memory: memory.MemoryReport
     flops: int
     sized_by_data: tuple = ()  # unknown sizes no --input-shape can fix (`SIZED_BY_DATA`, strings)
+    unknown_hint: str = ""  # what to do about the other unknown sizes (`unknown_size_hint`)
     options: AnalysisOptions = AnalysisOptions()  # what it was asked: its rewrites' analyses too
     # (the graph asked about, weakly held; its parameters): `parameters`'s last answer
     _parameters: tuple = field(default=(None, frozenset()), init=False, repr=False,
@@ -168,36 +169,46 @@ def analyse(model: Model, graph: Graph | None = None, options: AnalysisOptions |
         log.info("%d tensors have a size only the data decides (e.g. %s) and count 0 bytes",
                  len(by_data), by_data[0])
     unknown = [r for r in report.unknown if r not in by_data]
+    hint = unknown_size_hint(graph, shapes) if unknown else ""
     if unknown:
-        log.warning("%d tensors have an unknown size and count 0 bytes (e.g. %s); fix input "
-                    "dimensions with --input-shape", len(unknown),
-                    ", ".join(str(r) for r in unknown[:3]))
-    return Analysis(fetch_nodes, shapes, split, report, total, tuple(by_data), options)
+        log.warning("%d tensors have an unknown size and count 0 bytes (e.g. %s); %s",
+                    len(unknown), ", ".join(str(r) for r in unknown[:3]), hint)
+    return Analysis(fetch_nodes, shapes, split, report, total, tuple(by_data), hint, options)
 
 
 # Ops whose output size depends on the values they read, not on shapes (an embedding's sparse
 # gradient: the ids it saw, once each); no --input-shape can fix those.
 SIZED_BY_DATA = frozenset({"Unique", "UniqueV2", "UniqueWithCounts", "Where", "ListDiff",
                            "SetDiff1D", "NonMaxSuppressionV3", "NonMaxSuppressionV4",
-                           "NonMaxSuppressionV5", "SparseFillEmptyRows", "DynamicPartition"})
+                           "NonMaxSuppressionV5", "SparseFillEmptyRows", "DynamicPartition",
+                           "ComputeAccidentalHits"})
+
+
+def unknown_size_hint(graph: Graph, shapes: shapes_mod.Shapes) -> str:
+    """What to do about sizes left unknown: fix an input's unknown dimensions, where one has
+    some; where every input's shape is known, no --input-shape helps."""
+    fed = [r for n in split_mod.fed_inputs(graph) for r in shapes.outputs(n)]
+    if any(shapes[r] is None or shapes[r].shape is None or None in shapes[r].shape
+           for r in fed):
+        return "fix input dimensions with --input-shape"
+    return "every input's shape is known: ops TensorFlow cannot size made them"
 
 
 def _sized_by_data(graph: Graph, shapes: shapes_mod.Shapes, unknown: list) -> list:
-    """The unknown-size tensors produced by a SIZED_BY_DATA op or computed from one, the
-    strings (an assertion's message: its bytes are its text) and a `tf.data` iterator's
-    handle."""
-    names = {r.node for r in unknown}
-    found = {n for n in names if graph.op(n) in SIZED_BY_DATA}
+    """The unknown-size tensors computed from a SIZED_BY_DATA op's output, however many ops
+    downstream (a mixture of experts' expert products and their gradients), the strings (an
+    assertion's message: its bytes are its text) and a `tf.data` iterator's handle."""
+    if not unknown:
+        return []
     strings = {r for r in unknown if shapes[r] is not None
                and dtypes.base(shapes[r].dtype) == dtypes.STRING}
-    handles = bind.iterators(graph) if unknown else set()
+    handles = bind.iterators(graph)
     strings |= {r for r in unknown if r.node in handles}  # its elements' bytes
-    grown = True
-    while grown:
-        more = {n for n in names - found
-                if any(r.node in found for r in graph.data_inputs(n))}
-        grown = bool(more)
-        found |= more
+    found: set[str] = set()
+    for name in graph.topological_order():
+        if graph.op(name) in SIZED_BY_DATA or any(r.node in found
+                                                  for r in graph.data_inputs(name)):
+            found.add(name)
     return [r for r in unknown if r.node in found or r in strings]
 
 

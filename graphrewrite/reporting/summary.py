@@ -65,7 +65,8 @@ def memory_facts(analysis: Analysis, top: int = 10, as_run=None) -> dict:
         "gradient_seeds": list(analysis.split.seeds),
         "flops": analysis.flops,
         "fetches": analysis.fetches,
-        "unknown_shapes": {"count": len(unknown), "examples": [str(r) for r in unknown[:5]]},
+        "unknown_shapes": {"count": len(unknown), "examples": [str(r) for r in unknown[:5]],
+                           "hint": analysis.unknown_hint},
         "sized_by_data": {"count": len(analysis.sized_by_data),
                           "examples": [str(r) for r in analysis.sized_by_data[:5]]},
     }
