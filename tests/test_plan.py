@@ -173,3 +173,25 @@ def test_pins_hold_what_they_keep_and_say_what_they_cost(tmp_path):
     speed = run_cli("optimize", fixture_path("mlp"), "-o", tmp_path / "s.pbtxt", "--mode",
                     "speed", "--pin", "keep=dense_1/Relu")
     assert speed.exit_code == 2 and "pins need policy memory" in speed.stderr
+
+
+@pytest.mark.tf
+def test_a_plan_replays_the_products_the_rewrite_refused_to_copy(tmp_path):
+    """The GAN cell's rewrite would make Grappler fuse its one-column logit otherwise: it is
+    planned again with that product never copied. The pipeline says so, and the plan replays
+    to the same bytes (it was refused: 'does not follow from the checkpoints')."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fixtures"))
+    import recipes
+
+    model = recipes.ensure("v1_gan_adam_grouped")["path"]
+    searched = run_cli("optimize", model, "-o", tmp_path / "searched.meta", "--json",
+                       "--plan-out", tmp_path / "plan.json")
+    assert searched.exit_code == 0, searched.stderr
+    assert "pin_never=" in json.loads(searched.stdout)["pipeline"]
+    replayed = run_cli("optimize", model, "-o", tmp_path / "replayed.meta", "--plan",
+                       tmp_path / "plan.json")
+    assert replayed.exit_code == 0, replayed.stderr
+    assert (tmp_path / "replayed.meta").read_bytes() == (tmp_path / "searched.meta").read_bytes()

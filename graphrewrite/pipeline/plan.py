@@ -116,7 +116,10 @@ def pipeline_of(plan: dict) -> str:
             decision = plan["recompute"]
             if not decision.get("checkpoints"):
                 continue  # the search found nothing worth doing
-            raw = {"policy": "collection", "checkpoints": ",".join(decision["checkpoints"])}
+            # never-copied pins bind the replay too (the rewrite refused to copy a product
+            # whose copy Grappler would fuse otherwise, and planned again without it)
+            raw = {"policy": "collection", "checkpoints": ",".join(decision["checkpoints"]),
+                   **{k: v for k, v in raw.items() if k == "pin_never"}}
             if decision.get("recomputed_ahead"):
                 raw["ahead"] = ",".join(decision["recomputed_ahead"])
                 if decision.get("reuse_ahead") is True:

@@ -23,7 +23,7 @@ from ..passes.base import PassResult
 from ..planning.budget import parse_budget
 from . import importable
 from . import plan as plan_mod
-from .grammar import compose, parse_pipeline, pass_options
+from .grammar import compose, format_pipeline, parse_pipeline, pass_options
 
 __all__ = ["OptimizeResult", "AUTOMATIC_MODES", "AS_RUN_SLACK", "WRITTEN_GAIN", "optimize",
            "rises_as_run"]
@@ -174,6 +174,10 @@ def optimize(model: Model, mode: str, analysis: AnalysisOptions | None = None,
                  "planned again without copying them", ", ".join(refused))
         steps = [(name, _never_copied(opts, refused) if name == "recompute" else opts)
                  for name, opts in steps]
+        # the pipeline that ran, so that its plan replays as planned (`optimize --plan`)
+        text = format_pipeline([(name, {**raw, "pin_never": ",".join(filter(None, (
+            raw.get("pin_never"), *refused)))} if name == "recompute" else raw)
+            for name, raw in parse_pipeline(text)])
         analysed = model.graph.copy()
         graph, found, results, serialized = _run_passes(model, steps, analysis_mod.analyse(
             model, analysed, analysis), again, stage, analysed)
