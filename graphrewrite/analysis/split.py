@@ -208,7 +208,8 @@ def find_seeds(graph: Graph, dag: nx.DiGraph, data: nx.DiGraph, constant: set[st
     reach = {n: frozenset(nx.descendants(flows, n)) for n in candidates}
     anchored = {n: reach[n].intersection(found) for n in candidates}
     candidates = {n for n in candidates if not any(anchored[n] < anchored[o] for o in candidates)}
-    leading = reachable(flows, found, upstream=True)  # what reaches an anchor
+    # what reaches an anchor (asked only of two or more candidates)
+    leading = reachable(flows, found, upstream=True) if len(candidates) > 1 else set()
     if not by_gradients:  # clipping's constants reach every update, as the seed does
         candidates = _not_joining_a_flow(data, candidates, constant, leading)
     # A constant of ones that a forward computation or a custom gradient combines with a value
@@ -218,7 +219,7 @@ def find_seeds(graph: Graph, dag: nx.DiGraph, data: nx.DiGraph, constant: set[st
     # with respect to a loss term's constant factor, do not count). Where that singles out
     # one candidate it is the seed. (Not two: a GAN's generator labels `ones_like(logits)` are
     # read first by the loss, which no gradient op reads, then by a gradient of constants.)
-    batch = reachable(data, fed_inputs(graph))
+    batch = reachable(data, fed_inputs(graph)) if len(candidates) > 1 else set()
     started = {n for n in candidates
                if not any(r.node in batch for reader in data.successors(n) if reader in leading
                           for r in graph.data_inputs(reader))}
