@@ -347,6 +347,47 @@ def test_a_logistic_loss_on_a_tape_keeps_the_tapes_seed():
     assert len(matmuls) == 2 and all(n in found.forward for n in matmuls)
 
 
+def test_a_gans_logistic_losses_leave_its_labels_and_log1p_constants_out_of_the_seeds():
+    """DCGAN's losses: sigmoid cross entropies against `ones_like`/`zeros_like` labels. The
+    generator's labels are constant ones that reach its loss and, as a factor of its gradient
+    (`grad * z`), every generator update; `Log1p`'s gradient adds a constant one to
+    `exp(-|x|)`. The second seed was that constant."""
+    def logistic(critic, real, fake):
+        xent = tf.nn.sigmoid_cross_entropy_with_logits
+        real_logit, fake_logit = critic(real), critic(fake)
+        return (tf.reduce_mean(xent(labels=tf.ones_like(real_logit), logits=real_logit))
+                + tf.reduce_mean(xent(labels=tf.zeros_like(fake_logit), logits=fake_logit)),
+                tf.reduce_mean(xent(labels=tf.ones_like(fake_logit), logits=fake_logit)))
+
+    graph, d_loss, g_loss = _gan(logistic, lambda: tf.compat.v1.train.AdamOptimizer(1e-3))
+    result = split(Graph.from_graph_def(graph.as_graph_def()))
+    assert result.seeds == ("gradients/grad_ys_0", "gradients_1/grad_ys_0")
+    assert result.differentiated == tuple(sorted((d_loss, g_loss)))
+
+
+def test_a_sampled_softmaxs_label_constants_are_not_seeds():
+    """A language model trained through `tf.nn.sampled_softmax_loss` (built outside the repo,
+    TF1, no collections): its true labels' weights are constants of ones that meet the batch in
+    the cross entropy, which the seed's flow reads the backprop of. They were the seeds, so the
+    loss was not found and a dead gradient was fetched in its place."""
+    def step():
+        v1 = tf.compat.v1
+        ids = v1.placeholder(tf.int32, [16, 4], name="ids")
+        target = v1.placeholder(tf.int64, [16, 1], name="target")
+        table = v1.get_variable("table", [500, 16])
+        hidden = v1.layers.dense(tf.reshape(tf.nn.embedding_lookup(table, ids), [16, 64]), 32,
+                                 activation=tf.nn.relu)
+        weights = v1.get_variable("out_w", [500, 32])
+        bias = v1.get_variable("out_b", [500])
+        loss = tf.reduce_mean(tf.nn.sampled_softmax_loss(
+            weights, bias, target, hidden, num_sampled=8, num_classes=500, seed=1), name="loss")
+        v1.train.AdagradOptimizer(0.1).minimize(loss, name="train")
+
+    found = split(build(step))
+    assert found.seeds == ("gradients/grad_ys_0",), found.seeds
+    assert found.differentiated == ("loss",)
+
+
 def test_each_of_two_gradients_finds_its_own_loss(tmp_path):
     """A GAN's losses in no collection: the discriminator's depends on every activation the
     generator's does (through the fake images), so over both flows at once it alone covered

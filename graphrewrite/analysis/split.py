@@ -208,23 +208,21 @@ def find_seeds(graph: Graph, dag: nx.DiGraph, data: nx.DiGraph, constant: set[st
     reach = {n: frozenset(nx.descendants(flows, n)) for n in candidates}
     anchored = {n: reach[n].intersection(found) for n in candidates}
     candidates = {n for n in candidates if not any(anchored[n] < anchored[o] for o in candidates)}
-    # what reaches an anchor (asked only of two or more candidates)
+    # Clipping's constants, a GAN generator's labels `ones_like(logits)`: they join the seed's
+    # flow midway. (Where two join each other, as `tf.compat.v1.losses`' count of ones and the
+    # seed do, the rules below decide.) Asked only of two or more candidates.
     leading = reachable(flows, found, upstream=True) if len(candidates) > 1 else set()
-    if not by_gradients:  # clipping's constants reach every update, as the seed does
-        candidates = _not_joining_a_flow(data, candidates, constant, leading)
-    # A constant of ones that a forward computation or a custom gradient combines with a value
-    # of the batch on the way to an anchor (`1 + erf`, a logistic loss gradient's
-    # `1 + exp(-|x|)`) starts no gradient flow: the seed is first shaped and scaled by
-    # constants alone (a mean's gradient; its readers into dead ends, such as the gradient
-    # with respect to a loss term's constant factor, do not count). Where that singles out
-    # one candidate it is the seed. (Not two: a GAN's generator labels `ones_like(logits)` are
-    # read first by the loss, which no gradient op reads, then by a gradient of constants.)
+    candidates = _not_joining_a_flow(data, candidates, constant, leading) or candidates
+    # A forward constant of ones (a sampled softmax's labels) meets the batch in the forward
+    # pass (its cross entropy reads the logits), where the seed's flow has not been; the seed
+    # meets it in gradients that read what that constant's flow made (the cross entropy's
+    # backprop).
+    if len(candidates) > 1:
+        met = {n: _batch_met(graph, n, reach[n], constant, leading) for n in candidates}
+        candidates = {n for n in candidates if not any(
+            met[n] and not met[n] & reach[o] and met[o] & reach[n]
+            for o in candidates if o != n)} or candidates
     batch = reachable(data, fed_inputs(graph)) if len(candidates) > 1 else set()
-    started = {n for n in candidates
-               if not any(r.node in batch for reader in data.successors(n) if reader in leading
-                          for r in graph.data_inputs(reader))}
-    if len(started) == 1:
-        candidates = started
     # A forward constant of ones (a fresh layer-norm scale, GELU's `1 + erf`) reaches the loss
     # as well as every gradient; a seed reaches only gradients. Drop candidates that reach
     # strictly more sinks than another candidate does. By data edges: a TF2 step's output
@@ -246,15 +244,38 @@ def find_seeds(graph: Graph, dag: nx.DiGraph, data: nx.DiGraph, constant: set[st
     return sorted(n for n in candidates if not any(ends[o] < ends[n] for o in candidates))
 
 
+def _batch_met(graph: Graph, start: str, reach: frozenset, constant: set[str],
+               leading: set[str]) -> set[str]:
+    """The computed values `start`'s flow first meets on the way to an anchor: read by a node of
+    `leading` beside a constant-valued value of that flow (or `start`)."""
+    met, seen, stack = set(), {start}, [start]
+    while stack:
+        name = stack.pop()
+        for reader in graph.successors(name):
+            if reader in seen or reader not in reach or reader not in leading:
+                continue
+            seen.add(reader)
+            values = {r.node for r in graph.data_inputs(reader)}
+            if name not in values:
+                continue  # a control edge
+            computed = {v for v in values if v not in constant and v not in (start,)}
+            if computed:
+                met |= computed
+            else:
+                stack.append(reader)
+    return met
+
+
 def _not_joining_a_flow(data: nx.DiGraph, candidates: set[str], constant: set[str],
                         leading: set[str]) -> set[str]:
     """Candidates that join no other candidate's flow midway: dropped is one whose reader on
-    the way to an update (in `leading`) another's flow reaches while it is not in that flow
+    the way to an anchor (in `leading`) another's flow reaches while it is not in that flow
     itself. A seed's reader that leads nowhere (the dead gradient of `compute_average_loss`'s
     `div_no_nan` with respect to its count, which reads the forward sum) does not count, or a
-    forward constant of ones (GELU's `1 + erf`) would drop the seed. Anchored on the optimizer's
-    updates (a model without gradient ops), clipping's constants of ones reach them all as the
-    seed does, but their readers are in the seed's flow. A flow follows values, not shapes: it
+    forward constant of ones (GELU's `1 + erf`) would drop the seed. Clipping's constants of
+    ones reach every update as the seed does, but their readers are in the seed's flow; a
+    GAN generator's labels are a factor of its loss's gradient (`grad * z`), read where the
+    seed's flow has been. A flow follows values, not shapes: it
     does not pass from a computed value into a constant-valued node (`Shape(x)`), so the seed,
     read beside shapes of forward values, stays, and so does an `OnesLike(loss)` seed beside a
     forward constant of ones (which the last rule drops)."""
