@@ -303,6 +303,16 @@ def _gan(losses, optimizer):
     return graph, d_loss.op.name, g_loss.op.name
 
 
+def _logistic(critic, real, fake):
+    """DCGAN's losses (`_gan`'s `losses`): sigmoid cross entropies against `ones_like` and
+    `zeros_like` labels, the discriminator's and the generator's."""
+    xent = tf.nn.sigmoid_cross_entropy_with_logits
+    real_logit, fake_logit = critic(real), critic(fake)
+    return (tf.reduce_mean(xent(labels=tf.ones_like(real_logit), logits=real_logit))
+            + tf.reduce_mean(xent(labels=tf.zeros_like(fake_logit), logits=fake_logit)),
+            tf.reduce_mean(xent(labels=tf.ones_like(fake_logit), logits=fake_logit)))
+
+
 def test_a_second_optimizer_under_the_first_ones_control_dependencies():
     """A GAN's habit: the generator's step built under `control_dependencies([d_train])`, so
     its seed and every gradient op wait on the discriminator's update. That control edge does
@@ -352,14 +362,7 @@ def test_a_gans_logistic_losses_leave_its_labels_and_log1p_constants_out_of_the_
     generator's labels are constant ones that reach its loss and, as a factor of its gradient
     (`grad * z`), every generator update; `Log1p`'s gradient adds a constant one to
     `exp(-|x|)`. The second seed was that constant."""
-    def logistic(critic, real, fake):
-        xent = tf.nn.sigmoid_cross_entropy_with_logits
-        real_logit, fake_logit = critic(real), critic(fake)
-        return (tf.reduce_mean(xent(labels=tf.ones_like(real_logit), logits=real_logit))
-                + tf.reduce_mean(xent(labels=tf.zeros_like(fake_logit), logits=fake_logit)),
-                tf.reduce_mean(xent(labels=tf.ones_like(fake_logit), logits=fake_logit)))
-
-    graph, d_loss, g_loss = _gan(logistic, lambda: tf.compat.v1.train.AdamOptimizer(1e-3))
+    graph, d_loss, g_loss = _gan(_logistic, lambda: tf.compat.v1.train.AdamOptimizer(1e-3))
     result = split(Graph.from_graph_def(graph.as_graph_def()))
     assert result.seeds == ("gradients/grad_ys_0", "gradients_1/grad_ys_0")
     assert result.differentiated == tuple(sorted((d_loss, g_loss)))
@@ -392,19 +395,10 @@ def test_each_of_two_gradients_finds_its_own_loss(tmp_path):
     """A GAN's losses in no collection: the discriminator's depends on every activation the
     generator's does (through the fake images), so over both flows at once it alone covered
     the most and the generator's loss was neither modelled nor compared. Each seed's flow
-    names its own. (The generator's one-term logistic loss leaves its seed ambiguous: the
-    constant 1 of `Log1p`'s gradient `grad / (1 + x)` reaches every anchor the seed does and
-    fewer sinks, so it is taken for the seed; the flow from it still finds the loss.)"""
+    names its own."""
     from graphrewrite.analysis.step import default_fetches
 
-    def logistic(critic, real, fake):
-        bce = tf.nn.sigmoid_cross_entropy_with_logits
-        d_real, d_fake = critic(real), critic(fake)
-        return (tf.reduce_mean(bce(labels=tf.ones_like(d_real), logits=d_real))
-                + tf.reduce_mean(bce(labels=tf.zeros_like(d_fake), logits=d_fake)),
-                tf.reduce_mean(bce(labels=tf.ones_like(d_fake), logits=d_fake)))
-
-    graph, d_loss, g_loss = _gan(logistic, lambda: tf.compat.v1.train.AdamOptimizer(0.1))
+    graph, d_loss, g_loss = _gan(_logistic, lambda: tf.compat.v1.train.AdamOptimizer(0.1))
     result = split(Graph.from_graph_def(graph.as_graph_def()))
     assert len(result.seeds) == 2
     assert result.differentiated == tuple(sorted((d_loss, g_loss)))

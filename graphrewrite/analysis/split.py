@@ -258,7 +258,7 @@ def _batch_met(graph: Graph, start: str, reach: frozenset, constant: set[str],
             values = {r.node for r in graph.data_inputs(reader)}
             if name not in values:
                 continue  # a control edge
-            computed = {v for v in values if v not in constant and v not in (start,)}
+            computed = {v for v in values if v not in constant and v != start}
             if computed:
                 met |= computed
             else:

@@ -66,8 +66,7 @@ def curve(model: Model, points: int = POINTS, profile: str = "default",
                 "plan": plan_mod.plan_of(result, model.graph)}
 
     lowest = point("estimate", None)
-    budgets = sorted({int(original - (original - lowest["peak_bytes"]) * k / (points + 1))
-                      for k in range(1, points + 1)}, reverse=True)
+    budgets = _between(original, lowest["peak_bytes"], points)
     found = {"original_peak_bytes": original, "profile": profile,
              "estimate": [p for b in budgets if (p := point("estimate", b))] + [lowest]}
     from ..planning import exact
@@ -109,6 +108,11 @@ def lever_points(model: Model, points: int, profile: str | None,
                 "modified": result.changed, "plan": plan_mod.plan_of(result, model.graph)}
 
     lowest = point(None)
-    budgets = sorted({int(original["peak"] - (original["peak"] - lowest["peak_bytes"]) * k
-                          / (points + 1)) for k in range(1, points + 1)}, reverse=True)
+    budgets = _between(original["peak"], lowest["peak_bytes"], points)
     return [point(budget) for budget in budgets] + [lowest]
+
+
+def _between(high: int, low: int, points: int) -> list[int]:
+    """`points` budgets spread evenly between `high` and `low` (neither), highest first."""
+    return sorted({int(high - (high - low) * k / (points + 1)) for k in range(1, points + 1)},
+                  reverse=True)
