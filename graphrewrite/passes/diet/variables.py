@@ -381,9 +381,13 @@ class Diet:
 
     def _order_after_late_reads(self, update: str) -> None:
         """The update writes the variable after its backward reads have read it (the weight
-        gradient a read waits on can come before the gradient the update waits on)."""
+        gradient a read waits on can come before the gradient the update waits on), unless a
+        read comes after the update already: it reads the new value, as its forward read does
+        (a GAN step's generator reading the discriminator it has just updated)."""
+        later = reachable(self.graph.nx, [update]) if self.late_reads else set()
         for read in self.late_reads:
-            self.graph.add_control(read, update)
+            if read not in later:
+                self.graph.add_control(read, update)
         self.late_reads = []
 
     def _quantize_write(self, b: Builder, user: str, inputs: list[TensorRef], shape: tuple,
