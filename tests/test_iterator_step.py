@@ -53,3 +53,43 @@ def test_the_analyses_leave_the_iterator_op_as_it_was(model):
 def test_verify_says_what_to_export_instead(model):
     with pytest.raises(GraphRewriteError, match="tf.data iterator .*model.train_step"):
         verify.verify(model, model, verify.VerifyOptions(runs=0), isolated=False)
+
+
+@pytest.fixture(scope="module")
+def looped(tmp_path_factory):
+    """Keras's `model.train_function` with `steps_per_execution`: the steps in a functional
+    While loop whose body reads the iterator passed into it."""
+    weights = tf.Variable(tf.ones([8, 4]), name="weights")
+    data = tf.data.Dataset.from_tensors((tf.ones([16, 8]), tf.zeros([16], tf.int32))).repeat()
+
+    @tf.function
+    def train_function(iterator):
+        loss = tf.constant(0.0)
+        for _ in tf.range(2):
+            x, labels = next(iterator)
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                    labels=labels, logits=tf.nn.relu(x @ weights)))
+            weights.assign_sub(0.1 * tape.gradient(loss, weights))
+        return loss
+
+    concrete = train_function.get_concrete_function(iter(data))
+    path = tmp_path_factory.mktemp("looped") / "steps.pb"
+    path.write_bytes(concrete.graph.as_graph_def(add_shapes=True).SerializeToString())
+    return io.load(path)
+
+
+def test_an_iterator_a_loop_reads_is_no_variable_and_the_note_names_the_loop(looped):
+    from graphrewrite.passes.recompute import RecomputeResult
+    from graphrewrite.pipeline import run as pipeline
+
+    graph = looped.graph
+    handles = bind.iterators(graph)
+    assert len(handles) == 1 and not handles & set(bind.resource_placeholders(graph))
+    loop = next(n for n in graph.nodes() if graph.op(n) in ("While", "StatelessWhile"))
+    result = pipeline.optimize(looped, "memory", as_run=False)
+    assert not result.changed
+    note = result.of(RecomputeResult).note
+    assert f"inside loop '{loop}'" in note and "model.train_step" in note, note
+    with pytest.raises(GraphRewriteError, match="tf.data iterator"):
+        verify.verify(looped, looped, verify.VerifyOptions(runs=0), isolated=False)

@@ -79,10 +79,25 @@ def resource_placeholders(graph: Graph) -> list[str]:
 
 
 def iterators(graph: Graph) -> set[str]:
-    """The resource placeholders only iterator ops read: a `tf.data` iterator's handle."""
-    return {n for n in graph.nodes() if is_resource_placeholder(graph.node_def(n))
-            and graph.successors(n)
-            and all(graph.op(r) in ITERATOR_OPS for r in graph.successors(n))}
+    """The resource placeholders only iterator ops read, in the graph or in the functions a
+    call or a loop passes them to (Keras's `steps_per_execution` loop reads its batches in its
+    body): a `tf.data` iterator's handle."""
+    def reader_ops(name):
+        for user, slot in graph.consumers(TensorRef(name)):
+            if slot is None or slot < 0:
+                continue
+            if graph.op(user) not in CALLS:
+                yield graph.op(user)
+            for function, arg in _arguments(graph, user, slot):
+                yield from (n.op for n in function.node_def if arg in n.input)
+
+    found = set()
+    for name in graph.nodes():
+        if is_resource_placeholder(graph.node_def(name)):
+            ops_read = list(reader_ops(name))
+            if ops_read and all(op in ITERATOR_OPS for op in ops_read):
+                found.add(name)
+    return found
 
 
 def value_spec(graph: Graph, shapes, name: str) -> ValueSpec:
@@ -190,20 +205,26 @@ CALLS = {"If": (BRANCHES, 1), "StatelessIf": (BRANCHES, 1),
          "PartitionedCall": (("f",), 0), "StatefulPartitionedCall": (("f",), 0)}
 
 
-def _read_in_functions(graph: Graph, user: str, slot: int) -> ValueSpec | None:
-    """The variable's dtype and shape from a read inside a function `user` calls with it (a
-    loss-scale optimizer's update reads its slots only inside its `cond`'s branches): the
-    `_output_shapes` a function body's `ReadVariableOp` records."""
+def _arguments(graph: Graph, user: str, slot: int) -> list:
+    """(FunctionDef, argument name) of each function the call or loop `user` passes its input
+    `slot` to; none for another op."""
+    if graph.op(user) not in CALLS:
+        return []
     attrs, skipped = CALLS[graph.op(user)]
     node = graph.node_def(user)
     names = [f.name for a in attrs for f in ([node.attr[a].func] if node.attr[a].HasField("func")
                                              else node.attr[a].list.func)]
     library = {f.signature.name: f for f in graph.shell.library.function}
-    for function in filter(None, map(library.get, names)):
-        args = function.signature.input_arg
-        if not 0 <= slot - skipped < len(args):
-            continue
-        arg = args[slot - skipped].name
+    return [(function, function.signature.input_arg[slot - skipped].name)
+            for function in filter(None, map(library.get, names))
+            if 0 <= slot - skipped < len(function.signature.input_arg)]
+
+
+def _read_in_functions(graph: Graph, user: str, slot: int) -> ValueSpec | None:
+    """The variable's dtype and shape from a read inside a function `user` calls with it (a
+    loss-scale optimizer's update reads its slots only inside its `cond`'s branches): the
+    `_output_shapes` a function body's `ReadVariableOp` records."""
+    for function, arg in _arguments(graph, user, slot):
         body = {n.name: n for n in function.node_def}
         for body_node in function.node_def:
             if body_node.input[:1] != [arg]:

@@ -38,7 +38,9 @@ def is_variable(graph: Graph, name: str) -> bool:
 
 
 def variables(graph: Graph) -> list[str]:
-    return [n for n in graph.nodes() if is_variable(graph, n)]
+    """The graph's variables (not a `tf.data` iterator's handle, also a resource placeholder)."""
+    handles = bind.iterators(graph)
+    return [n for n in graph.nodes() if is_variable(graph, n) and n not in handles]
 
 
 def parameter_nodes(graph: Graph, constant: frozenset | set,

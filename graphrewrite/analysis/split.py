@@ -36,7 +36,7 @@ from ..core.errors import GraphRewriteError
 from ..core.graph import Graph, neighbours
 
 __all__ = ["FORWARD_INPUTS", "UPDATE_PREFIXES", "VARIABLE_WRITES", "SHAPE_OPS", "FED_OPS",
-           "SOURCE_INPUT_OPS", "is_gradient_op", "is_update_op", "anchors", "backward_functions",
+           "no_backward_pass", "SOURCE_INPUT_OPS", "is_gradient_op", "is_update_op", "anchors", "backward_functions",
            "Split", "split", "find_seeds", "reachable", "loop_frame_nodes",
            "cond_branch_nodes", "enclosed", "constant_valued", "fed_inputs"]
 
@@ -113,6 +113,21 @@ def backward_functions(function_library) -> frozenset:
         changed = not grown <= found
         found |= grown
     return frozenset(found)
+
+
+def no_backward_pass(graph: Graph) -> str:
+    """What a pass says when the split finds no gradient seed: where the backward pass is
+    instead, when a functional loop's body holds one (a loop of training steps, as Keras's
+    `steps_per_execution` writes `model.train_function`: a step is what the passes plan)."""
+    backward = backward_functions(graph.shell.library)
+    loops = sorted(n for n in graph.nodes() if graph.op(n) in ("While", "StatelessWhile")
+                   and graph.node_def(n).attr["body"].func.name in backward)
+    if not loops:
+        return "no backward pass found: nothing to do"
+    return (f"no backward pass in the step itself: it runs inside loop '{loops[0]}', a loop of "
+            "training steps (as Keras's steps_per_execution writes model.train_function); "
+            "graphrewrite rewrites one step: export a tf.function over tensors calling "
+            "model.train_step((x, y))")
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from tensorflow.core.framework import attr_value_pb2
 
 from ..analysis import memory
 from ..analysis.shapes import Shapes, TensorInfo
-from ..analysis.split import reachable
+from ..analysis.split import no_backward_pass, reachable
 from ..analysis.step import Analysis
 from ..core import dtypes
 from ..core import selectors as selectors_mod
@@ -116,7 +116,7 @@ def run(graph: Graph, analysis: Analysis, options: SwapOptions, model=None):
     if options.policy == "manual" or options.tensors:
         chosen, skipped = _requested(ctx, timing, options.tensors)
     elif not analysis.split.seeds:
-        return SwapResult(graph, False, note="no backward pass found: nothing to do")
+        return SwapResult(graph, False, note=no_backward_pass(graph))
     else:
         candidates, skipped = _candidates(ctx, timing)
         chosen = _search(ctx, candidates, options)

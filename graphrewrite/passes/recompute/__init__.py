@@ -47,6 +47,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ...analysis import memory
+from ...analysis.split import no_backward_pass
 from ...analysis.step import Analysis
 from ...core.errors import GraphRewriteError
 from ...core.graph import Graph
@@ -154,7 +155,7 @@ def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None)
     peak is within it, two-level spreads included whatever their cost.
     """
     if not analysis.split.seeds:
-        return RecomputeResult(graph, False, note="no backward pass found: nothing to do")
+        return RecomputeResult(graph, False, note=no_backward_pass(graph))
     ctx = Context.build(graph, analysis)
     pins, pinned = _pins(ctx, options)
     if options.policy == "collection":
