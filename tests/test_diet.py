@@ -50,7 +50,7 @@ def test_mode_and_help_name_the_options():
     from graphrewrite.pipeline.modes import MODE_HELP, MODES
 
     assert MODES["diet"] == "diet"
-    for option in ("format=int16|bfloat16", "momentum=drop|keep", "factored=true",
+    for option in ("format=int16|bfloat16", "momentum=drop|keep|bfloat16", "factored=true",
                    "rounding=stochastic|nearest", "min_size=1024", "scale="):
         assert option in MODE_HELP["diet"]
     assert grammar.compose("diet", "diet recompute(policy=memory)") == \

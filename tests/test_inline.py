@@ -1,5 +1,7 @@
 """Inlining the calls of functions that run a loop (a TF2 Keras RNN's forward and backward)."""
 
+import json
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -97,8 +99,6 @@ def test_a_nested_tf_function_step_is_inlined_and_its_activations_recomputed(nes
     out = tmp_path / "opt.pb"
     result = run_cli("optimize", nested, "-o", out, "--json", "--no-as-run")
     assert result.exit_code == 0, result.output
-    import json
-
     facts = json.loads(result.stdout)
     assert sorted(facts["inlined"]) == ["PartitionedCall", "StatefulPartitionedCall"]
     assert facts["recomputed"] and facts["peak_bytes"]["after"] < facts["peak_bytes"]["before"]
@@ -149,3 +149,35 @@ def test_a_plan_naming_inlined_nodes_replays_to_the_same_bytes(nested, tmp_path)
     assert refused.exit_code == 2 and "not in the graph" in refused.stderr
     assert refused.stderr.startswith("graphrewrite: error: --plan")
     assert not (tmp_path / "bad.pb").exists()
+
+
+def test_a_step_inside_a_call_xla_compiles_is_left_and_the_note_says_so(tmp_path):
+    """A whole step traced with `jit_compile=True`, called from an outer `tf.function`: the
+    call is left whole (XLA would merge recomputed copies back), the analysis warns that XLA
+    plans the memory inside it (the model was 90% under the measured peak, silently), and the
+    note names the call instead of 'no backward pass found'."""
+    from conftest import run_cli
+
+    weights = tf.Variable(tf.ones([64, 10]))
+
+    @tf.function(jit_compile=True)
+    def inner(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(
+                y, tf.nn.relu(x @ weights), from_logits=True))
+        weights.assign_sub(0.1 * tape.gradient(loss, weights))
+        return loss
+
+    @tf.function(input_signature=[tf.TensorSpec([32, 64], tf.float32, name="x"),
+                                  tf.TensorSpec([32], tf.int32, name="y")])
+    def step(x, y):
+        return inner(x, y)
+
+    path = tmp_path / "xla_step.pb"
+    path.write_bytes(step.get_concrete_function().graph.as_graph_def(
+        add_shapes=True).SerializeToString())
+    result = run_cli("optimize", path, "-o", tmp_path / "opt.pb", "--json")
+    assert result.exit_code == 0, result.output
+    note = json.loads(result.stdout)["note"]
+    assert "a call XLA compiles (jit_compile=True)" in note, note
+    assert "XLA plans the memory inside them" in result.stderr

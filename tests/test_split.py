@@ -249,6 +249,58 @@ def test_a_collected_loss_that_is_not_minimised_is_fetched_with_the_minimised_on
     assert export("renamed.meta", False)[1:] == ["sparse_softmax_cross_entropy_loss/value"]
 
 
+def test_values_the_backward_pass_computes_and_nothing_reads_are_not_fetched(tmp_path):
+    """A TF1 graph with no collections whose updates no op groups (a Keras optimizer's
+    `apply_gradients` in graph mode): the sinks are the updates, the loss and the gradient of
+    the GELU's constant divisor, which nothing reads and no session runs (a ConvNeXt's verify
+    compared it, and Grappler's regrouping made it differ by 6e-14)."""
+    from graphrewrite.analysis.step import default_fetches, sinks
+
+    with tf.Graph().as_default() as g:
+        x = placeholder(shape=(8, 16))
+        w = tf.compat.v1.get_variable("w", [16, 4], use_resource=True)
+        h = tf.matmul(x, w)
+        loss = tf.reduce_mean(0.5 * h * (1.0 + tf.math.erf(h / tf.sqrt(2.0))), name="loss")
+        grad, = tf.gradients(loss, [w])
+        w.assign_sub(0.1 * grad, name="update")
+        meta = tf.compat.v1.train.export_meta_graph(graph=g)
+    path = tmp_path / "dropped.meta"
+    path.write_bytes(meta.SerializeToString())
+    model = io.load(path)
+    dead = [n for n in sinks(model.graph) if n.startswith("gradients/") and
+            model.graph.op(n) != "NoOp"]
+    assert dead  # the divisor's gradient: computed, read by nothing
+    fetched = default_fetches(model)
+    assert "loss" in fetched and not set(dead) & set(fetched), fetched
+    update = next(n for n in model.graph.nodes() if model.graph.op(n) == "AssignSubVariableOp")
+    assert any(nx.has_path(model.graph.nx, update, n) for n in fetched), fetched  # its read
+
+
+def test_a_loss_grouped_with_the_updates_is_the_loss_and_fetched(tmp_path):
+    """Keras's TF1 train function runs `group_deps`, a NoOp waiting by control edges on the
+    loss (the weighted sum of two heads' losses) and the updates: the loss is no sink, and a
+    metric's sum of one head's loss, written to its total, was taken for it (and verify's
+    `--steps` compared a gradient)."""
+    from graphrewrite.analysis.step import default_fetches
+
+    with tf.Graph().as_default() as g:
+        x = placeholder(shape=(8, 16))
+        w = tf.compat.v1.get_variable("w", [16, 2], use_resource=True)
+        h = tf.matmul(x, w)
+        first, second = tf.reduce_mean(tf.square(h[:, 0])), tf.reduce_mean(tf.abs(h[:, 1]))
+        total = tf.compat.v1.get_variable("total", [], trainable=False, use_resource=True)
+        metric = total.assign_add(tf.reduce_sum(second), read_value=False)
+        loss = tf.add_n([first, 0.5 * second], name="loss")
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+        tf.group(loss, train, metric, name="group_deps")
+        meta = tf.compat.v1.train.export_meta_graph(graph=g)
+    path = tmp_path / "grouped.meta"
+    path.write_bytes(meta.SerializeToString())
+    model = io.load(path)
+    assert split(model.graph).differentiated == ("loss",)
+    assert default_fetches(model) == ["group_deps", "loss"]
+
+
 class _Recomputed(tf.keras.layers.Layer):
     """Two dense layers called under `tf.recompute_grad` (gradient checkpointing by hand)."""
 

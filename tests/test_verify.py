@@ -289,3 +289,63 @@ def test_equal_outputs_that_are_not_finite_match_with_a_warning(tmp_path):
     assert facts["match"] and facts["max_abs_diff"] == 0.0
     assert facts["not_finite"] == ["overflow:0", "undefined:0"]
     assert "NaN or inf" in shown.stderr and "RuntimeWarning" not in shown.stderr
+
+
+def test_steps_follow_the_loss_the_optimizer_minimizes(tmp_path):
+    """An estimator collects its cross entropy in `losses` and minimizes it plus the L2 loss:
+    `--steps` compares the minimized total, not the first scalar fetched."""
+    import tensorflow as tf
+
+    with tf.Graph().as_default() as g:
+        tf.compat.v1.set_random_seed(1)
+        x = tf.compat.v1.placeholder(tf.float32, (8, 16), name="x")
+        labels = tf.compat.v1.placeholder(tf.int32, (8,), name="labels")
+        logits = tf.compat.v1.layers.dense(x, 4, kernel_regularizer=tf.keras.regularizers.l2(1.0))
+        loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+        total = tf.add(loss, tf.compat.v1.losses.get_regularization_loss(), name="total")
+        train = tf.compat.v1.train.AdamOptimizer(0.1).minimize(total)
+        tf.compat.v1.add_to_collection("train_op", train)
+        tf.compat.v1.global_variables_initializer()
+        meta = tf.compat.v1.train.export_meta_graph(graph=g)
+    path = tmp_path / "estimator.meta"
+    path.write_bytes(meta.SerializeToString())
+    outcome = verify.verify(io.load(path), io.load(path), verify.VerifyOptions(
+        runs=0, steps=2, rtol=0.01, int_high=4), isolated=False)
+    assert outcome.to_json()["loss"] == "total:0"
+
+
+def _unseeded_step(path):
+    """A TF1 training step built without `set_random_seed`: its initialiser draws anew in
+    every session."""
+    import tensorflow as tf
+
+    with tf.Graph().as_default() as g:
+        x = tf.compat.v1.placeholder(tf.float32, (8, 16), name="x")
+        w = tf.compat.v1.get_variable("w", [16, 1])
+        loss = tf.reduce_mean(tf.square(tf.nn.dropout(tf.matmul(x, w), 0.5)), name="loss")
+        tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, name="train")
+        tf.compat.v1.global_variables_initializer()
+        meta = tf.compat.v1.train.export_meta_graph(graph=g)
+    path.write_bytes(meta.SerializeToString())
+    return path
+
+
+def test_a_graph_without_seeds_matches_itself(tmp_path):
+    """Its initial weights and dropout masks were drawn anew in each run: the graph differed
+    from itself by 1.0, and a rewrite of it would have been blamed."""
+    path = _unseeded_step(tmp_path / "step.meta")
+    shown = run_cli("verify", path, path, "--runs", "1", "--json")
+    assert shown.exit_code == 0, shown.stdout
+    assert json.loads(shown.stdout)["max_abs_diff"] == 0.0
+
+
+def test_steps_that_train_nothing_are_said_to(tmp_path):
+    """`--outputs loss` alone runs no update: every step's loss is the same, and a MATCH of
+    two such curves says nothing of a lossy rewrite (a ConvNeXt's diet check passed so)."""
+    path = _unseeded_step(tmp_path / "step.meta")
+    shown = run_cli("verify", path, path, "--steps", "3", "--batches", "1", "--runs", "1",
+                    "--outputs", "loss")
+    assert shown.exit_code == 0, shown.stderr
+    assert "the steps train nothing" in shown.stderr
+    shown = run_cli("verify", path, path, "--steps", "3", "--batches", "1", "--runs", "1")
+    assert shown.exit_code == 0 and "train nothing" not in shown.stderr, shown.stderr

@@ -36,7 +36,7 @@ from ..core.errors import GraphRewriteError
 from ..core.graph import Graph, neighbours
 
 __all__ = ["FORWARD_INPUTS", "UPDATE_PREFIXES", "VARIABLE_WRITES", "SHAPE_OPS", "FED_OPS",
-           "no_backward_pass", "SOURCE_INPUT_OPS", "is_gradient_op", "is_update_op", "anchors", "backward_functions",
+           "no_backward_pass", "xla_calls", "SOURCE_INPUT_OPS", "is_gradient_op", "is_update_op", "anchors", "backward_functions",
            "Split", "split", "find_seeds", "reachable", "loop_frame_nodes",
            "cond_branch_nodes", "enclosed", "constant_valued", "fed_inputs"]
 
@@ -117,17 +117,39 @@ def backward_functions(function_library) -> frozenset:
 
 def no_backward_pass(graph: Graph) -> str:
     """What a pass says when the split finds no gradient seed: where the backward pass is
-    instead, when a functional loop's body holds one (a loop of training steps, as Keras's
-    `steps_per_execution` writes `model.train_function`: a step is what the passes plan)."""
+    instead, when a function holds one that the passes do not enter: a functional loop's body
+    (a loop of training steps, as Keras's `steps_per_execution` writes `model.train_function`:
+    a step is what the passes plan) or a call XLA compiles (`jit_compile=True`)."""
     backward = backward_functions(graph.shell.library)
     loops = sorted(n for n in graph.nodes() if graph.op(n) in ("While", "StatelessWhile")
                    and graph.node_def(n).attr["body"].func.name in backward)
-    if not loops:
-        return "no backward pass found: nothing to do"
-    return (f"no backward pass in the step itself: it runs inside loop '{loops[0]}', a loop of "
-            "training steps (as Keras's steps_per_execution writes model.train_function); "
-            "graphrewrite rewrites one step: export a tf.function over tensors calling "
-            "model.train_step((x, y))")
+    compiled = [n for n in xla_calls(graph) if graph.node_def(n).attr["f"].func.name in backward]
+    if loops:
+        return (f"no backward pass in the step itself: it runs inside loop '{loops[0]}', a loop "
+                "of training steps (as Keras's steps_per_execution writes "
+                "model.train_function); graphrewrite rewrites one step: export a tf.function "
+                "over tensors calling model.train_step((x, y))")
+    if compiled:
+        return (f"no backward pass in the step itself: it runs inside '{compiled[0]}', a call "
+                "XLA compiles (jit_compile=True), which plans that call's memory itself and "
+                "would merge recomputed copies back; graphrewrite leaves it: export the step "
+                "without jit_compile to rewrite it")
+    return "no backward pass found: nothing to do"
+
+
+def xla_calls(graph: Graph) -> list[str]:
+    """Function calls XLA compiles (`_XlaMustCompile`, on the call or its function), sorted."""
+    library = {f.signature.name: f for f in graph.shell.library.function}
+    found = []
+    for name in graph.nodes():
+        if graph.op(name) not in ("PartitionedCall", "StatefulPartitionedCall"):
+            continue
+        node = graph.node_def(name)
+        function = library.get(node.attr["f"].func.name)
+        marks = [node.attr] + ([function.attr] if function is not None else [])
+        if any("_XlaMustCompile" in attrs and attrs["_XlaMustCompile"].b for attrs in marks):
+            found.append(name)
+    return sorted(found)
 
 
 @dataclass(frozen=True)
@@ -165,10 +187,12 @@ def split(graph: Graph, backward_scope: str | None = None) -> Split:
     flow = reachable(full, seeds)
     sinks = {n for n in graph.nodes() if full.out_degree(n) == 0}
     # A TF2 step returns its loss through an `Identity` that waits on every update by control
-    # edges; that output is in the flow, the value it returns is not.
+    # edges; that output is in the flow, the value it returns is not. Keras's TF1 train
+    # function groups its loss with the updates (`group_deps` waits on both by control edges).
     data_full = data if whole else _data_only(graph, full)
     data_flow = reachable(data_full, seeds)
-    returned = {r.node for n in sinks & flow - data_flow for r in graph.data_inputs(n)}
+    returned = {r.node for n in sinks & flow - data_flow for r in graph.inputs(n)
+                if not r.is_control or _a_value(graph, r.node)}
     outside = {n for n in sinks | returned if n not in constant} - flow
     # Each seed's loss from its own flow: a GAN's generator loss reads fewer activations than
     # the discriminator's, which depends on the generator's output too.
@@ -180,6 +204,12 @@ def split(graph: Graph, backward_scope: str | None = None) -> Split:
     backward = set(graph.nodes()) - forward
     return Split(frozenset(forward), frozenset(backward), tuple(sorted(seeds)), frozenset(flow),
                  tuple(sorted(losses)), frozenset(constant), tuple(sorted(differentiated)))
+
+
+def _a_value(graph: Graph, name: str) -> bool:
+    """A node that computes a value, not a write, an update or a group."""
+    op = graph.op(name)
+    return op not in VARIABLE_WRITES and op != "NoOp" and not is_update_op(op)
 
 
 def find_seeds(graph: Graph, dag: nx.DiGraph, data: nx.DiGraph, constant: set[str]) -> list[str]:

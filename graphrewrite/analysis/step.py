@@ -10,7 +10,7 @@ import weakref
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from ..core import dtypes
+from ..core import dtypes, ops
 from ..core.errors import GraphRewriteError
 from ..core.graph import Graph
 from ..core.io import Model
@@ -83,7 +83,8 @@ def default_fetches(model: Model, graph: Graph | None = None,
     wait on its updates by control edges), else the sinks of the graph that can be fetched:
     not inside a while-loop frame, and (given `shapes`) holding a numeric tensor or nothing at
     all; of a graph with a backward pass, only those the gradient flow ends in and the loss
-    (not initialisers, savers, metrics or a Keras model's unused outputs)."""
+    (not initialisers, savers, metrics or a Keras model's unused outputs), and where some of
+    them write, not the values the others compute and nothing reads (`_drops_a_value`)."""
     graph = graph or model.graph
     meta = model.meta_graph
     if meta is not None and "train_op" in meta.collection_def:
@@ -111,10 +112,27 @@ def default_fetches(model: Model, graph: Graph | None = None,
     split = split or split_mod.split(graph)
     if split.seeds:
         found = [n for n in found if n in split.gradient_flow or n in split.differentiated]
+        flow = [n for n in found if n in split.gradient_flow]
+        if any(not _drops_a_value(graph, n) for n in flow):
+            found = [n for n in found if n not in flow or not _drops_a_value(graph, n)]
+        # the loss, also where it is no sink (Keras's TF1 train function waits on it)
+        found += [n for n in split.differentiated if n not in found and n not in in_loop]
     if shapes is None:
         return found
     return [n for n in found if not shapes.outputs(n)
             or dtypes.base(shapes[shapes.outputs(n)[0]].dtype) not in dtypes.HANDLES]
+
+
+def _drops_a_value(graph: Graph, name: str) -> bool:
+    """A sink that computes a value, writes nothing and waits for nothing: where a step also
+    writes (variable writes, updates, groups of them, reads ordered after them), a value its
+    backward pass computed and nothing read (the gradient of a constant divisor, which a
+    ConvNeXt's verify compared)."""
+    op = graph.op(name)
+    definition = ops.op_def(op)
+    return not (op == "NoOp" or op in split_mod.VARIABLE_WRITES or split_mod.is_update_op(op)
+                or definition is None or not definition.output_arg
+                or graph.control_inputs(name))
 
 
 def _through_identities(graph: Graph, name: str) -> str:
@@ -160,6 +178,11 @@ def analyse(model: Model, graph: Graph | None = None, options: AnalysisOptions |
     if report is None or device is not None:
         report = memory.simulate(graph, shapes, fetch_nodes, device)
     total = flops_mod.total_flops(graph, shapes, report.order) if planned else 0
+    compiled = split_mod.xla_calls(graph)
+    if compiled:
+        log.warning("%d calls are compiled by XLA (jit_compile=True), e.g. %s: XLA plans the "
+                    "memory inside them, and the model counts only what they return",
+                    len(compiled), compiled[0])
     blind = parameters.unknown_variables(graph, shapes)
     if blind:
         log.warning("%d captured variables have no recorded value shape and count 0 bytes "

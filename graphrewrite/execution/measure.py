@@ -39,6 +39,7 @@ import signal
 import statistics
 import threading
 import time
+import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -46,7 +47,8 @@ import numpy as np
 __all__ = ["BFC_FLAG", "ONEDNN_FLAG", "TRACED_STEPS", "STEPS_COMPARED", "RESTORE_FROM",
            "measurement_environment", "measurement_caveats", "StepMeasurement", "run_step_isolated",
            "time_interleaved", "deaf_to_ctrl_c", "time_steps", "compute_device", "run_step",
-           "loss_curve", "random_feeds", "upstream", "allocator_in_use", "allocator_peak"]
+           "seeded", "LossCurve", "loss_curve", "random_feeds", "upstream", "allocator_in_use",
+           "allocator_peak"]
 
 log = logging.getLogger(__name__)
 
@@ -259,6 +261,7 @@ def _import(message, feeds: dict[str, np.ndarray]):
 
     from ..analysis import bind  # not at the top: this module loads before TensorFlow may
 
+    message = seeded(message)
     graph = tf.Graph()
     with graph.as_default():
         if message.DESCRIPTOR.name == "MetaGraphDef":
@@ -273,6 +276,24 @@ def _import(message, feeds: dict[str, np.ndarray]):
             tf.graph_util.import_graph_def(message, input_map=imported.input_map, name="")
     imported.graph = graph
     return imported
+
+
+def seeded(message):
+    """`message` (a GraphDef or MetaGraphDef), or a copy whose random ops without a seed (`seed`
+    and `seed2` 0: TensorFlow draws one per session) have one made from their name: two runs,
+    and an original and its rewrite, which keeps such ops and their names, then start from the
+    same initial weights and draw the same dropout masks (a TF1 graph built without
+    `set_random_seed` differed from itself by 1.0 in verify, and the rewrite was blamed)."""
+    copy = type(message)()
+    copy.CopyFrom(message)
+    graph_def = copy.graph_def if copy.DESCRIPTOR.name == "MetaGraphDef" else copy
+    unseeded = [n for n in (*graph_def.node, *(n for f in graph_def.library.function
+                                               for n in f.node_def))
+                if "seed" in n.attr and "seed2" in n.attr
+                and n.attr["seed"].i == 0 and n.attr["seed2"].i == 0]
+    for node in unseeded:
+        node.attr["seed2"].i = zlib.crc32(node.name.encode()) % (2**31 - 1) + 1
+    return copy if unseeded else message
 
 
 def _restored(graph, meta, checkpoint: str):
@@ -399,23 +420,32 @@ def run_step(message, feeds: dict[str, np.ndarray], fetches: list[str],
                            variables, timeline, traced_metadata)
 
 
+class LossCurve(list):
+    """The loss after each step, and whether the steps changed any variable (`trained`)."""
+
+    trained: bool = True
+
+
 def loss_curve(message, batches: list[dict[str, np.ndarray]], fetches: list[str],
-               loss: str) -> list[float]:
+               loss: str) -> LossCurve:
     """Run one training step per batch (variables initialised once, as `run_step` does) and
     return the loss tensor's value after each: what `verify --steps` compares for lossy
     rewrites. Resource placeholders are bound from the first batch's values."""
     imported = _import(message, batches[0])
-    session, run_list, _, _ = _open_session(imported, batches[0], fetches, None)
+    session, run_list, _, reads = _open_session(imported, batches[0], fetches, None)
     graph = imported.graph
     target = graph.get_tensor_by_name(loss)
     bound = {k.split(":")[0] for k in imported.input_map}
-    losses = []
+    losses = LossCurve()
     with session:
+        before = session.run(list(reads.values()))
         for batch in batches:
             feed = {graph.get_tensor_by_name(_tensor_name(k)): v for k, v in batch.items()
                     if k not in bound}
             value = session.run([target] + [t for t in run_list if t is not target], feed)[0]
             losses.append(float(value))
+        after = session.run(list(reads.values()))
+    losses.trained = not reads or any(not np.array_equal(a, b) for a, b in zip(before, after))
     return losses
 
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from ..analysis import bind
 from ..analysis import shapes as shapes_mod
+from ..analysis import split as split_mod
 from ..analysis import step as analysis
 from ..core.errors import GraphRewriteError
 from ..core.io import Model
@@ -380,6 +381,10 @@ def _verify_steps(original, rewritten, options: VerifyOptions, shapes, given, in
         except tf.errors.OpError as err:
             raise GraphRewriteError(f"${{steps}}: the {label} graph failed at a training step: "
                                     f"{_first_cause(err.message)}") from None
+    if not curves["original"].trained:
+        log.warning("verify: the original's steps changed no variable: the outputs fetched run "
+                    "no update, so the steps train nothing and say nothing of the rewrite; give "
+                    "the train op with --outputs")
     stage("measuring both")
     first = run(original.runnable(), inputs, fetches, runs)
     own = own_variables(rewritten, inputs, seed)
@@ -535,16 +540,21 @@ def _first_cause(message: str) -> str:
 
 
 def _loss_output(model: Model, fetches: list[str], shapes) -> str:
-    """The loss: the first fetched float scalar (a MetaGraphDef's `losses`, a TF2 step's
-    returned value)."""
+    """The loss: the fetched float scalar the gradient seeds differentiate (what the optimizer
+    minimizes: an estimator's total loss, not the cross entropy its `losses` collection
+    holds), else the first fetched float scalar (a TF2 step's returned value)."""
+    scalars = []
     for name in fetches:
         ref = TensorRef.parse(name)
         info = shapes[ref]
         if info is not None and info.shape == () and np.issubdtype(
                 _numpy_dtype(info.dtype), np.floating):
-            return str(ref) if ":" in name else f"{ref.node}:0"
-    raise GraphRewriteError("${steps} needs a scalar float loss among the fetched outputs "
-                            "(give it with ${fetches})")
+            scalars.append(str(ref) if ":" in name else f"{ref.node}:0")
+    if not scalars:
+        raise GraphRewriteError("${steps} needs a scalar float loss among the fetched outputs "
+                                "(give it with ${fetches})")
+    minimized = set(split_mod.split(model.graph).differentiated)
+    return next((s for s in scalars if TensorRef.parse(s).node in minimized), scalars[0])
 
 
 def _numpy_dtype(dtype: int):

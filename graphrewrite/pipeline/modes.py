@@ -27,6 +27,6 @@ MODE_HELP = {
     "diet": "16-bit variables dequantized where read, a lean Adam/momentum state (factored "
             "second moment, no first moment), stochastic rounding; frozen graphs: 16-bit "
             "constants. Lossy: check with verify --steps N --rtol R. Options: --passes "
-            "'diet(format=int16|bfloat16, scale=0.000305, momentum=drop|keep, factored=true, "
-            "rounding=stochastic|nearest, min_size=1024)'",
+            "'diet(format=int16|bfloat16, scale=0.000305, momentum=drop|keep|bfloat16, "
+            "factored=true, rounding=stochastic|nearest, min_size=1024)'",
 }
