@@ -36,9 +36,10 @@ from ..core.errors import GraphRewriteError
 from ..core.graph import Graph, neighbours
 
 __all__ = ["FORWARD_INPUTS", "UPDATE_PREFIXES", "VARIABLE_WRITES", "SHAPE_OPS", "FED_OPS",
-           "no_backward_pass", "xla_calls", "SOURCE_INPUT_OPS", "is_gradient_op", "is_update_op", "anchors", "backward_functions",
-           "Split", "split", "find_seeds", "reachable", "loop_frame_nodes",
-           "cond_branch_nodes", "enclosed", "constant_valued", "fed_inputs"]
+           "no_backward_pass", "xla_calls", "computes_a_value", "SOURCE_INPUT_OPS",
+           "is_gradient_op", "is_update_op", "anchors", "backward_functions", "Split", "split",
+           "find_seeds", "reachable", "loop_frame_nodes", "cond_branch_nodes", "enclosed",
+           "constant_valued", "fed_inputs"]
 
 # Op type -> indices of inputs that are forward values (not the incoming gradient or a shape).
 FORWARD_INPUTS = {
@@ -192,7 +193,7 @@ def split(graph: Graph, backward_scope: str | None = None) -> Split:
     data_full = data if whole else _data_only(graph, full)
     data_flow = reachable(data_full, seeds)
     returned = {r.node for n in sinks & flow - data_flow for r in graph.inputs(n)
-                if not r.is_control or _a_value(graph, r.node)}
+                if not r.is_control or computes_a_value(graph, r.node)}
     outside = {n for n in sinks | returned if n not in constant} - flow
     # Each seed's loss from its own flow: a GAN's generator loss reads fewer activations than
     # the discriminator's, which depends on the generator's output too.
@@ -206,10 +207,12 @@ def split(graph: Graph, backward_scope: str | None = None) -> Split:
                  tuple(sorted(losses)), frozenset(constant), tuple(sorted(differentiated)))
 
 
-def _a_value(graph: Graph, name: str) -> bool:
-    """A node that computes a value, not a write, an update or a group."""
+def computes_a_value(graph: Graph, name: str) -> bool:
+    """A node that computes a value: not a write, an update or a group (nor an unknown op)."""
     op = graph.op(name)
-    return op not in VARIABLE_WRITES and op != "NoOp" and not is_update_op(op)
+    definition = ops.op_def(op)
+    return (op not in VARIABLE_WRITES and op != "NoOp" and not is_update_op(op)
+            and definition is not None and bool(definition.output_arg))
 
 
 def find_seeds(graph: Graph, dag: nx.DiGraph, data: nx.DiGraph, constant: set[str]) -> list[str]:

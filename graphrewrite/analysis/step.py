@@ -10,7 +10,7 @@ import weakref
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from ..core import dtypes, ops
+from ..core import dtypes
 from ..core.errors import GraphRewriteError
 from ..core.graph import Graph
 from ..core.io import Model
@@ -128,11 +128,7 @@ def _drops_a_value(graph: Graph, name: str) -> bool:
     writes (variable writes, updates, groups of them, reads ordered after them), a value its
     backward pass computed and nothing read (the gradient of a constant divisor, which a
     ConvNeXt's verify compared)."""
-    op = graph.op(name)
-    definition = ops.op_def(op)
-    return not (op == "NoOp" or op in split_mod.VARIABLE_WRITES or split_mod.is_update_op(op)
-                or definition is None or not definition.output_arg
-                or graph.control_inputs(name))
+    return split_mod.computes_a_value(graph, name) and not graph.control_inputs(name)
 
 
 def _through_identities(graph: Graph, name: str) -> str:
