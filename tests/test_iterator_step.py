@@ -13,13 +13,14 @@ from graphrewrite.core.errors import GraphRewriteError
 from graphrewrite.execution import verify
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
+def _train_function(tmp_path_factory, loop: bool):
+    """A step reading its batches from a `tf.data` iterator; with `loop`, two steps in a
+    functional While loop whose body reads the iterator passed into it (Keras's
+    `model.train_function` with `steps_per_execution`)."""
     weights = tf.Variable(tf.ones([8, 4]), name="weights")
     data = tf.data.Dataset.from_tensors((tf.ones([16, 8]), tf.zeros([16], tf.int32))).repeat()
 
-    @tf.function
-    def train_function(iterator):
+    def step(iterator):
         x, labels = next(iterator)
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
@@ -27,10 +28,24 @@ def model(tmp_path_factory):
         weights.assign_sub(0.1 * tape.gradient(loss, weights))
         return loss
 
+    @tf.function
+    def train_function(iterator):
+        if not loop:
+            return step(iterator)
+        loss = tf.constant(0.0)
+        for _ in tf.range(2):
+            loss = step(iterator)
+        return loss
+
     concrete = train_function.get_concrete_function(iter(data))
     path = tmp_path_factory.mktemp("iterator") / "step.pb"
     path.write_bytes(concrete.graph.as_graph_def(add_shapes=True).SerializeToString())
     return io.load(path)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return _train_function(tmp_path_factory, loop=False)
 
 
 def test_the_iterator_is_no_variable(model):
@@ -57,26 +72,7 @@ def test_verify_says_what_to_export_instead(model):
 
 @pytest.fixture(scope="module")
 def looped(tmp_path_factory):
-    """Keras's `model.train_function` with `steps_per_execution`: the steps in a functional
-    While loop whose body reads the iterator passed into it."""
-    weights = tf.Variable(tf.ones([8, 4]), name="weights")
-    data = tf.data.Dataset.from_tensors((tf.ones([16, 8]), tf.zeros([16], tf.int32))).repeat()
-
-    @tf.function
-    def train_function(iterator):
-        loss = tf.constant(0.0)
-        for _ in tf.range(2):
-            x, labels = next(iterator)
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-                    labels=labels, logits=tf.nn.relu(x @ weights)))
-            weights.assign_sub(0.1 * tape.gradient(loss, weights))
-        return loss
-
-    concrete = train_function.get_concrete_function(iter(data))
-    path = tmp_path_factory.mktemp("looped") / "steps.pb"
-    path.write_bytes(concrete.graph.as_graph_def(add_shapes=True).SerializeToString())
-    return io.load(path)
+    return _train_function(tmp_path_factory, loop=True)
 
 
 def test_an_iterator_a_loop_reads_is_no_variable_and_the_note_names_the_loop(looped):
