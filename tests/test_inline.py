@@ -158,7 +158,7 @@ def test_a_step_inside_a_call_xla_compiles_is_left_and_the_note_says_so(tmp_path
     note names the call instead of 'no backward pass found'."""
     from conftest import run_cli
 
-    weights = tf.Variable(tf.ones([64, 10]))
+    weights = tf.Variable(tf.ones([64, 512]))
 
     @tf.function(jit_compile=True)
     def inner(x, y):
@@ -178,6 +178,11 @@ def test_a_step_inside_a_call_xla_compiles_is_left_and_the_note_says_so(tmp_path
         add_shapes=True).SerializeToString())
     result = run_cli("optimize", path, "-o", tmp_path / "opt.pb", "--json")
     assert result.exit_code == 0, result.output
-    note = json.loads(result.stdout)["note"]
-    assert "a call XLA compiles (jit_compile=True)" in note, note
+    facts = json.loads(result.stdout)
+    assert "a call XLA compiles (jit_compile=True)" in facts["note"], facts["note"]
     assert "XLA plans the memory inside them" in result.stderr
+    # as run, the body is modelled as the executor runs it (its shapes, which Grappler drops,
+    # from the inlined body): the logits and their gradient beside the call's inputs
+    shown = json.loads(run_cli("inspect", path, "--json").stdout)
+    assert shown["modelled_as"] == "run"
+    assert shown["peak_bytes"] >= shown["peak_bytes_as_written"] + 2 * 32 * 512 * 4, shown

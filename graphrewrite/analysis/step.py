@@ -177,8 +177,9 @@ def analyse(model: Model, graph: Graph | None = None, options: AnalysisOptions |
     compiled = split_mod.xla_calls(graph)
     if compiled:
         log.warning("%d calls are compiled by XLA (jit_compile=True), e.g. %s: XLA plans the "
-                    "memory inside them, and the model counts only what they return",
-                    len(compiled), compiled[0])
+                    "memory inside them itself; the model as run counts their bodies as "
+                    "TensorFlow's executor would run them (an estimate), as written only what "
+                    "they return", len(compiled), compiled[0])
     blind = parameters.unknown_variables(graph, shapes)
     if blind:
         log.warning("%d captured variables have no recorded value shape and count 0 bytes "
@@ -242,7 +243,10 @@ def start_as_run(model: Model, graph: Graph, found: Analysis) -> Future:
     # The runtime runs a kept call's body whole, every result made: Grappler keeps them all.
     returned = {n.name for n in graph_def.node if n.op in inline.CALL_OPS} & \
         {n.name for n in inlined.node if n.op == "IdentityN"}
-    return grappler.as_run_soon(inlined, [*found.fetches, *sorted(returned)], model.meta_graph)
+    started = grappler.as_run_soon(inlined, [*found.fetches, *sorted(returned)],
+                                   model.meta_graph)
+    started.inlined = inlined  # its bodies' recorded shapes, which Grappler drops
+    return started
 
 
 def as_run(model: Model, graph: Graph, found: Analysis, started: Future | None = None
@@ -264,13 +268,20 @@ def as_run_step(model: Model, graph: Graph, found: Analysis, started: Future | N
     """`as_run`, with the graph Grappler returned and its shapes beside the report."""
     from . import grappler
 
-    optimized = grappler.finish(started or start_as_run(model, graph, found))
+    started = started or start_as_run(model, graph, found)
+    optimized = grappler.finish(started)
     if optimized is None:
         return None
+    bodies = Graph.from_graph_def(started.inlined) if hasattr(started, "inlined") else None
     for name in optimized.nodes():  # the same node: Grappler reuses names for new ones too
         if name in graph and graph.op(name) == optimized.op(name) \
                 and graph.data_inputs(name) == optimized.data_inputs(name):
             shapes_mod.record(optimized, name, found.shapes)
+        elif bodies is not None and name in bodies and bodies.op(name) == optimized.op(name) \
+                and bodies.data_inputs(name) == optimized.data_inputs(name) \
+                and "_output_shapes" in bodies.node_def(name).attr:
+            optimized.set_attr(name, "_output_shapes",
+                               bodies.node_def(name).attr["_output_shapes"])
     kept = [f for f in found.fetches if f.split(":")[0] in optimized]
     device = found.options.device
     if device is None and scratch.device_kind(graph) == "gpu":  # placement Grappler may drop
