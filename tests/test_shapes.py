@@ -1,3 +1,5 @@
+import logging
+
 import pytest
 import tensorflow as tf
 
@@ -201,6 +203,17 @@ def test_an_op_unknown_to_tensorflow_leaves_the_rest_inferred(importer, caplog, 
     result = shapes.infer(graph)
     assert result[TensorRef("r")].shape == (16, 8) and result.nbytes(TensorRef("r")) == 512
     assert result[TensorRef("s")].shape == ()
+
+
+def test_what_inference_leaves_out_of_a_graph_grappler_wrote_is_no_warning(caplog):
+    """The model as run infers the shapes of Grappler's output, whose own nodes can carry stale
+    `_output_shapes` (a Keras loss's `ReorderCastLikeAndValuePreserving` cast): nothing a user
+    can act on, so it is logged at the level asked, not as a warning."""
+    graph = _edited(two_branches(), r=("r", "MyCustomRelu"))
+    with caplog.at_level("INFO", logger="graphrewrite"):
+        shapes.infer(graph, level=logging.INFO)
+    left = [r for r in caplog.records if "left out node 'r'" in r.getMessage()]
+    assert left and all(r.levelno == logging.INFO for r in left)
 
 
 def test_a_node_name_tensorflow_refuses_is_inferred_under_another():

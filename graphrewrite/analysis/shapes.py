@@ -162,10 +162,12 @@ def parse_input_shape(text: str) -> tuple[str, tuple]:
     return name, shape
 
 
-def infer(graph: Graph, input_shapes: dict[str, tuple] | None = None) -> Shapes:
+def infer(graph: Graph, input_shapes: dict[str, tuple] | None = None,
+          level: int = logging.WARNING) -> Shapes:
     """Shapes of every tensor, by TensorFlow's shape inference (plus `_output_shapes`).
     `input_shapes` (placeholder -> dims, None unknown) that conflict with the graph's shapes are
-    a GraphRewriteError."""
+    a GraphRewriteError. What inference left out is logged at `level` (a graph Grappler wrote
+    is none of the user's: its nodes' stale `_output_shapes` are nothing to act on)."""
     graph_def = graph.to_graph_def()
     for name, shape in (input_shapes or {}).items():
         _fix_placeholder(graph, graph_def, name, shape)
@@ -173,7 +175,7 @@ def infer(graph: Graph, input_shapes: dict[str, tuple] | None = None) -> Shapes:
     inference = _inferred(graph_def)
     if input_shapes and (inference.cut or inference.failed):
         _refuse_conflicts(graph, input_shapes, inference)
-    inference.log(logging.WARNING)
+    inference.log(level)
     inferred = inference.shapes
     loop_shapes.refine_shapes(graph_def, inferred, tensorflow_shapes)
     for node in graph_def.node:

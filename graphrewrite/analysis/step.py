@@ -286,5 +286,5 @@ def as_run_step(model: Model, graph: Graph, found: Analysis, started: Future | N
     device = found.options.device
     if device is None and scratch.device_kind(graph) == "gpu":  # placement Grappler may drop
         device = "gpu"
-    shapes = shapes_mod.infer(optimized, found.options.input_shapes)
+    shapes = shapes_mod.infer(optimized, found.options.input_shapes, logging.INFO)
     return optimized, shapes, memory.simulate(optimized, shapes, kept, device, executor=True)
