@@ -349,3 +349,13 @@ def test_steps_that_train_nothing_are_said_to(tmp_path):
     assert "the steps train nothing" in shown.stderr
     shown = run_cli("verify", path, path, "--steps", "3", "--batches", "1", "--runs", "1")
     assert shown.exit_code == 0 and "train nothing" not in shown.stderr, shown.stderr
+
+
+def test_an_output_that_is_a_handle_is_one_line_and_exit_2(tmp_path):
+    """A seq2seq's default outputs once held a v1 loop's TensorArray (a variant): TensorFlow
+    cannot return it as an array, and `--steps` failed as a bug in graphrewrite (KeyError 21)."""
+    path = _unseeded_step(tmp_path / "step.meta")
+    shown = run_cli("verify", path, path, "--outputs", "loss,w", "--runs", "1")
+    assert shown.exit_code == 2 and "output 'w' is a handle" in shown.stderr, shown.stderr
+    shown = run_cli("verify", path, path, "--outputs", "loss,w", "--steps", "2")
+    assert shown.exit_code == 2 and "output 'w' is a handle" in shown.stderr, shown.stderr

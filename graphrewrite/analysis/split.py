@@ -260,7 +260,7 @@ def find_seeds(graph: Graph, dag: nx.DiGraph, data: nx.DiGraph, constant: set[st
     # flow midway. (Where two join each other, as `tf.compat.v1.losses`' count of ones and the
     # seed do, the rules below decide.) Asked only of two or more candidates.
     leading = reachable(flows, found, upstream=True) if len(candidates) > 1 else set()
-    candidates = _not_joining_a_flow(data, candidates, constant, leading) or candidates
+    candidates = _not_joining_a_flow(graph, data, candidates, constant, leading) or candidates
     # A forward constant of ones (a sampled softmax's labels) meets the batch in the forward
     # pass (its cross entropy reads the logits), where the seed's flow has not been; the seed
     # meets it in gradients that read what that constant's flow made (the cross entropy's
@@ -314,8 +314,8 @@ def _batch_met(graph: Graph, start: str, reach: frozenset, constant: set[str],
     return met
 
 
-def _not_joining_a_flow(data: nx.DiGraph, candidates: set[str], constant: set[str],
-                        leading: set[str]) -> set[str]:
+def _not_joining_a_flow(graph: Graph, data: nx.DiGraph, candidates: set[str],
+                        constant: set[str], leading: set[str]) -> set[str]:
     """Candidates that join no other candidate's flow midway: dropped is one whose reader on
     the way to an anchor (in `leading`) another's flow reaches while it is not in that flow
     itself. A seed's reader that leads nowhere (the dead gradient of `compute_average_loss`'s
@@ -340,10 +340,33 @@ def _not_joining_a_flow(data: nx.DiGraph, candidates: set[str], constant: set[st
         return seen - {start}
 
     flows = {n: flow(n) for n in candidates}
+    scalar = {n: _one_element(graph, n) for n in candidates}
     return {n for n in candidates
             if not any(reader in flows[other] and n not in flows[other]
+                       and not (scalar[n] and scalar[other] is False)
                        for reader in readers[n] if reader in leading
                        for other in candidates if other != n)}
+
+
+def _one_element(graph: Graph, name: str) -> bool | None:
+    """Whether constant `name` holds one element (a scalar loss's seed does), None when its
+    shape is not recorded."""
+    node = graph.node_def(name)
+    if node.op == "Const":
+        dims = node.attr["value"].tensor.tensor_shape.dim
+        return all(d.size == 1 for d in dims)
+    if node.op == "Fill":
+        dims = graph.data_inputs(name)[0].node
+        if graph.op(dims) == "Const":
+            from tensorflow.python.framework import tensor_util
+
+            value = graph.node_def(dims).attr["value"].tensor
+            return bool(np.prod(tensor_util.MakeNdarray(value)) == 1)
+    recorded = node.attr["_output_shapes"].list.shape if "_output_shapes" in node.attr else []
+    if len(recorded) == 1 and not recorded[0].unknown_rank:
+        sizes = [d.size for d in recorded[0].dim]
+        return None if any(d < 0 for d in sizes) else bool(np.prod(sizes) == 1)
+    return None
 
 
 def reachable(graph: nx.DiGraph, sources, upstream: bool = False) -> set[str]:

@@ -86,6 +86,16 @@ def default_fetches(model: Model, graph: Graph | None = None,
     (not initialisers, savers, metrics or a Keras model's unused outputs), and where some of
     them write, not the values the others compute and nothing reads (`_drops_a_value`)."""
     graph = graph or model.graph
+    found = _collected(model, graph, split) or _sinks_of_the_step(graph, split)
+    if shapes is None:
+        return found
+    return [n for n in found if not shapes.outputs(n)
+            or dtypes.base(shapes[shapes.outputs(n)[0]].dtype) not in dtypes.HANDLES]
+
+
+def _collected(model: Model, graph: Graph, split: split_mod.Split | None) -> list[str]:
+    """A MetaGraphDef's `train_op` collection (what waits on it), its `losses` and the loss
+    the gradient seeds differentiate; none without the collection."""
     meta = model.meta_graph
     if meta is not None and "train_op" in meta.collection_def:
         names = list(meta.collection_def["train_op"].node_list.value)
@@ -99,9 +109,15 @@ def default_fetches(model: Model, graph: Graph | None = None,
             # regularisation to it): the differentiated loss is fetched too, unless it is
             # a collected one renamed.
             fetched = {_through_identities(graph, n) for n in found}
+            in_loop = split_mod.loop_frame_nodes(graph)
             found += [n for n in (split or split_mod.split(graph)).differentiated
-                      if _through_identities(graph, n) not in fetched]
+                      if _through_identities(graph, n) not in fetched and n not in in_loop]
             return list(dict.fromkeys(found))
+    return []
+
+
+def _sinks_of_the_step(graph: Graph, split: split_mod.Split | None) -> list[str]:
+    """The sinks a step's run fetches (see `default_fetches`)."""
     in_loop = split_mod.loop_frame_nodes(graph)
     found = [n for n in sinks(graph) if n not in in_loop]
     returned = [n for n in found if graph.op(n) == "Identity" and graph.control_inputs(n)]
@@ -117,10 +133,7 @@ def default_fetches(model: Model, graph: Graph | None = None,
             found = [n for n in found if n not in flow or not _drops_a_value(graph, n)]
         # the loss, also where it is no sink (Keras's TF1 train function waits on it)
         found += [n for n in split.differentiated if n not in found and n not in in_loop]
-    if shapes is None:
-        return found
-    return [n for n in found if not shapes.outputs(n)
-            or dtypes.base(shapes[shapes.outputs(n)[0]].dtype) not in dtypes.HANDLES]
+    return found
 
 
 def _drops_a_value(graph: Graph, name: str) -> bool:

@@ -26,6 +26,7 @@ from ..analysis import bind
 from ..analysis import shapes as shapes_mod
 from ..analysis import split as split_mod
 from ..analysis import step as analysis
+from ..core import dtypes
 from ..core.errors import GraphRewriteError
 from ..core.io import Model
 from ..core.names import DIET_ATTR, SLOT_OF_ATTR, SWAP_OUT_SUFFIX
@@ -244,6 +245,11 @@ def verify(original: Model, rewritten: Model, options: VerifyOptions | None = No
         missing = [f for f in fetches if f.split(":")[0] not in model.graph]
         if missing:  # the original first: a mistyped output is in neither
             raise GraphRewriteError(f"the {which} model has no node '{missing[0]}'")
+    handles = [f for f in fetches if (info := shapes[TensorRef.parse(f)]) is not None
+               and dtypes.base(info.dtype) in dtypes.HANDLES]
+    if handles:  # a loop's TensorArray, a variable's handle: nothing to compare
+        raise GraphRewriteError(f"output '{handles[0]}' is a handle (resource or variant), not "
+                                "a value verify can compare: name others with ${fetches}")
     read = sorted(r for r in bind.iterators(original.graph) if r in measure.upstream(
         original.graph, fetches))
     if read:
@@ -547,20 +553,13 @@ def _loss_output(model: Model, fetches: list[str], shapes) -> str:
     for name in fetches:
         ref = TensorRef.parse(name)
         info = shapes[ref]
-        if info is not None and info.shape == () and np.issubdtype(
-                _numpy_dtype(info.dtype), np.floating):
+        if info is not None and info.shape == () and dtypes.is_floating(info.dtype):
             scalars.append(str(ref) if ":" in name else f"{ref.node}:0")
     if not scalars:
         raise GraphRewriteError("${steps} needs a scalar float loss among the fetched outputs "
                                 "(give it with ${fetches})")
     minimized = set(split_mod.split(model.graph).differentiated)
     return next((s for s in scalars if TensorRef.parse(s).node in minimized), scalars[0])
-
-
-def _numpy_dtype(dtype: int):
-    import tensorflow as tf
-
-    return tf.dtypes.as_dtype(dtype).as_numpy_dtype
 
 
 def compare(first: measure.StepMeasurement, second: measure.StepMeasurement, rtol: float,
