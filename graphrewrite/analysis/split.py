@@ -119,17 +119,20 @@ def backward_functions(function_library) -> frozenset:
 def no_backward_pass(graph: Graph) -> str:
     """What a pass says when the split finds no gradient seed: where the backward pass is
     instead, when a function holds one that the passes do not enter: a functional loop's body
-    (a loop of training steps, as Keras's `steps_per_execution` writes `model.train_function`:
-    a step is what the passes plan) or a call XLA compiles (`jit_compile=True`)."""
+    (a loop of training steps, as Keras's `steps_per_execution` writes `model.train_function`,
+    or of accumulated micro-batches: a step is what the passes plan) or a call XLA compiles
+    (`jit_compile=True`)."""
     backward = backward_functions(graph.shell.library)
     loops = sorted(n for n in graph.nodes() if graph.op(n) in ("While", "StatelessWhile")
                    and graph.node_def(n).attr["body"].func.name in backward)
     compiled = [n for n in xla_calls(graph) if graph.node_def(n).attr["f"].func.name in backward]
     if loops:
-        return (f"no backward pass in the step itself: it runs inside loop '{loops[0]}', a loop "
-                "of training steps (as Keras's steps_per_execution writes "
-                "model.train_function); graphrewrite rewrites one step: export a tf.function "
-                "over tensors calling model.train_step((x, y))")
+        return (f"no backward pass in the step itself: it runs inside loop '{loops[0]}', over "
+                "training steps (as Keras's steps_per_execution writes model.train_function) "
+                "or over micro-batches whose gradients it accumulates; graphrewrite plans a "
+                "step's own forward and backward passes, not a loop body's: export one step "
+                "(a tf.function over tensors calling model.train_step((x, y))), or unroll the "
+                "loop with a Python for")
     if compiled:
         return (f"no backward pass in the step itself: it runs inside '{compiled[0]}', a call "
                 "XLA compiles (jit_compile=True), which plans that call's memory itself and "
