@@ -9,6 +9,8 @@ import sys
 
 import click
 
+from graphrewrite.core import errors
+
 # The library's parameters, as its error messages name them (`${input_shapes}`: see
 # graphrewrite.core.errors), and the flags that set them here.
 FLAGS = {
@@ -30,7 +32,8 @@ __all__ = ["FLAGS", "parse_pins", "memory_option", "setup_logging", "plot_option
 
 class _StderrFormatter(logging.Formatter):
     def format(self, record):
-        return f"graphrewrite: {record.levelname.lower()}: {record.getMessage()}"
+        text = errors.render(record.getMessage(), FLAGS)  # `${fetches}` as `--outputs`
+        return f"graphrewrite: {record.levelname.lower()}: {text}"
 
 
 def setup_logging(verbose: bool, quiet: bool) -> None:

@@ -323,6 +323,7 @@ def _unseeded_step(path):
         x = tf.compat.v1.placeholder(tf.float32, (8, 16), name="x")
         w = tf.compat.v1.get_variable("w", [16, 1])
         loss = tf.reduce_mean(tf.square(tf.nn.dropout(tf.matmul(x, w), 0.5)), name="loss")
+        tf.reduce_mean(x, name="x_mean")  # a scalar the loss does not make
         tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, name="train")
         tf.compat.v1.global_variables_initializer()
         meta = tf.compat.v1.train.export_meta_graph(graph=g)
@@ -349,6 +350,10 @@ def test_steps_that_train_nothing_are_said_to(tmp_path):
     assert "the steps train nothing" in shown.stderr
     shown = run_cli("verify", path, path, "--steps", "3", "--batches", "1", "--runs", "1")
     assert shown.exit_code == 0 and "train nothing" not in shown.stderr, shown.stderr
+    shown = run_cli("verify", path, path, "--steps", "2", "--runs", "1", "--outputs",
+                    "train,x_mean")  # no fetched scalar is the loss: said, with the flag
+    assert "follows 'x_mean:0', the first scalar fetched" in shown.stderr, shown.stderr
+    assert "give the loss with --outputs" in shown.stderr
 
 
 def test_an_output_that_is_a_handle_is_one_line_and_exit_2(tmp_path):
@@ -359,3 +364,30 @@ def test_an_output_that_is_a_handle_is_one_line_and_exit_2(tmp_path):
     assert shown.exit_code == 2 and "output 'w' is a handle" in shown.stderr, shown.stderr
     shown = run_cli("verify", path, path, "--outputs", "loss,w", "--steps", "2")
     assert shown.exit_code == 2 and "output 'w' is a handle" in shown.stderr, shown.stderr
+
+
+def test_steps_follow_keras_train_steps_loss_not_its_accuracy(tmp_path):
+    """`model.train_step` returns its metrics' results, `accuracy` first: `--steps` compared the
+    accuracy as the loss. Now the loss tracker's mean, computed from the loss through its
+    variables."""
+    import tensorflow as tf
+
+    model = tf.keras.Sequential([tf.keras.layers.Dense(16, activation="relu"),
+                                 tf.keras.layers.Dense(4)])
+    model.compile(optimizer=tf.keras.optimizers.SGD(0.1), metrics=["accuracy"],
+                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.build((8, 16))
+    model.train_step((tf.zeros([8, 16]), tf.zeros([8], tf.int32)))  # slots and metrics exist
+
+    @tf.function(input_signature=[tf.TensorSpec([8, 16], tf.float32, name="x"),
+                                  tf.TensorSpec([8], tf.int32, name="y")])
+    def step(x, y):
+        return model.train_step((x, y))
+
+    concrete = step.get_concrete_function()
+    path = tmp_path / "fit_step.pb"
+    path.write_bytes(concrete.graph.as_graph_def(add_shapes=True).SerializeToString())
+    loss = concrete.structured_outputs["loss"].name
+    outcome = verify.verify(io.load(path), io.load(path), verify.VerifyOptions(
+        runs=0, steps=2, int_high=4), isolated=False)
+    assert outcome.to_json()["loss"] == loss

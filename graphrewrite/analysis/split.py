@@ -36,7 +36,7 @@ from ..core.errors import GraphRewriteError
 from ..core.graph import Graph, neighbours
 
 __all__ = ["FORWARD_INPUTS", "UPDATE_PREFIXES", "VARIABLE_WRITES", "SHAPE_OPS", "FED_OPS",
-           "no_backward_pass", "xla_calls", "computes_a_value", "SOURCE_INPUT_OPS",
+           "no_backward_pass", "xla_calls", "computes_a_value", "fed_by", "SOURCE_INPUT_OPS",
            "is_gradient_op", "is_update_op", "anchors", "backward_functions", "Split", "split",
            "find_seeds", "reachable", "loop_frame_nodes", "cond_branch_nodes", "enclosed",
            "constant_valued", "fed_inputs"]
@@ -446,6 +446,13 @@ def _data_only(graph: Graph, edges: nx.DiGraph) -> nx.DiGraph:
                         for v, keyed in readers.items() if v in among[u]
                         and any(d["slot"] is not None for d in keyed.values()))
     return data
+
+
+def fed_by(graph: Graph, sources) -> set[str]:
+    """What the values of `sources` flow into, by data edges and through the variables they
+    are written to and read from again (a Keras loss tracker's mean of the loss)."""
+    flows = _reads_after_writes(graph, _data_only(graph, _dag(graph)))
+    return reachable(flows, [s for s in sources if s in flows])
 
 
 def _reads_after_writes(graph: Graph, data: nx.DiGraph) -> nx.DiGraph:

@@ -3,13 +3,14 @@
 A message names the options it is about by their library parameter, written `${name}`
 (`${input_shapes} names 'x', which is not a node of the graph`): `str(err)` shows the parameter
 (`input_shapes`), as a `tf2.rewrite` or `pipeline.run.optimize` caller spelled it; `render`
-shows what another front end calls it (the CLI: `--input-shape`)."""
+shows what another front end calls it (the CLI: `--input-shape`). Logged warnings may name
+parameters so too; the CLI renders them alike."""
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["GraphRewriteError", "InputError", "GraphError", "PassError"]
+__all__ = ["GraphRewriteError", "InputError", "GraphError", "PassError", "render"]
 
 _PARAMETER = re.compile(r"\$\{(\w+)\}")
 
@@ -22,7 +23,13 @@ class GraphRewriteError(Exception):
 
     def render(self, names: dict[str, str]) -> str:
         """The message with each `${parameter}` as `names` calls it (else its own name)."""
-        return _PARAMETER.sub(lambda m: names.get(m.group(1), m.group(1)), super().__str__())
+        return render(super().__str__(), names)
+
+
+def render(text: str, names: dict[str, str]) -> str:
+    """`text` (an error's or a logged warning's) with each `${parameter}` as `names` calls it
+    (else its own name)."""
+    return _PARAMETER.sub(lambda m: names.get(m.group(1), m.group(1)), text)
 
 
 class InputError(GraphRewriteError):

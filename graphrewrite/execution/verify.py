@@ -390,7 +390,7 @@ def _verify_steps(original, rewritten, options: VerifyOptions, shapes, given, in
     if not curves["original"].trained:
         log.warning("verify: the original's steps changed no variable: the outputs fetched run "
                     "no update, so the steps train nothing and say nothing of the rewrite; give "
-                    "the train op with --outputs")
+                    "the train op with ${fetches}")
     stage("measuring both")
     first = run(original.runnable(), inputs, fetches, runs)
     own = own_variables(rewritten, inputs, seed)
@@ -548,7 +548,8 @@ def _first_cause(message: str) -> str:
 def _loss_output(model: Model, fetches: list[str], shapes) -> str:
     """The loss: the fetched float scalar the gradient seeds differentiate (what the optimizer
     minimizes: an estimator's total loss, not the cross entropy its `losses` collection
-    holds), else the first fetched float scalar (a TF2 step's returned value)."""
+    holds), else one computed from it (Keras's `train_step` returns its loss tracker's mean,
+    beside an accuracy), else the first fetched float scalar, with a warning."""
     scalars = []
     for name in fetches:
         ref = TensorRef.parse(name)
@@ -559,7 +560,14 @@ def _loss_output(model: Model, fetches: list[str], shapes) -> str:
         raise GraphRewriteError("${steps} needs a scalar float loss among the fetched outputs "
                                 "(give it with ${fetches})")
     minimized = set(split_mod.split(model.graph).differentiated)
-    return next((s for s in scalars if TensorRef.parse(s).node in minimized), scalars[0])
+    for among in (minimized, split_mod.fed_by(model.graph, minimized)):
+        chosen = next((s for s in scalars if TensorRef.parse(s).node in among), None)
+        if chosen is not None:
+            return chosen
+    log.warning("verify: ${steps} follows '%s', the first scalar fetched, as the loss: nothing "
+                "fetched is computed from the loss the gradient seeds differentiate; give the "
+                "loss with ${fetches}", scalars[0])
+    return scalars[0]
 
 
 def compare(first: measure.StepMeasurement, second: measure.StepMeasurement, rtol: float,
