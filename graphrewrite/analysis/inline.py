@@ -16,7 +16,7 @@ import logging
 
 from tensorflow.core.framework import graph_pb2
 
-__all__ = ["CALL_OPS", "LOOP_OPS", "DEPTH", "inline_calls", "inline_gradient_calls"]
+__all__ = ["CALL_OPS", "LOOP_OPS", "DEPTH", "inline_calls", "inline_gradient_calls", "compiled"]
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ def inline_calls(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef | None:
     library = {f.signature.name: f for f in graph_def.library.function}
     looping = {name for name, f in library.items() if any(n.op in LOOP_OPS for n in f.node_def)}
     looping |= {n.attr["f"].func.name for n in graph_def.node if n.op in CALL_OPS
-                and n.attr["f"].func.name in library and _compiled(n, library)}
+                and n.attr["f"].func.name in library and compiled(n, library)}
     while True:  # the callers of those, in turn
         more = {name for name, f in library.items() if name not in looping and any(
             n.op in CALL_OPS and n.attr["f"].func.name in looping for n in f.node_def)}
@@ -63,7 +63,7 @@ def inline_gradient_calls(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef |
             return False
         function = library.get(node.attr["f"].func.name)
         return (function is not None and "api_implements" not in function.attr
-                and not _compiled(node, library))
+                and not compiled(node, library))
 
     calls = {n.name: n for n in graph_def.node if inlinable(n)}
     chosen = {name for name, n in calls.items() if n.attr["f"].func.name in backward}
@@ -81,7 +81,7 @@ def inline_gradient_calls(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef |
     return None if inlined is None else _read_directly(inlined, chosen, arguments)
 
 
-def _compiled(call, library: dict) -> bool:
+def compiled(call, library: dict) -> bool:
     """Whether XLA compiles `call` (`_XlaMustCompile` on the call or on its function)."""
     function = library.get(call.attr["f"].func.name)
     return any("_XlaMustCompile" in attrs and attrs["_XlaMustCompile"].b

@@ -34,6 +34,7 @@ from tensorflow.core.framework import attr_value_pb2
 from ..core import dtypes, ops
 from ..core.errors import GraphRewriteError
 from ..core.graph import Graph, neighbours
+from . import inline
 
 __all__ = ["FORWARD_INPUTS", "UPDATE_PREFIXES", "VARIABLE_WRITES", "SHAPE_OPS", "FED_OPS",
            "no_backward_pass", "xla_calls", "computes_a_value", "fed_by", "SOURCE_INPUT_OPS",
@@ -144,16 +145,8 @@ def no_backward_pass(graph: Graph) -> str:
 def xla_calls(graph: Graph) -> list[str]:
     """Function calls XLA compiles (`_XlaMustCompile`, on the call or its function), sorted."""
     library = {f.signature.name: f for f in graph.shell.library.function}
-    found = []
-    for name in graph.nodes():
-        if graph.op(name) not in ("PartitionedCall", "StatefulPartitionedCall"):
-            continue
-        node = graph.node_def(name)
-        function = library.get(node.attr["f"].func.name)
-        marks = [node.attr] + ([function.attr] if function is not None else [])
-        if any("_XlaMustCompile" in attrs and attrs["_XlaMustCompile"].b for attrs in marks):
-            found.append(name)
-    return sorted(found)
+    return sorted(n for n in graph.nodes() if graph.op(n) in inline.CALL_OPS
+                  and inline.compiled(graph.node_def(n), library))
 
 
 @dataclass(frozen=True)
@@ -261,7 +254,8 @@ def find_seeds(graph: Graph, dag: nx.DiGraph, data: nx.DiGraph, constant: set[st
     candidates = {n for n in candidates if not any(anchored[n] < anchored[o] for o in candidates)}
     # Clipping's constants, a GAN generator's labels `ones_like(logits)`: they join the seed's
     # flow midway. (Where two join each other, as `tf.compat.v1.losses`' count of ones and the
-    # seed do, the rules below decide.) Asked only of two or more candidates.
+    # seed do, the rules below decide; a count of ones in the weights' shape makes no scalar
+    # seed join its flow.) Asked only of two or more candidates.
     leading = reachable(flows, found, upstream=True) if len(candidates) > 1 else set()
     candidates = _not_joining_a_flow(graph, data, candidates, constant, leading) or candidates
     # A forward constant of ones (a sampled softmax's labels) meets the batch in the forward
@@ -329,7 +323,9 @@ def _not_joining_a_flow(graph: Graph, data: nx.DiGraph, candidates: set[str],
     seed's flow has been. A flow follows values, not shapes: it
     does not pass from a computed value into a constant-valued node (`Shape(x)`), so the seed,
     read beside shapes of forward values, stays, and so does an `OnesLike(loss)` seed beside a
-    forward constant of ones (which the last rule drops)."""
+    forward constant of ones (which the last rule drops). A constant of several elements makes
+    no scalar one join its flow: a masked sequence loss's count of ones (`num_present`, in the
+    weights' shape), which its gradient reads beside the scalar loss's seed."""
     readers = neighbours(data)
 
     def flow(start: str) -> set[str]:
