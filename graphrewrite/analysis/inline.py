@@ -16,11 +16,12 @@ import logging
 
 from tensorflow.core.framework import graph_pb2
 
-__all__ = ["CALL_OPS", "LOOP_OPS", "DEPTH", "inline_calls", "inline_gradient_calls", "compiled"]
+from .split import CALL_OPS, backward_functions, xla_compiled
+
+__all__ = ["CALL_OPS", "LOOP_OPS", "DEPTH", "inline_calls", "inline_gradient_calls"]
 
 log = logging.getLogger(__name__)
 
-CALL_OPS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
 LOOP_OPS = frozenset({"While", "StatelessWhile"})  # only bodies with a loop are inlined
 DEPTH = 4  # calls inside inlined bodies, inlined in turn
 
@@ -34,7 +35,7 @@ def inline_calls(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef | None:
     library = {f.signature.name: f for f in graph_def.library.function}
     looping = {name for name, f in library.items() if any(n.op in LOOP_OPS for n in f.node_def)}
     looping |= {n.attr["f"].func.name for n in graph_def.node if n.op in CALL_OPS
-                and n.attr["f"].func.name in library and compiled(n, library)}
+                and n.attr["f"].func.name in library and xla_compiled(n, library)}
     while True:  # the callers of those, in turn
         more = {name for name, f in library.items() if name not in looping and any(
             n.op in CALL_OPS and n.attr["f"].func.name in looping for n in f.node_def)}
@@ -53,8 +54,6 @@ def inline_gradient_calls(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef |
     tensor every activation passes through, and hide every bottleneck). Calls that name an
     implementation (`api_implements`: Keras RNNs, which Grappler swaps for cuDNN kernels on a
     GPU) or ask for XLA are left whole. None when there is nothing to inline."""
-    from .split import backward_functions
-
     library = {f.signature.name: f for f in graph_def.library.function}
     backward = backward_functions(graph_def.library)
 
@@ -63,7 +62,7 @@ def inline_gradient_calls(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef |
             return False
         function = library.get(node.attr["f"].func.name)
         return (function is not None and "api_implements" not in function.attr
-                and not compiled(node, library))
+                and not xla_compiled(node, library))
 
     calls = {n.name: n for n in graph_def.node if inlinable(n)}
     chosen = {name for name, n in calls.items() if n.attr["f"].func.name in backward}
@@ -79,13 +78,6 @@ def inline_gradient_calls(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef |
                  for arg in functions[calls[name].attr["f"].func.name].signature.input_arg}
     inlined = _inlined(graph_def, functions, only=chosen)
     return None if inlined is None else _read_directly(inlined, chosen, arguments)
-
-
-def compiled(call, library: dict) -> bool:
-    """Whether XLA compiles `call` (`_XlaMustCompile` on the call or on its function)."""
-    function = library.get(call.attr["f"].func.name)
-    return any("_XlaMustCompile" in attrs and attrs["_XlaMustCompile"].b
-               for attrs in (call.attr, *((function.attr,) if function is not None else ())))
 
 
 def _read_directly(graph_def: graph_pb2.GraphDef, calls: set,

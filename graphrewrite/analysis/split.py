@@ -34,13 +34,12 @@ from tensorflow.core.framework import attr_value_pb2
 from ..core import dtypes, ops
 from ..core.errors import GraphRewriteError
 from ..core.graph import Graph, neighbours
-from . import inline
 
 __all__ = ["FORWARD_INPUTS", "UPDATE_PREFIXES", "VARIABLE_WRITES", "SHAPE_OPS", "FED_OPS",
-           "no_backward_pass", "xla_calls", "computes_a_value", "fed_by", "SOURCE_INPUT_OPS",
-           "is_gradient_op", "is_update_op", "anchors", "backward_functions", "Split", "split",
-           "find_seeds", "reachable", "loop_frame_nodes", "cond_branch_nodes", "enclosed",
-           "constant_valued", "fed_inputs"]
+           "no_backward_pass", "CALL_OPS", "xla_calls", "xla_compiled", "computes_a_value",
+           "fed_by", "SOURCE_INPUT_OPS", "is_gradient_op", "is_update_op", "anchors",
+           "backward_functions", "Split", "split", "find_seeds", "reachable", "loop_frame_nodes",
+           "cond_branch_nodes", "enclosed", "constant_valued", "fed_inputs"]
 
 # Op type -> indices of inputs that are forward values (not the incoming gradient or a shape).
 FORWARD_INPUTS = {
@@ -142,11 +141,22 @@ def no_backward_pass(graph: Graph) -> str:
     return "no backward pass found: nothing to do"
 
 
+CALL_OPS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})  # calls of a function
+
+
 def xla_calls(graph: Graph) -> list[str]:
-    """Function calls XLA compiles (`_XlaMustCompile`, on the call or its function), sorted."""
+    """Function calls XLA compiles, sorted."""
     library = {f.signature.name: f for f in graph.shell.library.function}
-    return sorted(n for n in graph.nodes() if graph.op(n) in inline.CALL_OPS
-                  and inline.compiled(graph.node_def(n), library))
+    return sorted(n for n in graph.nodes() if graph.op(n) in CALL_OPS
+                  and xla_compiled(graph.node_def(n), library))
+
+
+def xla_compiled(call, library: dict) -> bool:
+    """Whether XLA compiles the call NodeDef `call` (`_XlaMustCompile` on the call or on its
+    function in `library`, by name)."""
+    function = library.get(call.attr["f"].func.name)
+    return any("_XlaMustCompile" in attrs and attrs["_XlaMustCompile"].b
+               for attrs in (call.attr, *((function.attr,) if function is not None else ())))
 
 
 @dataclass(frozen=True)
