@@ -43,15 +43,7 @@ REWRITE_XFAIL = {
 AS_RUN_XFAIL: dict[str, str] = {}
 
 # Cells whose rewrite works but whose two steps are not bitwise equal.
-BITWISE_XFAIL = {
-    "tf2n_transformer_momentum_noreturn": (
-        "losses equal, 6 weights (captured 958, 962, 966, 978, 982, 992, updated by momentum "
-        "SGD's AssignAddVariableOp) differ by 1.5e-8 after two steps; the inline and defer "
-        "passes alone stay bitwise, and verify's mismatch.diagnose finds both agree with "
-        "Grappler's arithmetic optimizer off: its MinimizeBroadcasts regroups a Mul/Add chain "
-        "of the inlined backward by operand names and control edges, which recomputation "
-        "changed"),
-}
+BITWISE_XFAIL: dict[str, str] = {}
 
 # TF1 cells whose split does not find the loss the optimizer minimizes.
 LOSS_XFAIL: dict[str, str] = {}

@@ -71,6 +71,28 @@ def test_recomputed_transformer_is_bitwise_equal_under_grappler(tmp_path):
     assert "MATCH" in result.output
 
 
+def test_triggers_wait_only_on_what_the_step_runs(tmp_path):
+    """Exact GELU's `1 + erf` has a gradient with respect to its constant 1 that nothing reads:
+    Grappler prunes it. A trigger waiting on it kept it, its input had one reader more, and
+    MinimizeBroadcasts grouped the GELU gradient's products otherwise (a Keras transformer step:
+    weights 1.5e-8 apart after two steps)."""
+    from graphrewrite.core.names import TRIGGER_PREFIX
+
+    source, out = tmp_path / "t.pb", tmp_path / "t_mem.pb"
+    _tiny_transformer(source)
+    original = io.load(source).graph
+    outputs = [n for n in original.nodes() if n.startswith("outputs/")]
+    assert run_cli("optimize", source, "-o", out, "--mode", "memory",
+                   "--outputs", ",".join(outputs)).exit_code == 0
+    rewritten = io.load(out).graph
+    runs = reachable(original.nx, outputs, upstream=True)
+    dead = {n for n in original.nodes() if n not in runs and "_grad/" in n}
+    assert dead  # the gradients with respect to constants are in the graph
+    triggers = [n for n in rewritten.nodes() if n.startswith(TRIGGER_PREFIX)]
+    waits = {w for t in triggers for w in rewritten.control_inputs(t)}
+    assert triggers and not waits & dead, sorted(waits & dead)
+
+
 def _machine() -> str:
     """The CPU's vector extensions and whether TensorFlow runs oneDNN's kernels."""
     from tensorflow.python.util import _pywrap_util_port

@@ -56,6 +56,8 @@ class Context:
     _loops_back: bool | None = None
     _copyable_parameters: frozenset | None = None
     _ref_writers: tuple | None = None  # see `ref_writers`
+    _needed: frozenset | None = None  # see `needed`
+    _early_values: frozenset | None = None  # see `early_values`
 
     def order(self) -> list[str]:
         """The graph's topological order, computed once (the graph is not changed in place)."""
@@ -131,6 +133,32 @@ class Context:
             self._copyable_parameters = frozenset(found)
         return self._copyable_parameters
 
+    def needed(self) -> frozenset:
+        """What one step runs: the fetches' ancestors, found once. The rest (a gradient with
+        respect to a constant, such as the 1 of a GELU's `1 + erf`) Grappler prunes."""
+        if self._needed is None:
+            self._needed = frozenset(needed_nodes(self.graph, [
+                f.split(":")[0] for f in self.analysis.fetches if f.split(":")[0] in self.graph]))
+        return self._needed
+
+    def early_values(self, shape_readers) -> frozenset:
+        """The backward nodes outside the gradient flow that compute, from forward values
+        alone, a value the flow reads (a tanh-GELU's `x ** 2`), found once: not shape readers
+        (`shape_readers`, their ops), nor what only an update reads (a batch norm's moving
+        average, which the train op waits on)."""
+        if self._early_values is None:
+            split, graph = self.analysis.split, self.graph
+            early = split.early_backward & self.needed()
+            found, stack = set(), [r.node for v in split.gradient_flow
+                                   for r in graph.data_inputs(v) if r.node in early]
+            while stack:  # up data edges only: the flow waits on the updates by control edges
+                name = stack.pop()
+                if name not in found:
+                    found.add(name)
+                    stack += [r.node for r in graph.data_inputs(name) if r.node in early]
+            self._early_values = frozenset(n for n in found if graph.op(n) not in shape_readers)
+        return self._early_values
+
     def ref_writers(self) -> tuple[dict[str, tuple[str, ...]], frozenset]:
         """Ref variable -> the step's ops that may write it (every user but a reader), for the
         ref variables whose writes nothing that reads an activation waits on (an optimizer's
@@ -141,8 +169,7 @@ class Context:
         if self._ref_writers is None:
             graph, forward = self.graph, self.analysis.split.forward
             variables = [n for n in self.order() if graph.op(n) in REF_VARIABLES]
-            step = needed_nodes(graph, [f.split(":")[0] for f in self.analysis.fetches
-                                               if f.split(":")[0] in graph]) if variables else ()
+            step = self.needed() if variables else ()
 
             def reads_an_activation(name: str) -> bool:
                 return name in forward or any(r.node in forward and r.node not in self.parameters

@@ -1,9 +1,10 @@
 """Recompute pass: keep checkpoints, recompute the rest of what the backward pass reads.
 
 For each forward node the gradient flow reads that is not a checkpoint, the pass copies it and
-everything between it and the checkpoints above it (each node once), and rewires only the
-gradient-flow consumers to the copies; forward consumers, and backward nodes that run during the
-forward pass (shape computations), keep the originals, which are then freed early. A node the flow
+everything between it and the checkpoints above it (each node once), and rewires the
+gradient-flow consumers to the copies, and the backward values computed from forward values
+alone (a tanh-GELU's `x ** 2`); forward consumers, and backward shape computations, keep the
+originals, which are then freed early. A node the flow
 reads only tiny side outputs of (a batch norm's batch statistics) is not copied: those are read
 from the original. Copies are grouped into connected segments; each segment's root copies wait on a
 trigger NoOp whose control inputs are the gradient-flow nodes feeding the segment's consumers, so

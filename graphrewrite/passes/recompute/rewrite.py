@@ -32,20 +32,28 @@ def apply(ctx: Context, checkpoints: set[str], ahead: frozenset = frozenset(),
     blocked: dict[str, set[str]] = {}
     recomputed, recomputable = plan_nodes.recomputed_nodes(ctx, checkpoints, blocked)
     order = ctx.order()  # the copy's, as nothing was added yet
-    reads = ctx.flow_reads()  # likewise
     copies = _copy(graph, recomputed, order, COPY_SUFFIX)
     segments = plan_nodes.segments(ctx, set(copies))
     _mirror_waits(graph, copies, segments)
     backward = split.backward
+    # The backward values outside the flow that it reads read the copies too: a tanh-GELU's
+    # gradient `x ** 2` is the product Grappler shares with the forward `x ** 3` (a BERT step
+    # rounded otherwise when it read the original and the copy expanded its own), and it no
+    # longer lives from the forward pass to its reader.
+    early = ctx.early_values(SHAPE_READERS)
     for name, copy in copies.items():
-        for ref in reads[name]:
+        for ref in ctx.analysis.shapes.outputs(name):
             readers = [v for v, _ in graph.consumers(ref)
-                       if v in flow or _gated_shape_reader(graph, v, backward)]
+                       if v in flow or v in early or _gated_shape_reader(graph, v, backward)]
             graph.replace_uses(ref, TensorRef(copy, ref.port), readers)
     writers, after_writes = ctx.ref_writers()
     ref_reads = {n for n in copies if any(r.node in writers for r in graph.data_inputs(n))}
+    # A trigger waits on what the step runs: waiting on a gradient Grappler would prune (with
+    # respect to a GELU's constant 1) keeps it, and its input then has one reader more, which
+    # MinimizeBroadcasts groups otherwise (a Keras transformer's weights 1.5e-8 apart).
+    waitable = flow & ctx.needed()
     triggers, gate_of, ungated = add_triggers(graph, ctx.graph, copies, segments,
-                                              flow - after_writes if ref_reads else flow,
+                                              waitable - after_writes if ref_reads else waitable,
                                               order, executor_gates, ctx.loops_back())
     early = _recompute_ahead(graph, ctx, ahead, copies, gate_of, recomputable, order)
     for made in (copies, early):
