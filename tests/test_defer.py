@@ -107,3 +107,33 @@ def test_a_custom_gradients_factors_of_forward_values_wait_for_the_gradient(tmp_
     io.save(model, result.graph, out)
     checked = verify.verify(model, io.load(out), verify.VerifyOptions(runs=0), isolated=False)
     assert checked.match, checked.to_json()["mismatched"]
+
+
+def test_a_tanh_gelus_cube_is_left_to_grappler(tmp_path):
+    """A tanh-approximated GELU's gradient reads `x ** 2`, a value of the forward pass alone.
+    Grappler's arithmetic optimizer expands the forward `x ** 3` into products, and common
+    subgraph elimination shares one of them with that `x ** 2`, but not with an `x ** 2` that
+    waits on a control edge: deferred, the step rounded otherwise (a BERT step's weights
+    7e-9 apart). It is left where it is, and the step stays bitwise equal."""
+    import tensorflow as tf
+
+    from graphrewrite.core.graph import Graph
+
+    with tf.Graph().as_default() as g:
+        h = tf.compat.v1.placeholder(tf.float32, (512, 64), name="x")
+        weights = [tf.compat.v1.placeholder(tf.float32, (64, 64), name=f"w{k}") for k in range(3)]
+        for w in weights:
+            h = tf.nn.gelu(tf.matmul(h, w), approximate=True)
+        loss = tf.reduce_mean(tf.square(h))
+        tf.identity(tf.add_n(tf.gradients(loss, weights)), name="grad")
+    path = tmp_path / "gelu.pb"
+    path.write_bytes(Graph.from_graph_def(g.as_graph_def(add_shapes=True)).to_graph_def()
+                     .SerializeToString())
+    model = io.load(path)
+    fetched = analysis.AnalysisOptions(fetches=["grad"])
+    result = pipeline.optimize(model, "none", fetched, passes="defer(min_bytes=16384)")
+    assert not any(model.graph.op(n) == "Pow" for n in result.of(DeferResult).deferred)
+    out = tmp_path / "deferred.pb"
+    io.save(model, result.graph, out)
+    checked = verify.verify(model, io.load(out), verify.VerifyOptions(runs=0), isolated=False)
+    assert checked.match, checked.to_json()["mismatched"]

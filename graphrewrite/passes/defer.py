@@ -31,6 +31,8 @@ from ..analysis.step import Analysis
 from ..core import ops
 from ..core.graph import Graph
 from .base import PassOptions, PassResult
+from .pads import can_gate
+from .triggers import FORWARDING_OPS
 
 __all__ = ["REF_VARIABLE_OPS", "DeferOptions", "DeferResult", "run"]
 
@@ -64,19 +66,37 @@ def run(graph: Graph, analysis: Analysis, options: DeferOptions, model=None):
                   if _deferrable(graph, analysis, sets, n, options.min_bytes)]
     if not deferrable:  # the usual case outside training steps: no note, modes run it always
         return DeferResult(graph, False)
-    graph, deferred = graph.copy(), []
+    original, graph, deferred = graph, graph.copy(), []
     for name in deferrable:
         # Checked on the graph as it grows: an earlier deferral may have made a wait depend
         # on this value.
         downstream = reachable(graph.nx, [name])
         met = _meets_flow(graph, name, flow)
-        waits = sorted({r.node for v in met for r in graph.data_inputs(v)
-                        if r.node in flow and r.node not in downstream})
+        waits = sorted(_gateable(original, {r.node for v in met for r in graph.data_inputs(v)
+                                            if r.node in flow}, flow) - downstream)
         for wait in waits:
             graph.add_control(wait, name)
         if waits:
             deferred.append(name)
     return DeferResult(graph, bool(deferred), shapes=analysis.shapes, deferred=sorted(deferred))
+
+
+def _gateable(original: Graph, waits: set[str], flow) -> set[str]:
+    """`waits`, each that may not drive a control edge (`pads.can_gate`: a Mul Grappler would
+    no longer group with its reader, a BERT's tanh-GELU `x * x * x` gradient rounded otherwise)
+    replaced by the nearest gradient-flow nodes above it that may: the value is then computed a
+    little earlier, still after the gradient reaches its layer."""
+    found, stack, seen = set(), list(waits), set(waits)
+    while stack:
+        name = stack.pop()
+        if can_gate(original, name) and original.op(name) not in FORWARDING_OPS:
+            found.add(name)
+            continue
+        for ref in original.data_inputs(name):
+            if ref.node in flow and ref.node not in seen:
+                seen.add(ref.node)
+                stack.append(ref.node)
+    return found
 
 
 def _meets_flow(graph: Graph, name: str, flow) -> set[str]:
@@ -120,9 +140,17 @@ def _deferrable(graph: Graph, analysis: Analysis, sets: _Sets, name: str,
         return False
     size = max((analysis.shapes.nbytes(r) or 0 for r in analysis.shapes.outputs(name)),
                default=0)
-    if size < min_bytes:
+    if size < min_bytes or _rewritten_by_grappler(graph, name):
         return False
     upstream = reachable(graph.nx, [name], upstream=True)
     if upstream & sets.flow:  # it already waits for the gradient (a slot read after its update)
         return False
     return not any(graph.op(s) in REF_VARIABLE_OPS for s in upstream & sets.sources)
+
+
+def _rewritten_by_grappler(graph: Graph, name: str) -> bool:
+    """Whether a control input would change what Grappler makes of `name`: a Pow (the
+    arithmetic optimizer expands a tanh-GELU's forward `x ** 3` into products, one of which
+    common subgraph elimination then shares with the backward pass's `x ** 2`, but not with one
+    waiting on a control edge: a BERT step's weights 7e-9 apart)."""
+    return graph.op(name) == "Pow"
