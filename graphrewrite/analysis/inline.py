@@ -45,15 +45,32 @@ def inline_calls(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef | None:
     return _inlined(graph_def, {name: library[name] for name in looping})
 
 
-def inline_gradient_calls(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef | None:
+def inline_gradient_calls(graph_def: graph_pb2.GraphDef
+                          ) -> tuple[graph_pb2.GraphDef, list[str]] | None:
     """A copy of `graph_def` with the step's passes spliced in: a `tf.function` called inside
     a differentiated step is a call of its forward function (returning, besides its outputs,
     every activation its gradient reads) and a call of its backward function. Calls of
     functions holding gradient ops, and the calls whose results those read, are inlined, and
     their results read from the body directly (the `IdentityN` in between would be the one
-    tensor every activation passes through, and hide every bottleneck). Calls that name an
-    implementation (`api_implements`: Keras RNNs, which Grappler swaps for cuDNN kernels on a
-    GPU) or ask for XLA are left whole. None when there is nothing to inline."""
+    tensor every activation passes through, and hide every bottleneck); then the calls in
+    their bodies, in turn (a SavedModel's signature calls the step, which may call its forward
+    pass). Calls that name an implementation (`api_implements`: Keras RNNs, which Grappler
+    swaps for cuDNN kernels on a GPU) or ask for XLA are left whole. Returns the graph and
+    the calls inlined; None when there is nothing to inline."""
+    result, names = None, []
+    for _ in range(DEPTH):
+        before = result or graph_def
+        inlined = _inline_gradient_calls_once(before)
+        if inlined is None:
+            break
+        names += sorted({n.name for n in before.node if n.op in CALL_OPS}
+                        - {n.name for n in inlined.node if n.op in CALL_OPS})
+        result = inlined
+    return None if result is None else (result, names)
+
+
+def _inline_gradient_calls_once(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef | None:
+    """`inline_gradient_calls`, one level of calls deep."""
     library = {f.signature.name: f for f in graph_def.library.function}
     backward = backward_functions(graph_def.library)
 
@@ -70,6 +87,7 @@ def inline_gradient_calls(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef |
                if i.lstrip("^").split(":")[0] in calls}
     if not chosen:
         return None
+    read = {i.lstrip("^").split(":")[0] for n in graph_def.node for i in n.input}
     functions = {calls[name].attr["f"].func.name: library[calls[name].attr["f"].func.name]
                  for name in chosen}
     # A call without control inputs: its arguments' `Identity`s add nothing to wait for.
@@ -77,7 +95,7 @@ def inline_gradient_calls(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef |
                  if not any(i.startswith("^") for i in calls[name].input)
                  for arg in functions[calls[name].attr["f"].func.name].signature.input_arg}
     inlined = _inlined(graph_def, functions, only=chosen)
-    return None if inlined is None else _read_directly(inlined, chosen, arguments)
+    return None if inlined is None else _read_directly(inlined, chosen & read, arguments)
 
 
 def _read_directly(graph_def: graph_pb2.GraphDef, calls: set,
@@ -87,7 +105,8 @@ def _read_directly(graph_def: graph_pb2.GraphDef, calls: set,
     activation and its backward readers would keep it alive whatever is recomputed. Control
     dependants still wait on the call's name, now a `NoOp` waiting on the body's results and
     control outputs (an `IdentityN` would hold every activation until it ran); the arguments'
-    `Identity`s go."""
+    `Identity`s go. A call nothing reads (a SavedModel signature's, which the signature names)
+    keeps its `IdentityN`: `calls` are the others."""
     aliases = {n.name: [i for i in n.input if not i.startswith("^")] for n in graph_def.node
                if n.name in calls and n.op == "IdentityN" or n.name in arguments}
 
@@ -182,6 +201,7 @@ def _body(function, call) -> list | None:
         else:
             del copy.input[:]
             copy.input.extend(_renamed(i, prefix) for i in node.input)
+        _with_default_attrs(copy)
         _recolocate(copy, prefix, {n.name for n in body.node})
         if call.device and not copy.device:
             copy.device = call.device
@@ -194,6 +214,17 @@ def _body(function, call) -> list | None:
     results.attr["T"].list.type.extend(call.attr["Tout"].list.type)
     nodes.append(results)
     return nodes
+
+
+def _with_default_attrs(node) -> None:
+    """Give `node` the attributes its op defaults that it lacks: a SavedModel's functions are
+    stored without them (a `MatMul` without `grad_a`), and shape inference refuses such a node."""
+    from tensorflow.python.framework import op_def_registry
+
+    op_def = op_def_registry.get(node.op)
+    for attr in op_def.attr if op_def is not None else ():
+        if attr.name not in node.attr and attr.HasField("default_value"):
+            node.attr[attr.name].CopyFrom(attr.default_value)
 
 
 def _recolocate(node, prefix: str, names: set) -> None:

@@ -86,11 +86,36 @@ def default_fetches(model: Model, graph: Graph | None = None,
     (not initialisers, savers, metrics or a Keras model's unused outputs), and where some of
     them write, not the values the others compute and nothing reads (`_drops_a_value`)."""
     graph = graph or model.graph
-    found = _collected(model, graph, split) or _sinks_of_the_step(graph, split)
+    found = _collected(model, graph, split) or _signed(model, graph) \
+        or _sinks_of_the_step(graph, split)
     if shapes is None:
         return found
-    return [n for n in found if not shapes.outputs(n)
-            or dtypes.base(shapes[shapes.outputs(n)[0]].dtype) not in dtypes.HANDLES]
+    return [n for n in found if not shapes.outputs(n.split(":")[0])
+            or dtypes.base(shapes[shapes.outputs(n.split(":")[0])[0]].dtype)
+            not in dtypes.HANDLES]
+
+
+def _signed(model: Model, graph: Graph) -> list[str]:
+    """The outputs of a SavedModel's signatures (`node` or `node:port`): what a user calling
+    it runs, not its saver's or initialiser's nodes. Of several signatures, the ones that
+    train (a gradient op, or a call of a function holding one, among what they run), when any
+    does; TensorFlow's own (`__saved_model_init_op`) aside."""
+    meta = model.meta_graph
+    if meta is None:
+        return []
+    signed = [[t.name[:-2] if t.name.endswith(":0") else t.name
+               for _, t in sorted(signature.outputs.items())]
+              for key, signature in sorted(meta.signature_def.items())
+              if not key.startswith("__")]
+    signed = [names for names in signed if all(n.split(":")[0] in graph for n in names)]
+    backward = split_mod.backward_functions(graph.shell.library)
+
+    def trains(names: list[str]) -> bool:
+        runs = split_mod.reachable(graph.nx, [n.split(":")[0] for n in names], upstream=True)
+        return any(split_mod.is_gradient_op(graph.op(n)) or graph.op(n) in split_mod.CALL_OPS
+                   and graph.node_def(n).attr["f"].func.name in backward for n in runs)
+    training = [names for names in signed if trains(names)]
+    return list(dict.fromkeys(n for names in training or signed for n in names))
 
 
 def _collected(model: Model, graph: Graph, split: split_mod.Split | None) -> list[str]:

@@ -27,6 +27,12 @@ class InlineOptions(PassOptions):
 @dataclass
 class InlineResult(PassResult):
     inlined: list[str] = field(default_factory=list)  # function calls spliced in
+    # the inlined step's modelled peak as written, set by the pipeline: the original's, as the
+    # passes see it (a SavedModel's step, one call node as written, models a fraction of it)
+    step_peak: int | None = None
+
+    def section(self) -> dict:
+        return {k: v for k, v in super().section().items() if k != "step_peak"}
 
 
 def run(graph: Graph, analysis: Analysis, options: InlineOptions, model=None):
@@ -35,10 +41,8 @@ def run(graph: Graph, analysis: Analysis, options: InlineOptions, model=None):
     GraphDef to find none (a second on a 100k-node graph)."""
     if not graph.shell.library.function:
         return InlineResult(graph, False)
-    before = graph.to_graph_def()
-    inlined = inline.inline_gradient_calls(before)
-    if inlined is None:
+    found = inline.inline_gradient_calls(graph.to_graph_def())
+    if found is None:
         return InlineResult(graph, False)
-    calls = sorted({n.name for n in before.node if n.op in inline.CALL_OPS}
-                   - {n.name for n in inlined.node if n.op in inline.CALL_OPS})
+    inlined, calls = found
     return InlineResult(Graph.from_graph_def(inlined), True, inlined=calls)

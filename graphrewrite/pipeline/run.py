@@ -185,6 +185,9 @@ def optimize(model: Model, mode: str, analysis: AnalysisOptions | None = None,
         run_steps = _as_run(model, original, run_steps[0], graph, found, changed)
         refused = _refused(run_steps) if changed else []
     run_reports = tuple(None if step is None else step[2] for step in run_steps)
+    inlined = results.get("inline")
+    if inlined is not None and inlined.step_peak is not None:
+        peak_before = inlined.step_peak  # the step as the passes saw it, calls spliced in
     reverted = ""
     if refused:
         reverted = (f"the rewrite makes Grappler fuse {refused[0]} otherwise than the original "
@@ -281,6 +284,8 @@ def _run_passes(model: Model, steps: list, found, again: AnalysisOptions, stage,
             found = analysis_mod.analyse(model, graph, again, shapes=result.shapes,
                                          planned=index < len(steps) - 1,  # a pass follows
                                          report=result.memory)
+            if name == "inline":
+                result.step_peak = found.memory.peak()
     serialized = None
     if made:  # nothing is written that TensorFlow cannot import or its init ops initialise
         stage("checking that TensorFlow imports the rewritten graph")
