@@ -320,15 +320,15 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
     """Simulate one step that fetches `fetches` (default: the sinks) and report the peaks.
     `device` ("cpu", "gpu"; default: "gpu" when a node is placed on one) picks the kernel
     scratch (`scratch.KERNEL_SCRATCH`) and the allocator; unplaced graphs with some nodes pinned
-    to the CPU (swap copies) get no scratch unless it is given. `executor`: in the order
+    to the CPU (swap copies) are modelled on a GPU, the device with memory of its own they are
+    made for. `executor`: in the order
     TensorFlow's executor runs the step on that device (`CPU_WORKERS` threads on a CPU), not
     first come first served (the order the passes plan on)."""
     if fetches is None:
         fetches = [n for n in graph.nodes() if graph.nx.out_degree(n) == 0]
     fetched = set(fetches)
     host_split = cpu_is_host(graph)
-    kind = device or ("gpu" if host_split and scratch.device_kind(graph) == "gpu" else
-                      None if host_split else "cpu")
+    kind = device or ("gpu" if host_split else "cpu")
     bypassed = bypassed_identities(graph, graph.nodes(), fetches)
     order = schedule(graph, fetches, bypassed,
                      workers=CPU_WORKERS if executor and kind == "cpu" else 1)
