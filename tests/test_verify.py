@@ -116,6 +116,23 @@ def test_verify_feed_override(tmp_path):
     assert bad.exit_code == 2 and "cannot read" in bad.stderr
 
 
+def test_a_sparse_placeholder_is_named_as_one_to_feed(tmp_path):
+    """A Wide & Deep model's `sparse_placeholder` ids: how many entries the batch holds is data.
+    `--input-shape` was the advice, and led to another error; now the advice is to feed it."""
+    import tensorflow as tf
+
+    with tf.Graph().as_default() as g:
+        ids = tf.compat.v1.sparse_placeholder(tf.int64, [32, None], name="ids")
+        table = tf.compat.v1.get_variable("table", [100, 8])
+        loss = tf.reduce_mean(tf.nn.embedding_lookup_sparse(table, ids, None, combiner="mean"))
+        tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+        path = tmp_path / "sparse.meta"
+        tf.compat.v1.train.export_meta_graph(filename=str(path), graph=g)
+    shown = run_cli("verify", path, path, "--runs", "1")
+    assert shown.exit_code == 2
+    assert "looks like a sparse tensor's indices" in shown.stderr and "--feed" in shown.stderr
+
+
 def _matmul_chain(matmuls):
     import tensorflow as tf
 

@@ -479,8 +479,7 @@ def random_feeds(graph, shapes, seed: int = 0, int_high: int = 10,
             continue
         info = shapes[TensorRef(name)]
         if info is None or info.shape is None or None in info.shape:
-            raise ValueError(f"placeholder '{name}' has an unknown shape; give it with "
-                             "--input-shape")
+            raise ValueError(_unknown_shape(name, info))
         dtype = tf.dtypes.as_dtype(info.dtype).as_numpy_dtype
         if np.issubdtype(dtype, np.floating):
             feeds[name] = rng.standard_normal(info.shape).astype(dtype)
@@ -490,6 +489,21 @@ def random_feeds(graph, shapes, seed: int = 0, int_high: int = 10,
         else:
             feeds[name] = np.zeros(info.shape, dtype)
     return feeds
+
+
+def _unknown_shape(name: str, info) -> str:
+    """What to do about a placeholder of unknown shape: give the shape, or, for what looks like
+    a sparse tensor's indices (int64, `[?, rank]`: `tf.compat.v1.sparse_placeholder`'s), feed
+    the sparse tensor (how many entries it holds is data, and its ids must be ordered)."""
+    import tensorflow as tf
+
+    shape = None if info is None else info.shape
+    if shape is not None and len(shape) == 2 and shape[1] is not None \
+            and tf.dtypes.as_dtype(info.dtype) == tf.int64:
+        return (f"placeholder '{name}' has an unknown shape and looks like a sparse tensor's "
+                "indices (int64, [?, rank]): feed its indices, values and dense shape with "
+                "--feed NAME=FILE.npy (how many entries it holds is data)")
+    return f"placeholder '{name}' has an unknown shape; give it with --input-shape"
 
 
 def upstream(graph, fetches: list[str]) -> set[str]:
