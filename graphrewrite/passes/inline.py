@@ -27,12 +27,6 @@ class InlineOptions(PassOptions):
 @dataclass
 class InlineResult(PassResult):
     inlined: list[str] = field(default_factory=list)  # function calls spliced in
-    # the inlined step's modelled peak as written, set by the pipeline: the original's, as the
-    # passes see it (a SavedModel's step, one call node as written, models a fraction of it)
-    step_peak: int | None = None
-
-    def section(self) -> dict:
-        return {k: v for k, v in super().section().items() if k != "step_peak"}
 
 
 def run(graph: Graph, analysis: Analysis, options: InlineOptions, model=None):

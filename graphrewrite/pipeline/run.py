@@ -156,7 +156,8 @@ def optimize(model: Model, mode: str, analysis: AnalysisOptions | None = None,
     grappled = (analysis_mod.start_as_run(model, model.graph, original)
                 if as_run and backward else None)
     try:
-        graph, found, results, serialized = _run_passes(model, steps, found, again, stage, graph)
+        graph, found, results, serialized, inlined_peak = _run_passes(model, steps, found, again,
+                                                                      stage, graph)
     except GraphRewriteError as err:
         if plan is None or isinstance(err, PassError):
             raise
@@ -179,15 +180,15 @@ def optimize(model: Model, mode: str, analysis: AnalysisOptions | None = None,
             raw.get("pin_never"), *refused)))} if name == "recompute" else raw)
             for name, raw in parse_pipeline(text)])
         analysed = model.graph.copy()
-        graph, found, results, serialized = _run_passes(model, steps, analysis_mod.analyse(
-            model, analysed, analysis), again, stage, analysed)
+        graph, found, results, serialized, inlined_peak = _run_passes(
+            model, steps, analysis_mod.analyse(model, analysed, analysis), again, stage,
+            analysed)
         changed = any(r.modified for r in results.values())
         run_steps = _as_run(model, original, run_steps[0], graph, found, changed)
         refused = _refused(run_steps) if changed else []
     run_reports = tuple(None if step is None else step[2] for step in run_steps)
-    inlined = results.get("inline")
-    if inlined is not None and inlined.step_peak is not None:
-        peak_before = inlined.step_peak  # the step as the passes saw it, calls spliced in
+    if inlined_peak is not None:
+        peak_before = inlined_peak  # the step as the passes saw it, calls spliced in
     reverted = ""
     if refused:
         reverted = (f"the rewrite makes Grappler fuse {refused[0]} otherwise than the original "
@@ -240,7 +241,7 @@ def _checked_alone(model: Model, steps: list, results: dict, original_steps: tup
             results[name].modified for name, _ in alone if name in results):
         return None
     analysed = model.graph.copy()
-    graph, found, kept, serialized = _run_passes(
+    graph, found, kept, serialized, _ = _run_passes(
         model, alone, analysis_mod.analyse(model, analysed, analysis), again, stage, analysed)
     run_steps = _as_run(model, original, original_run, graph, found, True)
     reports = tuple(None if step is None else step[2] for step in run_steps)
@@ -255,13 +256,15 @@ def _run_passes(model: Model, steps: list, found, again: AnalysisOptions, stage,
                 analysed: Graph):
     """Run `steps` on a copy of `analysed` (a copy of the model's graph, analysed as `found`),
     each rewrite analysed again (`again`); check that TensorFlow imports what they made.
-    Returns the last graph, its analysis, each pass's result (runs of one pass combined) and
-    what `importable.check` returns (the output's bytes as written, when it made them). A copy
+    Returns the last graph, its analysis, each pass's result (runs of one pass combined), what
+    `importable.check` returns (the output's bytes as written, when it made them) and the
+    modelled peak as written after the inline pass (None without one that changed it). A copy
     of the analysed graph, not of the model's: it shares the topological order and the input
     lists the analysis cached (rebuilt for a fresh copy: 2 s at 99k nodes)."""
     graph = analysed.copy()
     results: dict[str, PassResult] = {}
     made = []  # (pass, the passes before it, its output graph), for `importable.check`
+    inlined_peak = None
     for index, (name, pass_opts) in enumerate(steps):
         before = [n for n, _ in steps[:index]]
         stage(f"pass {name}")
@@ -284,13 +287,14 @@ def _run_passes(model: Model, steps: list, found, again: AnalysisOptions, stage,
             found = analysis_mod.analyse(model, graph, again, shapes=result.shapes,
                                          planned=index < len(steps) - 1,  # a pass follows
                                          report=result.memory)
-            if name == "inline":
-                result.step_peak = found.memory.peak()
+            if name == "inline":  # the original as the passes see it (not in the report:
+                # a SavedModel's step, one call node as written, models a fraction of it)
+                inlined_peak = found.memory.peak()
     serialized = None
     if made:  # nothing is written that TensorFlow cannot import or its init ops initialise
         stage("checking that TensorFlow imports the rewritten graph")
         serialized = importable.check(model, made)
-    return graph, found, results, serialized
+    return graph, found, results, serialized, inlined_peak
 
 
 def _budget_in_bytes(opts, peak_before: int):
