@@ -143,7 +143,8 @@ def run(graph: Graph, analysis: Analysis, options: DietOptions, model=None) -> D
         if not unexpected and calls:  # a LossScaleOptimizer's updates run in an If's branch
             note += (f": no update in the step itself, and diet does not read updates inside "
                      f"{' or '.join(calls)} (a LossScaleOptimizer applies its gradients in a "
-                     "cond)")
+                     "cond; a SavedModel's signature calls its step, whose save and restore "
+                     "functions read the variables too)")
         return DietResult(graph, False, note=note, kept_float=kept)
     diet.finish()
     graph, choice = choose_reads(graph, {r: f for r, f in diet.forward_reads.items()
