@@ -321,9 +321,9 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
     `device` ("cpu", "gpu"; default: "gpu" when a node is placed on one) picks the kernel
     scratch (`scratch.KERNEL_SCRATCH`) and the allocator; unplaced graphs with some nodes pinned
     to the CPU (swap copies) are modelled on a GPU, the device with memory of its own they are
-    made for. `executor`: in the order
-    TensorFlow's executor runs the step on that device (`CPU_WORKERS` threads on a CPU), not
-    first come first served (the order the passes plan on)."""
+    made for. `executor`: in the order TensorFlow's executor runs the step on that device
+    (`CPU_WORKERS` threads on a CPU), not first come first served (the order the passes plan
+    on)."""
     if fetches is None:
         fetches = [n for n in graph.nodes() if graph.nx.out_degree(n) == 0]
     fetched = set(fetches)

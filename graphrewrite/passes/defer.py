@@ -83,9 +83,9 @@ def run(graph: Graph, analysis: Analysis, options: DeferOptions, model=None):
 
 def _gateable(original: Graph, waits: set[str], flow) -> set[str]:
     """`waits`, each that may not drive a control edge (`pads.can_gate`: a Mul Grappler would
-    no longer group with its reader, a BERT's tanh-GELU `x * x * x` gradient rounded otherwise)
-    replaced by the nearest gradient-flow nodes above it that may: the value is then computed a
-    little earlier, still after the gradient reaches its layer."""
+    then no longer group with its reader, which rounds otherwise) replaced by the nearest
+    gradient-flow nodes above it that may: the value is then computed a little earlier, still
+    after the gradient reaches its layer."""
     found, stack, seen = set(), list(waits), set(waits)
     while stack:
         name = stack.pop()

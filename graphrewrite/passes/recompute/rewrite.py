@@ -40,11 +40,11 @@ def apply(ctx: Context, checkpoints: set[str], ahead: frozenset = frozenset(),
     # gradient `x ** 2` is the product Grappler shares with the forward `x ** 3` (a BERT step
     # rounded otherwise when it read the original and the copy expanded its own), and it no
     # longer lives from the forward pass to its reader.
-    early = ctx.early_values(SHAPE_READERS)
+    early_values = ctx.early_values(SHAPE_READERS)
     for name, copy in copies.items():
         for ref in ctx.analysis.shapes.outputs(name):
-            readers = [v for v, _ in graph.consumers(ref)
-                       if v in flow or v in early or _gated_shape_reader(graph, v, backward)]
+            readers = [v for v, _ in graph.consumers(ref) if v in flow or v in early_values
+                       or _gated_shape_reader(graph, v, backward)]
             graph.replace_uses(ref, TensorRef(copy, ref.port), readers)
     writers, after_writes = ctx.ref_writers()
     ref_reads = {n for n in copies if any(r.node in writers for r in graph.data_inputs(n))}
