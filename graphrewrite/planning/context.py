@@ -141,11 +141,10 @@ class Context:
                 f.split(":")[0] for f in self.analysis.fetches if f.split(":")[0] in self.graph]))
         return self._needed
 
-    def early_values(self, shape_readers) -> frozenset:
+    def early_values(self) -> frozenset:
         """The backward nodes outside the gradient flow that compute, from forward values
-        alone, a value the flow reads (a tanh-GELU's `x ** 2`), found once: not shape readers
-        (`shape_readers`, their ops), nor what only an update reads (a batch norm's moving
-        average, which the train op waits on)."""
+        alone, a value the flow reads (a tanh-GELU's `x ** 2`), found once: not what only an
+        update reads (a batch norm's moving average, which the train op waits on)."""
         if self._early_values is None:
             split, graph = self.analysis.split, self.graph
             early = split.early_backward & self.needed()
@@ -156,7 +155,7 @@ class Context:
                 if name not in found:
                     found.add(name)
                     stack += [r.node for r in graph.data_inputs(name) if r.node in early]
-            self._early_values = frozenset(n for n in found if graph.op(n) not in shape_readers)
+            self._early_values = frozenset(found)
         return self._early_values
 
     def ref_writers(self) -> tuple[dict[str, tuple[str, ...]], frozenset]:

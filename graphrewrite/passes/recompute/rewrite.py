@@ -36,11 +36,12 @@ def apply(ctx: Context, checkpoints: set[str], ahead: frozenset = frozenset(),
     segments = plan_nodes.segments(ctx, set(copies))
     _mirror_waits(graph, copies, segments)
     backward = split.backward
-    # The backward values outside the flow that it reads read the copies too: a tanh-GELU's
-    # gradient `x ** 2` is the product Grappler shares with the forward `x ** 3` (a BERT step
-    # rounded otherwise when it read the original and the copy expanded its own), and it no
-    # longer lives from the forward pass to its reader.
-    early_values = ctx.early_values(SHAPE_READERS)
+    # The backward values outside the flow that it reads (shape readers aside: see the
+    # package's docstring) read the copies too: a tanh-GELU's gradient `x ** 2` is the product
+    # Grappler shares with the forward `x ** 3` (a BERT step rounded otherwise when it read the
+    # original and the copy expanded its own), and it no longer lives from the forward pass
+    # to its reader.
+    early_values = {n for n in ctx.early_values() if graph.op(n) not in SHAPE_READERS}
     for name, copy in copies.items():
         for ref in ctx.analysis.shapes.outputs(name):
             readers = [v for v, _ in graph.consumers(ref) if v in flow or v in early_values
