@@ -116,17 +116,41 @@ def test_verify_feed_override(tmp_path):
     assert bad.exit_code == 2 and "cannot read" in bad.stderr
 
 
-def test_a_sparse_placeholder_is_named_as_one_to_feed(tmp_path):
-    """A Wide & Deep model's `sparse_placeholder` ids: how many entries the batch holds is data.
-    `--input-shape` was the advice, and led to another error; now the advice is to feed it."""
+def test_sparse_placeholders_are_fed_valid_sparse_tensors(tmp_path):
+    """A Wide & Deep model's `sparse_placeholder` ids: three placeholders each, how many entries
+    is data, and the ids must be row-major (`SparseSegmentMean`) inside a dense shape whose
+    default holds -1 (`SparseReshape`). verify made none of that and exited 2; six `--feed`
+    arrays were the way. Now each three is fed one sparse tensor of the dense inputs' batch."""
     import tensorflow as tf
 
     with tf.Graph().as_default() as g:
-        ids = tf.compat.v1.sparse_placeholder(tf.int64, [32, None], name="ids")
+        tf.compat.v1.set_random_seed(0)
+        wide = tf.compat.v1.sparse_placeholder(tf.int64, [32, None], name="wide")
+        deep = tf.compat.v1.sparse_placeholder(tf.int64, [32, None], name="deep")
+        dense = tf.compat.v1.placeholder(tf.float32, [32, 4], name="dense")
         table = tf.compat.v1.get_variable("table", [100, 8])
-        loss = tf.reduce_mean(tf.nn.embedding_lookup_sparse(table, ids, None, combiner="mean"))
+        looked = [tf.nn.safe_embedding_lookup_sparse(table, wide, combiner="sum"),
+                  tf.nn.embedding_lookup_sparse(table, deep, None, combiner="mean")]
+        loss = tf.reduce_mean(tf.concat(looked + [dense], 1) ** 2)
         tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
         path = tmp_path / "sparse.meta"
+        tf.compat.v1.train.export_meta_graph(filename=str(path), graph=g)
+    shown = run_cli("verify", path, path, "--runs", "1", "--json")
+    assert shown.exit_code == 0, shown.stderr
+    assert json.loads(shown.stdout)["match"]
+
+
+def test_indices_with_no_values_are_named_as_ones_to_feed(tmp_path):
+    """An int64 `[?, 2]` placeholder no values placeholder is read with (a `gather_nd`'s
+    indices): how many rows it holds is data, so the advice is to feed it."""
+    import tensorflow as tf
+
+    with tf.Graph().as_default() as g:
+        where = tf.compat.v1.placeholder(tf.int64, [None, 2], name="where")
+        table = tf.compat.v1.get_variable("table", [10, 10])
+        loss = tf.reduce_mean(tf.gather_nd(table, where))
+        tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+        path = tmp_path / "gather.meta"
         tf.compat.v1.train.export_meta_graph(filename=str(path), graph=g)
     shown = run_cli("verify", path, path, "--runs", "1")
     assert shown.exit_code == 2

@@ -453,9 +453,10 @@ def random_feeds(graph, shapes, seed: int = 0, int_high: int = 10,
                  given: set[str] = frozenset(),
                  fetches: list[str] | None = None) -> dict[str, np.ndarray]:
     """Seeded inputs for every placeholder not `given`: normal floats, integers in [0, int_high)
-    (below the class or row count of what they index, where smaller),
-    False bools; for a resource placeholder (a TF2 step's captured variable), the initial value
-    of the variable bound to it (`bind.seeded_value`). With `fetches`, only the placeholders
+    (below the class or row count of what they index, where smaller), False bools; the three
+    of a sparse placeholder, a valid sparse tensor (`sparse_feeds`); for a resource placeholder
+    (a TF2 step's captured variable), the initial value of the variable bound to it
+    (`bind.seeded_value`). With `fetches`, only the placeholders
     they depend on are fed: a Keras model's own unused `input_1`, a SavedModel's
     `saver_filename` are not (TensorFlow would not run them; nothing says what they hold).
 
@@ -466,6 +467,7 @@ def random_feeds(graph, shapes, seed: int = 0, int_high: int = 10,
     from ..analysis import bind
     from ..core.errors import GraphRewriteError
     from ..core.tensor_ref import TensorRef
+    from .sparse_feeds import sparse_feeds
 
     rng = np.random.RandomState(seed)
     try:
@@ -473,6 +475,9 @@ def random_feeds(graph, shapes, seed: int = 0, int_high: int = 10,
     except GraphRewriteError as err:
         raise ValueError(str(err)) from None
     needed = upstream(graph, fetches) if fetches is not None else None
+    unneeded = set() if needed is None else set(graph.nodes()) - needed
+    feeds.update(sparse_feeds(graph, shapes, np.random.RandomState(seed + 1), int_high,
+                              set(given) | unneeded | set(feeds)))
     for name in sorted(graph.nodes()):
         if graph.op(name) not in ("Placeholder", "PlaceholderV2") or name in given \
                 or name in feeds or (needed is not None and name not in needed):

@@ -1,0 +1,130 @@
+"""Seeded sparse tensors for the placeholders `tf.compat.v1.sparse_placeholder` makes.
+
+A sparse placeholder is three: indices (int64, `[?, rank]`), values (`[?]`) and a dense shape
+(int64, `[rank]`; a `PlaceholderWithDefault` holding -1 where the declared shape was unknown).
+How many entries they hold is data, and they must agree: as many values as index rows, indices
+ordered row-major and inside the dense shape (`SparseSegmentMean` refuses unordered segment
+ids, `SparseReshape` a -1). Nothing in the graph ties the three together but the ops that read
+them, so each values placeholder goes with the indices placeholder it meets soonest downstream,
+and a dense shape with the one it meets soonest. Every row gets COLUMNS entries (at most its
+width): embedding lookups then see no empty row, and the batch is as the dense inputs'.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+
+import numpy as np
+
+from ..core.tensor_ref import TensorRef
+
+log = logging.getLogger(__name__)
+
+COLUMNS = 2  # entries per row where the dense shape leaves the width unknown
+REACH = 8  # how many ops downstream two placeholders may meet
+
+
+def sparse_feeds(graph, shapes, rng: np.random.RandomState, int_high: int,
+                 skip: set[str]) -> dict[str, np.ndarray]:
+    """Arrays for every sparse placeholder triple whose indices are not in `skip`, keyed by
+    placeholder name: indices, values, and the dense shape where it is a placeholder."""
+    import tensorflow as tf
+
+    from ..analysis import bind
+
+    def info(name):
+        found = shapes[TensorRef(name)]
+        return (None, None) if found is None or found.shape is None else \
+            (tf.dtypes.as_dtype(found.dtype), found.shape)
+
+    placeholders = [n for n in sorted(graph.nodes())
+                    if graph.op(n) in ("Placeholder", "PlaceholderV2", "PlaceholderWithDefault")
+                    and n not in skip]
+    indices, values, dense_shapes = [], [], []
+    for name in placeholders:
+        dtype, shape = info(name)
+        if shape is None:
+            continue
+        with_default = graph.op(name) == "PlaceholderWithDefault"
+        if not with_default and dtype == tf.int64 and len(shape) == 2 and shape[0] is None \
+                and shape[1] is not None:
+            indices.append(name)
+        elif not with_default and len(shape) == 1 and shape[0] is None:
+            values.append(name)
+        elif dtype == tf.int64 and len(shape) == 1 and shape[0] is not None:
+            dense_shapes.append(name)
+    if not indices:
+        return {}
+    reach = {name: _downstream(graph, name) for name in indices + values + dense_shapes}
+    value_of = _pair(indices, values, reach)
+    shape_of = _pair(indices, dense_shapes, reach)
+    batch = _batch(graph, shapes, placeholders, set(indices) | set(values) | set(dense_shapes))
+    feeds = {}
+    for name in indices:
+        if name not in value_of:
+            continue  # no values read with it: not a sparse tensor this can make
+        rank = info(name)[1][1]
+        declared = _default(graph, shapes, shape_of.get(name))
+        if declared is None or len(declared) != rank:
+            declared = [-1] * rank
+        if declared[0] < 0:
+            declared[0] = batch
+        dense = [COLUMNS if d < 0 else d for d in declared]
+        widths = dense[:-1] + [min(dense[-1], COLUMNS)]
+        grid = np.stack(np.meshgrid(*[np.arange(w) for w in widths], indexing="ij"), -1)
+        feeds[name] = grid.reshape(-1, rank).astype(np.int64)
+        if name in shape_of:
+            feeds[shape_of[name]] = np.array(dense, np.int64)
+        value = value_of[name]
+        dtype = info(value)[0].as_numpy_dtype
+        count = len(feeds[name])
+        if np.issubdtype(dtype, np.floating):
+            feeds[value] = rng.standard_normal(count).astype(dtype)
+        else:
+            high = min(int_high, bind.index_limit(graph, shapes, value) or int_high)
+            feeds[value] = rng.randint(0, high, count).astype(dtype)
+        log.info("sparse placeholder %s: %d entries in a dense shape %s", name, count, dense)
+    return feeds
+
+
+def _downstream(graph, name: str) -> dict[str, int]:
+    """The nodes up to REACH data edges below `name`, with their distance."""
+    seen, frontier = {name: 0}, [name]
+    for depth in range(1, REACH + 1):
+        frontier = [user for node in frontier for user, slot in graph.consumers(TensorRef(node))
+                    if slot is not None and slot >= 0 and user not in seen]
+        for user in frontier:
+            seen.setdefault(user, depth)
+    return seen
+
+
+def _pair(indices: list[str], others: list[str], reach: dict) -> dict[str, str]:
+    """Each of `others` with the indices placeholder it meets soonest (fewest edges from both
+    to a common reader), keyed by the indices placeholder; the first such when two tie."""
+    paired = {}
+    for other in others:
+        costs = [(min(reach[other][n] + reach[i][n] for n in common), i)
+                 for i in indices if (common := reach[other].keys() & reach[i].keys())]
+        if costs:
+            paired.setdefault(min(costs)[1], other)
+    return paired
+
+
+def _batch(graph, shapes, placeholders: list[str], sparse: set[str]) -> int:
+    """The leading dimension most dense inputs share: a sparse tensor's row count where
+    nothing else tells it."""
+    leading = Counter(shapes[TensorRef(n)].shape[0] for n in placeholders
+                      if n not in sparse and shapes[TensorRef(n)] is not None
+                      and shapes[TensorRef(n)].shape and shapes[TensorRef(n)].shape[0])
+    return leading.most_common(1)[0][0] if leading else 1
+
+
+def _default(graph, shapes, name: str | None) -> list[int] | None:
+    """A dense shape placeholder's default value (-1 where unknown), when it has one."""
+    if name is None or graph.op(name) != "PlaceholderWithDefault":
+        return None
+    from ..analysis import loops
+
+    value = loops.constant_value(graph, shapes, graph.data_inputs(name)[0])
+    return None if value is None else [int(d) for d in np.ravel(value)]
