@@ -59,7 +59,8 @@ def sparse_feeds(graph, shapes, rng: np.random.RandomState, int_high: int,
     reach = {name: _downstream(graph, name) for name in indices + values + dense_shapes}
     value_of = _pair(indices, values, reach)
     shape_of = _pair(indices, dense_shapes, reach)
-    batch = _batch(graph, shapes, placeholders, set(indices) | set(values) | set(dense_shapes))
+    sparse = set(indices) | set(values) | set(dense_shapes)
+    batch = _batch(shapes, [n for n in placeholders if n not in sparse])
     feeds = {}
     for name in indices:
         if name not in value_of:
@@ -111,12 +112,11 @@ def _pair(indices: list[str], others: list[str], reach: dict) -> dict[str, str]:
     return paired
 
 
-def _batch(graph, shapes, placeholders: list[str], sparse: set[str]) -> int:
-    """The leading dimension most dense inputs share: a sparse tensor's row count where
-    nothing else tells it."""
-    leading = Counter(shapes[TensorRef(n)].shape[0] for n in placeholders
-                      if n not in sparse and shapes[TensorRef(n)] is not None
-                      and shapes[TensorRef(n)].shape and shapes[TensorRef(n)].shape[0])
+def _batch(shapes, placeholders: list[str]) -> int:
+    """The leading dimension most of `placeholders` (the dense inputs) share: a sparse tensor's
+    row count where nothing else tells it."""
+    found = [shapes[TensorRef(n)] for n in placeholders]
+    leading = Counter(f.shape[0] for f in found if f is not None and f.shape and f.shape[0])
     return leading.most_common(1)[0][0] if leading else 1
 
 
