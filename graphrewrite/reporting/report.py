@@ -98,10 +98,11 @@ def _note(result: OptimizeResult) -> str:
         _levers(result), _little_as_run(result), _swap_on_a_cpu(result)]
     before, after = result.run_peaks
     if result.changed and before and after is not None and after > before:
+        where = _peak_as_run(result.run_reports[1], after)
         notes.append(f"the rewrite is kept although its modelled peak as run rises "
                      f"({_mib(before)} -> {_mib(after)}, after Grappler): the passes plan on "
                      f"the step as written ({_mib(result.peak_before)} -> "
-                     f"{_mib(result.peak_after)})")
+                     f"{_mib(result.peak_after)})" + (f"; {where}" if where else ""))
     return "; ".join(filter(None, notes))
 
 
