@@ -234,7 +234,7 @@ def find_seeds(graph: Graph, dag: nx.DiGraph, data: nx.DiGraph, constant: set[st
     # By data edges only (`data`: those of `dag`): a rewritten graph's trigger makes a
     # recomputed or swapped-in forward value wait on the gradient flow, which does not make the
     # seed a forward value.
-    forward_values = reachable(data, _forward_value_inputs(graph), upstream=True)
+    forward_values = _forward_values(graph, data, constant)
     reaches_anchor = reachable(dag, found, upstream=True)
     ones = [n for n in graph.nodes() if n in reaches_anchor and n in constant
             and _is_ones(graph, n)]
@@ -297,6 +297,26 @@ def find_seeds(graph: Graph, dag: nx.DiGraph, data: nx.DiGraph, constant: set[st
     kept = {n for n in sinks if ops.is_stateful(graph.op(n)) or graph.op(n) in OUTPUT_OPS}
     ends = {n: reach[n] & kept for n in candidates}
     return sorted(n for n in candidates if not any(ends[o] < ends[n] for o in candidates))
+
+
+def _forward_values(graph: Graph, data: nx.DiGraph, constant: set[str]) -> set[str]:
+    """What the forward values gradient ops read are computed from (by data edges), except the
+    condition of a choice between two constants: `tf.recompute_grad` adds
+    `where(g == g, 0., nan)` of the incoming gradient `g` to its recomputation's inputs, so that
+    it runs after `g`, and the seed upstream of `g` then computes no forward value."""
+    up = neighbours(data, upstream=True)
+    seen = {n for n in _forward_value_inputs(graph) if n in up}
+    stack = list(seen)
+    while stack:
+        name = stack.pop()
+        if graph.op(name) in ("Select", "SelectV2") and all(
+                r.node in constant for r in graph.data_inputs(name)[1:]):
+            continue
+        for other in up[name]:
+            if other not in seen:
+                seen.add(other)
+                stack.append(other)
+    return seen
 
 
 def _batch_met(graph: Graph, start: str, reach: frozenset, constant: set[str],
