@@ -355,6 +355,27 @@ def test_steps_follow_the_loss_the_optimizer_minimizes(tmp_path):
     assert outcome.to_json()["loss"] == "total:0"
 
 
+def test_steps_follow_a_loss_the_minimized_one_only_passes_on(tmp_path):
+    """The zoo's MetaGraphDefs minimize `tf.identity(loss)` and collect `loss`: the fetched
+    loss is what the minimized one forwards, and `--steps` warned that nothing fetched was
+    computed from it (and followed the right loss by luck: the first scalar)."""
+    import tensorflow as tf
+
+    with tf.Graph().as_default() as g:
+        tf.compat.v1.set_random_seed(1)
+        x = tf.compat.v1.placeholder(tf.float32, (8, 16), name="x")
+        tf.reduce_mean(x, name="x_mean")  # a scalar fetched first, which the loss does not make
+        loss = tf.reduce_mean(tf.square(tf.compat.v1.layers.dense(x, 1)), name="loss")
+        train = tf.compat.v1.train.AdamOptimizer(0.1).minimize(tf.identity(loss, "minimized"))
+        tf.compat.v1.global_variables_initializer()
+        meta = tf.compat.v1.train.export_meta_graph(graph=g)
+    path = tmp_path / "identity.meta"
+    path.write_bytes(meta.SerializeToString())
+    outcome = verify.verify(io.load(path), io.load(path), verify.VerifyOptions(
+        fetches=["x_mean", "loss", train.name], runs=0, steps=2, rtol=0.01), isolated=False)
+    assert outcome.to_json()["loss"] == "loss:0"
+
+
 def _unseeded_step(path):
     """A TF1 training step built without `set_random_seed`: its initialiser draws anew in
     every session."""

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..analysis import bind
+from ..analysis import bind, loops
 from ..analysis import shapes as shapes_mod
 from ..analysis import split as split_mod
 from ..analysis import step as analysis
@@ -548,7 +548,7 @@ def _first_cause(message: str) -> str:
 def _loss_output(model: Model, fetches: list[str], shapes) -> str:
     """The loss: the fetched float scalar the gradient seeds differentiate (what the optimizer
     minimizes: an estimator's total loss, not the cross entropy its `losses` collection
-    holds), else one computed from it (Keras's `train_step` returns its loss tracker's mean,
+    holds) or that it passes on, else one computed from it (Keras's `train_step` returns its loss tracker's mean,
     beside an accuracy), else the first fetched float scalar, with a warning."""
     scalars = []
     for name in fetches:
@@ -560,6 +560,9 @@ def _loss_output(model: Model, fetches: list[str], shapes) -> str:
         raise GraphRewriteError("${steps} needs a scalar float loss among the fetched outputs "
                                 "(give it with ${fetches})")
     minimized = set(split_mod.split(model.graph).differentiated)
+    # What a minimized Identity passes on (the zoo's `minimize(tf.identity(loss))`).
+    minimized |= {loops.through(model.graph, TensorRef(n), ("Identity", "Snapshot")).node
+                  for n in minimized}
     for among in (minimized, split_mod.fed_by(model.graph, minimized)):
         chosen = next((s for s in scalars if TensorRef.parse(s).node in among), None)
         if chosen is not None:
