@@ -19,6 +19,8 @@ import numpy as np
 
 from ..core.tensor_ref import TensorRef
 
+__all__ = ["sparse_feeds", "COLUMNS"]
+
 log = logging.getLogger(__name__)
 
 COLUMNS = 2  # entries per row where the dense shape leaves the width unknown
