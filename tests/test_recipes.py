@@ -96,7 +96,8 @@ def test_the_matrix_covers_every_value_of_every_axis():
                                                      "bidirectional", "ema", "phase",
                                                      "recompute_grad", "estimator", "distill",
                                                      "contrastive", "cf_v1", "peephole",
-                                                     "logistic", "masked", "pre_ln"}
+                                                     "logistic", "masked", "pre_ln",
+                                                     "all_updates"}
     tf1 = [c for c in cells_ if c.construction in recipes.TF1]
     assert {c.loss for c in tf1} == {"collection", "plain"}
     assert {c.train_op for c in tf1} == {"collection", "grouped", "none"}

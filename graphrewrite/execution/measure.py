@@ -475,25 +475,46 @@ def random_feeds(graph, shapes, seed: int = 0, int_high: int = 10,
     except GraphRewriteError as err:
         raise ValueError(str(err)) from None
     needed = upstream(graph, fetches) if fetches is not None else None
+    placeholders = [n for n in sorted(graph.nodes())
+                    if graph.op(n) in ("Placeholder", "PlaceholderV2") and n not in given
+                    and n not in feeds and (needed is None or n in needed)]
+    batch = _shared_batch(shapes, placeholders)
     unneeded = set() if needed is None else set(graph.nodes()) - needed
     feeds.update(sparse_feeds(graph, shapes, np.random.RandomState(seed + 1), int_high,
-                              set(given) | unneeded | set(feeds)))
-    for name in sorted(graph.nodes()):
-        if graph.op(name) not in ("Placeholder", "PlaceholderV2") or name in given \
-                or name in feeds or (needed is not None and name not in needed):
+                              set(given) | unneeded | set(feeds), batch or 1))
+    for name in placeholders:
+        if name in feeds:
             continue
         info = shapes[TensorRef(name)]
-        if info is None or info.shape is None or None in info.shape:
+        shape = None if info is None else info.shape
+        if shape and shape[0] is None and None not in shape[1:] and batch:
+            # A Keras model's own `Input`, which `model.updates` ran: its batch is the step's.
+            log.warning("placeholder '%s' has an unknown batch dimension: fed with the other "
+                        "inputs' batch, %d (${input_shapes} gives another)", name, batch)
+            shape = (batch,) + tuple(shape[1:])
+        if shape is None or None in shape:
             raise ValueError(_unknown_shape(name, info))
         dtype = tf.dtypes.as_dtype(info.dtype).as_numpy_dtype
         if np.issubdtype(dtype, np.floating):
-            feeds[name] = rng.standard_normal(info.shape).astype(dtype)
+            feeds[name] = rng.standard_normal(shape).astype(dtype)
         elif np.issubdtype(dtype, np.integer):
             high = min(int_high, bind.index_limit(graph, shapes, name) or int_high)
-            feeds[name] = rng.randint(0, high, info.shape).astype(dtype)
+            feeds[name] = rng.randint(0, high, shape).astype(dtype)
         else:
-            feeds[name] = np.zeros(info.shape, dtype)
+            feeds[name] = np.zeros(shape, dtype)
     return feeds
+
+
+def _shared_batch(shapes, placeholders: list[str]) -> int | None:
+    """The leading dimension most of `placeholders` of known shape share (the batch), if any."""
+    from collections import Counter
+
+    from ..core.tensor_ref import TensorRef
+
+    found = [shapes[TensorRef(n)] for n in placeholders]
+    leading = Counter(f.shape[0] for f in found if f is not None and f.shape
+                      and None not in f.shape)
+    return leading.most_common(1)[0][0] if leading else None
 
 
 def _unknown_shape(name: str, info) -> str:

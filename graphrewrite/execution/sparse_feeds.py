@@ -13,8 +13,6 @@ width): embedding lookups then see no empty row, and the batch is as the dense i
 from __future__ import annotations
 
 import logging
-from collections import Counter
-
 import numpy as np
 
 from ..core.tensor_ref import TensorRef
@@ -28,9 +26,10 @@ REACH = 8  # how many ops downstream two placeholders may meet
 
 
 def sparse_feeds(graph, shapes, rng: np.random.RandomState, int_high: int,
-                 skip: set[str]) -> dict[str, np.ndarray]:
+                 skip: set[str], batch: int) -> dict[str, np.ndarray]:
     """Arrays for every sparse placeholder triple whose indices are not in `skip`, keyed by
-    placeholder name: indices, values, and the dense shape where it is a placeholder."""
+    placeholder name: indices, values, and the dense shape where it is a placeholder. `batch`:
+    the rows of a dense shape that does not say (the dense inputs')."""
     import tensorflow as tf
 
     from ..analysis import bind
@@ -61,8 +60,6 @@ def sparse_feeds(graph, shapes, rng: np.random.RandomState, int_high: int,
     reach = {name: _downstream(graph, name) for name in indices + values + dense_shapes}
     value_of = _pair(indices, values, reach)
     shape_of = _pair(indices, dense_shapes, reach)
-    sparse = set(indices) | set(values) | set(dense_shapes)
-    batch = _batch(shapes, [n for n in placeholders if n not in sparse])
     feeds = {}
     for name in indices:
         if name not in value_of:
@@ -112,14 +109,6 @@ def _pair(indices: list[str], others: list[str], reach: dict) -> dict[str, str]:
         if costs:
             paired.setdefault(min(costs)[1], other)
     return paired
-
-
-def _batch(shapes, placeholders: list[str]) -> int:
-    """The leading dimension most of `placeholders` (the dense inputs) share: a sparse tensor's
-    row count where nothing else tells it."""
-    found = [shapes[TensorRef(n)] for n in placeholders]
-    leading = Counter(f.shape[0] for f in found if f is not None and f.shape and f.shape[0])
-    return leading.most_common(1)[0][0] if leading else 1
 
 
 def _default(graph, shapes, name: str | None) -> list[int] | None:
