@@ -166,6 +166,27 @@ def test_unknown_op_is_a_warning(tmp_path, caplog):
     assert "MyCustomOp" in caplog.text
 
 
+def test_collections_naming_nodes_the_graph_lacks_are_dropped_with_a_warning(tmp_path, caplog):
+    """TF1 gradient accumulation applying Adam inside a `tf.cond` (control flow v2): the
+    optimizer put its op, which lives in the branch's function, in `train_op`. TensorFlow's
+    own `import_meta_graph` refused the file (KeyError), and verify exited 3 on it."""
+    import tensorflow as tf
+
+    message = original_message(io.load(fixture_path("adam_train")))
+    message.collection_def["train_op"].node_list.value.append("Adam_in_branch")
+    message.collection_def["only_ghosts"].node_list.value.append("ghost:0")
+    path = tmp_path / "dangling.meta"
+    path.write_bytes(message.SerializeToString())
+    model = io.load(path)
+    assert "collection 'train_op' names 'Adam_in_branch', not a node of the graph" in caplog.text
+    assert "Adam_in_branch" not in model.meta_graph.collection_def["train_op"].node_list.value
+    assert "only_ghosts" not in model.meta_graph.collection_def  # emptied: gone
+    out = tmp_path / "written.meta"
+    io.save(model, model.graph, out)
+    with tf.Graph().as_default():
+        tf.compat.v1.train.import_meta_graph(str(out))  # raised KeyError on the input
+
+
 @pytest.fixture
 def umask_022():
     old = os.umask(0o022)

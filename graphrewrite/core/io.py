@@ -139,7 +139,7 @@ def load(path: str | os.PathLike, tag: str | None = None) -> Model:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise InputError(path, f"invalid graph: {problems[0]}{more}")
     model = Model(path, fmt, container, graph, index)
-    model.warnings.extend(_unknown_op_warnings(graph_def))
+    model.warnings.extend(_unknown_op_warnings(graph_def) + _dangling_warnings(model))
     for warning in model.warnings:
         log.warning("%s: %s", path, warning)
     return model
@@ -272,6 +272,23 @@ def select_meta_graph(path: Path, saved_model, tag: str | None) -> int:
         raise InputError(path, f"no MetaGraph tagged '{','.join(sorted(wanted))}'; available tag "
                                f"sets: {available} (choose one with ${{tag}})")
     return matches[0]
+
+
+def _dangling_warnings(model: Model) -> list[str]:
+    """Collections naming nodes the graph lacks, dropped from the model (and so from what is
+    written): TensorFlow's `import_meta_graph` refuses the file as it is."""
+    from . import metagraph
+
+    if model.meta_graph is None:
+        return []
+    found = metagraph.dangling(model.meta_graph, model.graph)
+    metagraph.drop_dangling(model.meta_graph, found)
+    return [f"collection '{key}' names {', '.join(repr(n) for n in names[:3])}"
+            f"{' and more' if len(names) > 3 else ''}, not a node of the graph (an op made "
+            "inside a cond branch or a loop body lives in that function; TensorFlow's "
+            "import_meta_graph refuses the file): left out here and in what is written; "
+            "give the step's outputs with ${fetches} if it is not found" for key, names
+            in found.items()]
 
 
 def _unknown_op_warnings(graph_def: graph_pb2.GraphDef) -> list[str]:

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from tensorflow.core.framework import variable_pb2
 
-__all__ = ["NEW_VARIABLE_ATTR", "VARIABLE_COLLECTIONS", "GLOBAL_VARIABLES", "sync"]
+__all__ = ["NEW_VARIABLE_ATTR", "VARIABLE_COLLECTIONS", "GLOBAL_VARIABLES", "sync", "dangling",
+           "drop_dangling"]
 
 NEW_VARIABLE_ATTR = "_graphrewrite_variable_def"
 VARIABLE_COLLECTIONS = frozenset({
@@ -33,25 +34,61 @@ def _node(name: str) -> str:
     return name.lstrip("^").split(":")[0]
 
 
+def dangling(meta_graph, graph) -> dict[str, list[str]]:
+    """The nodes each node-list or variable collection names that `graph` lacks: an op made
+    inside a `cond_v2` branch or a `while_v2` body lives in that function, and a `train_op`
+    collection naming it makes `import_meta_graph` fail (KeyError)."""
+    found = {}
+    for key, collection in sorted(meta_graph.collection_def.items()):
+        names = _names(key, collection)
+        missing = [n for n in names if _node(n) not in graph] if names is not None else []
+        if missing:
+            found[key] = missing
+    return found
+
+
+def drop_dangling(meta_graph, found: dict[str, list[str]]) -> None:
+    """Drop the entries `dangling` found, and a collection left empty by it (so that what a
+    step fetches is found from the graph, not from an empty `train_op`)."""
+    _drop(meta_graph, {_node(n) for names in found.values() for n in names})
+    for key in found:
+        names = _names(key, meta_graph.collection_def[key])
+        if not names:
+            del meta_graph.collection_def[key]
+
+
+def _names(key: str, collection) -> list[str] | None:
+    if collection.HasField("node_list"):
+        return list(collection.node_list.value)
+    if collection.HasField("bytes_list") and key in VARIABLE_COLLECTIONS:
+        return [_variable_def(v).variable_name for v in collection.bytes_list.value]
+    return None
+
+
+def _drop(meta_graph, gone: set[str]) -> None:
+    """Drop every collection entry naming a node of `gone`."""
+    for key, collection in meta_graph.collection_def.items():
+        if collection.HasField("node_list"):
+            kept = [v for v in collection.node_list.value if _node(v) not in gone]
+            if len(kept) != len(collection.node_list.value):
+                del collection.node_list.value[:]
+                collection.node_list.value.extend(kept)
+        elif collection.HasField("bytes_list") and key in VARIABLE_COLLECTIONS:
+            kept = [v for v in collection.bytes_list.value
+                    if _node(_variable_def(v).variable_name) not in gone]
+            if len(kept) != len(collection.bytes_list.value):
+                del collection.bytes_list.value[:]
+                collection.bytes_list.value.extend(kept)
+        elif collection.HasField("bytes_list") and key in CONTEXTS:
+            collection.bytes_list.value[:] = [_context(CONTEXTS[key], v, gone)
+                                              for v in collection.bytes_list.value]
+
+
 def sync(meta_graph, old_graph, new_graph) -> None:
     """Drop entries of nodes `old_graph` had and `new_graph` lost; list new variables."""
     gone = {n for n in old_graph.nodes() if n not in new_graph}
     if gone:
-        for key, collection in meta_graph.collection_def.items():
-            if collection.HasField("node_list"):
-                kept = [v for v in collection.node_list.value if _node(v) not in gone]
-                if len(kept) != len(collection.node_list.value):
-                    del collection.node_list.value[:]
-                    collection.node_list.value.extend(kept)
-            elif collection.HasField("bytes_list") and key in VARIABLE_COLLECTIONS:
-                kept = [v for v in collection.bytes_list.value
-                        if _node(_variable_def(v).variable_name) not in gone]
-                if len(kept) != len(collection.bytes_list.value):
-                    del collection.bytes_list.value[:]
-                    collection.bytes_list.value.extend(kept)
-            elif collection.HasField("bytes_list") and key in CONTEXTS:
-                collection.bytes_list.value[:] = [_context(CONTEXTS[key], v, gone)
-                                                  for v in collection.bytes_list.value]
+        _drop(meta_graph, gone)
     listed = {_node(_variable_def(v).variable_name)
               for v in meta_graph.collection_def[GLOBAL_VARIABLES].bytes_list.value} \
         if GLOBAL_VARIABLES in meta_graph.collection_def else set()
