@@ -275,6 +275,23 @@ def test_a_lever_the_budget_tried_is_not_named_as_one_that_goes_lower():
     assert "--swap-checkpoints" in note and "diet" not in note
 
 
+@pytest.mark.parametrize("lever, said", [("diet", True), ("diet(min_size=1048576)", True),
+                                         ("diet(momentum=drop)", True),
+                                         ("diet(momentum=bfloat16)", False)])
+def test_a_budget_met_by_dropping_the_first_moment_says_to_check_training(lever, said):
+    """The zoo's ResNet-50 at --budget 25% --lossy: diet's lean Adam met it (0.25x measured)
+    and the step stopped learning (loss after 20 steps 5.33 against 1.80); the report said only
+    that the budget was met."""
+    optimized = result(written=(300 * MIB, 70 * MIB))
+    optimized.budget = 75 * MIB
+    optimized.levers = [{"levers": ["diet(momentum=bfloat16)"], "recompute": True,
+                         "chosen": False},
+                        {"levers": [lever], "recompute": True, "chosen": True}]
+    note = report.optimize_report("in.pb", "out.pb", "graphdef", optimized)["note"]
+    assert ("dropping the optimizer's first moment" in note) is said
+    assert ("verify --steps" in note) is said
+
+
 @pytest.mark.parametrize("budget, met", [("90%", True), ("1%", False)])
 def test_the_report_says_whether_the_budget_was_met_and_what_would_go_lower(tmp_path, budget,
                                                                             met):
