@@ -418,6 +418,26 @@ def test_steps_that_train_nothing_are_said_to(tmp_path):
     assert "give the loss with --outputs" in shown.stderr
 
 
+def test_steps_whose_loss_does_not_fall_are_said_to_say_little(tmp_path):
+    """A SimCLR step with a hand-written LARS (built outside the repo): over 20 steps neither
+    loss fell, and verify said MATCH with nothing more. Here the step climbs its loss."""
+    import tensorflow as tf
+
+    with tf.Graph().as_default() as g:
+        tf.compat.v1.set_random_seed(1)
+        x = tf.compat.v1.placeholder(tf.float32, (8, 16), name="x")
+        loss = tf.reduce_mean(tf.square(tf.compat.v1.layers.dense(x, 1)), name="loss")
+        tf.compat.v1.train.GradientDescentOptimizer(-0.01).minimize(loss, name="train")
+        tf.compat.v1.global_variables_initializer()
+        meta = tf.compat.v1.train.export_meta_graph(graph=g)
+    path = tmp_path / "ascent.meta"
+    path.write_bytes(meta.SerializeToString())
+    shown = run_cli("verify", path, path, "--steps", "4", "--batches", "2", "--runs", "1")
+    assert shown.exit_code == 0, shown.stderr
+    assert "the original's loss did not fall over 4 steps on 2 fixed batches" in shown.stderr
+    assert "give more --steps, or a data set with --data" in shown.stderr
+
+
 def test_an_output_that_is_a_handle_is_one_line_and_exit_2(tmp_path):
     """A seq2seq's default outputs once held a v1 loop's TensorArray (a variant): TensorFlow
     cannot return it as an array, and `--steps` failed as a bug in graphrewrite (KeyError 21)."""

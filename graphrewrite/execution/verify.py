@@ -410,6 +410,11 @@ def _verify_steps(original, rewritten, options: VerifyOptions, shapes, given, in
     match = bool(np.isfinite(b) and abs(a - b) <= atol + rtol * abs(a))
     if batches and trends["original"]["fell"] and not trends["rewritten"]["fell"]:
         match = False  # on a set it can learn, the rewritten graph did not
+    if batches and curves["original"].trained and not trends["original"]["fell"]:
+        log.warning("verify: the original's loss did not fall over %d steps on %d fixed "
+                    "batches (%.4g -> %.4g): the comparison says little of how the rewrite "
+                    "trains; give more ${steps}, or a data set with ${data}", steps, batches,
+                    trends["original"]["start"], trends["original"]["end"])
     return VerifyResult(match, [], first, second, fetches, steps, "", curves,
                         peak_runs=peak_runs)
 
