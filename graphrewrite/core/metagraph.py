@@ -10,7 +10,9 @@ original graph had and the new one does not are dropped (from node lists, variab
 and v1 loop and cond contexts, whose values a v1 loop's rewrite may remove), and a new variable
 node carrying a serialized `VariableDef` in the attribute NEW_VARIABLE_ATTR is added to
 `variables`.
-Collections of untouched graphs are left exactly as they were.
+Collections of untouched graphs are left exactly as they were, except entries naming nodes the
+graph never had (`dangling`: an optimizer applied inside a `cond_v2` branch lists its op, which
+lives in the branch's function), which make `import_meta_graph` fail: `io.load` drops those.
 """
 
 from __future__ import annotations

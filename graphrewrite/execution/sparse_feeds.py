@@ -13,6 +13,7 @@ width): embedding lookups then see no empty row, and the batch is as the dense i
 from __future__ import annotations
 
 import logging
+
 import numpy as np
 
 from ..core.tensor_ref import TensorRef
