@@ -553,8 +553,9 @@ def _first_cause(message: str) -> str:
 def _loss_output(model: Model, fetches: list[str], shapes) -> str:
     """The loss: the fetched float scalar the gradient seeds differentiate (what the optimizer
     minimizes: an estimator's total loss, not the cross entropy its `losses` collection
-    holds) or that it passes on, else one computed from it (Keras's `train_step` returns its loss tracker's mean,
-    beside an accuracy), else the first fetched float scalar, with a warning."""
+    holds) or that it passes on, else one computed from it (Keras's `train_step` returns its
+    loss tracker's mean, beside an accuracy), else the first fetched float scalar, with a
+    warning."""
     scalars = []
     for name in fetches:
         ref = TensorRef.parse(name)

@@ -369,7 +369,7 @@ def _small_reads(ctx: Context, plan: Rewrite) -> set[str]:
     its peak: keeping them costs nothing at the peak, and one may stand at the end of a long
     chain read for it alone (a distilling student's loss reads its frozen teacher's softmax,
     [32, 10]: the teacher was recomputed whole, 6.9 of the step's 9.1 GFLOP, for no lower
-    peak; kept, the rewrite measured 0.73x against 0.87x, and ran faster)."""
+    peak; kept, the rewrite measured 48.4 MiB against 61.4, at the same step time)."""
     reads, shapes = ctx.flow_reads(), ctx.analysis.shapes
     return {n for n in plan.recomputed if reads.get(n) and sum(
         shapes.nbytes(r) or 0 for r in reads[n]) <= SMALL_READ * plan.peak}
