@@ -53,14 +53,14 @@ def why_so_little(ctx: Context, report) -> str:
         variables, updates = parameters.variables(ctx.graph), optimizers.updates(ctx.graph)
         dieted = sum(DIET_ATTR in ctx.graph.node_def(v).attr for v in variables)
         if dieted:  # diet ran before: its variables' updates are its own now
-            return (f"at the modelled peak ({shares}) recomputation cannot lower it; diet "
-                    f"already stores {dieted} variables in 16 bits")
+            return (f"at the modelled peak ({shares}) the variables hold it, which no "
+                    f"recomputation lowers; diet already stores {dieted} variables in 16 bits")
         if variables and not updates:
-            return (f"at the modelled peak ({shares}) recomputation cannot lower it, and --mode "
-                    "diet reads no update here (it rewrites Adam's and AdamW's, momentum's, "
-                    "RMSProp's, Adagrad's and SGD's)")
-        return (f"at the modelled peak ({shares}) recomputation cannot lower it: "
-                f"{_diet(ctx, variables, updates)}")
+            return (f"at the modelled peak ({shares}) the variables hold it, which no "
+                    "recomputation lowers, and --mode diet reads no update here (it rewrites "
+                    "Adam's and AdamW's, momentum's, RMSProp's, Adagrad's and SGD's)")
+        return (f"at the modelled peak ({shares}) the variables hold it, which no "
+                f"recomputation lowers: {_diet(ctx, variables, updates)}")
     advice = {
         ACTIVATIONS: "activations hold it, but none can be recomputed more cheaply than kept: "
                      "try --mode swap, or --mode collection --checkpoints to choose them",
