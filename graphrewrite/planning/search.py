@@ -73,7 +73,9 @@ HUGE_NODES, HUGE_TRUST_AFTER = 50_000, 0
 
 
 FREE_ROUNDS, FREE_TRIES, FREE_NODES = 3, 24, 2000  # `add_free`: rounds, tries, graph size
-SMALL_READ = 0.001  # `add_free`: a read this share of the peak is kept where that is cheaper
+# `add_free`: reads under this share of the peak are kept where that recomputes under
+# SMALL_SAVING of the FLOPs (a teacher's whole forward pass, not a batch norm's statistics).
+SMALL_READ, SMALL_SAVING = 0.001, 0.5
 
 
 @dataclass
@@ -345,7 +347,7 @@ def add_free(ctx: Context, best: Rewrite, attempts: list[Rewrite], pricer: Price
     small = _small_reads(ctx, current)
     if small:  # kept at once: a frozen teacher's softened answers, recomputed whole for 1 KiB
         tried = pricer.score(kept | small, ahead)
-        if tried.peak <= current.peak and tried.extra_flops < current.extra_flops:
+        if tried.peak <= current.peak and tried.extra_flops < SMALL_SAVING * current.extra_flops:
             current, kept = tried, set(tried.checkpoints)
     for _ in range(FREE_ROUNDS):
         free = [c for c in chain if c not in kept]
@@ -367,7 +369,106 @@ def add_free(ctx: Context, best: Rewrite, attempts: list[Rewrite], pricer: Price
 def _small_reads(ctx: Context, plan: Rewrite) -> set[str]:
     """Values `plan` recomputes that the backward pass reads and that hold under SMALL_READ of
     its peak: keeping them costs nothing at the peak, and one may stand at the end of a long
-    chain read for it alone (a distilling student's loss reads its frozen teacher's softmax,
+    chain read for it alone. A distilling student's loss reads its frozen teacher's softmax,
+    [32, 10]: the teacher was recomputed whole, 6.9 of the step's 9.1 GFLOP, for no lower
+    peak; kept, the rewrite measured 48.4 MiB against 61.4, at the same step time. `add_free`
+    keeps them only where that saves SMALL_SAVING of the FLOPs: a batch norm's statistics,
+    kept, moved seven tests' plans and saved nothing measurable."""
+    reads, shapes = ctx.flow_reads(), ctx.analysis.shapes
+    cost = {}
+    for segment in plan_nodes.segments(ctx, recomputed):
+        held = sum(shapes.nbytes(r) or 0 for n in segment for r in reads.get(n, ()))
+        cost[min(segment)] = (ctx.flops(segment) / max(held, 1), segment)
+    ranked = [cost[k][1] for k in sorted(cost, key=lambda k: (-cost[k][0], k))]
+    tried: dict[int, Rewrite] = {}
+
+    def peak(count: int) -> int:
+        if count not in tried:
+            kept = set(base.checkpoints).union(*ranked[:count])
+            tried[count] = pricer.simulate(ctx, kept, base.ahead_checkpoints)
+        return tried[count].peak
+
+    low, high = 0, len(ranked)  # the plan keeping `low` segments whole is within the budget
+    while low < high:
+        middle = (low + high + 1) // 2
+        if peak(middle) <= budget:
+            low = middle
+        else:
+            high = middle - 1
+    return list(tried.values())
+
+
+def _within_budget(attempts: list[Rewrite], budget: int) -> tuple[Rewrite, str]:
+    """The least recomputation whose modelled peak is within `budget`; if none is, the lowest
+    peak, and a note saying so."""
+    within = [a for a in attempts if a.peak <= budget]
+    if within:
+        return min(within, key=lambda a: (a.extra_flops, a.peak)), ""
+    lowest = min(attempts, key=lambda a: (a.peak, a.extra_flops))
+    return lowest, (f"budget of {budget / 2**20:.1f} MiB not reached: the lowest modelled peak "
+                    f"found is {lowest.peak / 2**20:.1f} MiB")
+
+
+def _refine(ctx: Context, best: Rewrite, attempts: list[Rewrite], pricer: Pricer) -> Rewrite:
+    """Drop checkpoints whose buffers are live at the modelled peak, one at a time, while the
+    peak goes down: big early checkpoints can cost more than recomputing their segment."""
+    for _ in range(REFINE_ROUNDS):
+        sizes = {n: sum(ctx.analysis.shapes.nbytes(r) or 0 for r in
+                        ctx.analysis.shapes.outputs(n)) for n in best.checkpoints}
+        live = sorted((n for n in best.checkpoints if _owner_live(ctx, n, best.live_at_peak)),
+                      key=lambda n: (-sizes[n], n))[:REFINE_TRIES]
+        trials = pricer.keep([pricer.score(best.checkpoints - {n}) for n in live],
+                             STAGE_FINALISTS)
+        attempts.extend(trials)
+        better = [t for t in trials if t.peak < best.peak * (1 - MIN_GAIN / 2)]
+        if not better:
+            break
+        best = min(better, key=lambda t: (t.peak, t.extra_flops))
+    return choose([a for a in attempts if a.peak <= best.peak * (1 + PEAK_SLACK)] or [best])
+
+
+def add_free(ctx: Context, best: Rewrite, attempts: list[Rewrite], pricer: Pricer) -> Rewrite:
+    """Bottlenecks added to `best` one at a time, each time the one that saves the most
+    recomputation without raising the estimated peak: the spreads place checkpoints and
+    refining only drops them, so one that costs nothing at the peak (the last layer before the
+    loss, whose segment would otherwise be recomputed) was never tried. The exact planner
+    found such plans 9-39% cheaper on small graphs (`exact.py`). At most FREE_TRIES
+    bottlenecks a round, spread along the chain; the result is simulated and kept if its peak
+    is no higher. Planner estimate only (search stays the reference it was), on graphs of up to
+    FREE_NODES nodes: on the zoo's larger ones it changes 4 plans of 11, measured (one run
+    each) 1-2% lower on three and 4% higher on MobileNetV2's TF2 step (BENCHMARKS.md)."""
+    if pricer.estimator is None or len(ctx.graph) > FREE_NODES:
+        return best
+    chain = policies.bottlenecks(ctx)
+    kept, ahead = set(best.checkpoints), best.ahead_checkpoints
+    current = pricer.score(kept, ahead)
+    small = _small_reads(ctx, current)
+    if small:  # kept at once: a frozen teacher's softened answers, recomputed whole for 1 KiB
+        tried = pricer.score(kept | small, ahead)
+        if tried.peak <= current.peak and tried.extra_flops < SMALL_SAVING * current.extra_flops:
+            current, kept = tried, set(tried.checkpoints)
+    for _ in range(FREE_ROUNDS):
+        free = [c for c in chain if c not in kept]
+        free = free[::-(-len(free) // FREE_TRIES)] if free else []
+        tried = [pricer.score(kept | {c}, ahead) for c in free]
+        cheaper = [t for t in tried if t.peak <= current.peak
+                   and t.extra_flops < current.extra_flops]
+        if not cheaper:
+            break
+        current = min(cheaper, key=lambda t: (t.extra_flops, t.peak, sorted(t.checkpoints)))
+        kept = set(current.checkpoints)
+    if kept == set(best.checkpoints):
+        return best
+    found = pricer.simulate(ctx, kept, ahead)
+    attempts.append(found)
+    return found if found.peak <= best.peak else best
+
+
+def _small_reads(ctx: Context, plan: Rewrite) -> set[str]:
+    """Values `plan` recomputes that the backward pass reads and that hold under SMALL_READ of
+    its peak: keeping them costs nothing at the peak, and one may stand at the end of a long
+    chain read for it alone (kept only where that saves SMALL_SAVING of the FLOPs: a batch
+    norm's statistics, kept, moved seven tests' plans and saved nothing measurable) (a distilling student's loss reads its frozen teacher's softmax,
     [32, 10]: the teacher was recomputed whole, 6.9 of the step's 9.1 GFLOP, for no lower
     peak; kept, the rewrite measured 48.4 MiB against 61.4, at the same step time)."""
     reads, shapes = ctx.flow_reads(), ctx.analysis.shapes
