@@ -139,7 +139,7 @@ def load(path: str | os.PathLike, tag: str | None = None) -> Model:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise InputError(path, f"invalid graph: {problems[0]}{more}")
     model = Model(path, fmt, container, graph, index)
-    model.warnings.extend(_unknown_op_warnings(graph_def) + _dangling_warnings(model))
+    model.warnings.extend(_unknown_op_warnings(graph_def) + _drop_dangling_entries(model))
     for warning in model.warnings:
         log.warning("%s: %s", path, warning)
     return model
@@ -274,9 +274,10 @@ def select_meta_graph(path: Path, saved_model, tag: str | None) -> int:
     return matches[0]
 
 
-def _dangling_warnings(model: Model) -> list[str]:
-    """Collections naming nodes the graph lacks, dropped from the model (and so from what is
-    written): TensorFlow's `import_meta_graph` refuses the file as it is."""
+def _drop_dangling_entries(model: Model) -> list[str]:
+    """Drop the collection entries naming nodes the graph lacks from the model (and so from
+    what is written: TensorFlow's `import_meta_graph` refuses the file as it is); a warning
+    for each collection."""
     from . import metagraph
 
     if model.meta_graph is None:

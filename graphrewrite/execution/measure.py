@@ -40,6 +40,7 @@ import statistics
 import threading
 import time
 import zlib
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -507,8 +508,6 @@ def random_feeds(graph, shapes, seed: int = 0, int_high: int = 10,
 
 def _shared_batch(shapes, placeholders: list[str]) -> int | None:
     """The leading dimension most of `placeholders` of known shape share (the batch), if any."""
-    from collections import Counter
-
     from ..core.tensor_ref import TensorRef
 
     found = [shapes[TensorRef(n)] for n in placeholders]
