@@ -24,6 +24,7 @@ FLAGS = {
     "int_high": "--int-high", "feeds": "--feed", "batches": "--batches",
     "device_memory": "--device-memory", "pin_keep": "--pin keep",
     "pin_recompute": "--pin recompute", "pin_never": "--pin never", "lossy": "--lossy",
+    "rtol": "--rtol",
 }
 
 __all__ = ["FLAGS", "parse_pins", "memory_option", "setup_logging", "plot_option", "tag_option",

@@ -284,6 +284,7 @@ def format_summary(facts: dict) -> str:
         rows += [
             ("peak memory", f"{format_bytes(facts['peak_bytes'])} (modelled "
                             f"{'after Grappler' if facts['modelled_as'] == 'run' else 'as written'}"
+                            f" on a {facts['modelled_on'].upper()}"
                             f", {format_bytes(facts['peak_bytes_as_written'])} as written; "
                             f"{format_bytes(facts['live_peak_bytes'])} of live tensors; persistent "
                             f"{format_bytes(facts['persistent_bytes'])}, peak at "

@@ -55,20 +55,15 @@ def rewritten(tmp_path_factory, request):
     """Each pipeline's result and its saved model. Diet's forward reads are gated, the order
     these tests are about (diet prices both orders as run: on this MLP they tie within 0.1
     MiB, and which wins moves with the executor's schedule)."""
-    from graphrewrite.passes import diet
-
     directory = tmp_path_factory.mktemp("diet_recompute")
     model = _mlp(directory / "mlp.meta", request.param == "resource")
     found = {}
-    choose = diet.choose_reads
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(diet, "choose_reads",
-                      lambda graph, firsts, analysis, model=None: choose(graph, firsts, None))
-        for key, passes in (("recompute", "recompute(policy=memory)"), ("diet", "diet"),
-                            ("both", "diet recompute(policy=memory)")):
-            result = pipeline.optimize(model, "memory", composed=passes, as_run=False)
-            io.save(model, result.graph, directory / f"{key}.meta")
-            found[key] = (result, io.load(directory / f"{key}.meta"))
+    for key, passes in (("recompute", "recompute(policy=memory)"),
+                        ("diet", "diet(reads=gated)"),
+                        ("both", "diet(reads=gated) recompute(policy=memory)")):
+        result = pipeline.optimize(model, "memory", composed=passes, as_run=False)
+        io.save(model, result.graph, directory / f"{key}.meta")
+        found[key] = (result, io.load(directory / f"{key}.meta"))
     return found
 
 

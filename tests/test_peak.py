@@ -155,3 +155,30 @@ def test_no_candidates_says_why():
     assert not result.modified
     assert result.note.startswith("no checkpoint candidates found: no loss found"), result.note
     assert "--outputs" in result.note
+
+
+def test_a_value_computed_from_a_weight_alone_is_not_the_variables_state(tmp_path):
+    """A capsule network (built outside the repo) tiles a weight over the batch: 45 MiB of its
+    153, computed from the weight alone. The note counted it among the parameters and said
+    the variables held the peak ("16.1 of the 16.1 MiB"); recomputation lowered it to 0.62x."""
+    import tensorflow as tf
+
+    from tfgraphs import build
+
+    def step():
+        x = tf.compat.v1.placeholder(tf.float32, [64, 256, 1], name="x")
+        w = tf.compat.v1.get_variable("w", [1, 256, 256], use_resource=True)
+        loss = tf.reduce_mean(tf.matmul(tf.tile(w, [64, 1, 1]), x))
+        tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, name="train")
+
+    path = tmp_path / "step.pb"
+    path.write_bytes(build(step).to_graph_def().SerializeToString())
+    model = io.load(path)
+    ctx = Context.build(model.graph, analysis.analyse(model))
+    tiled = next(n for n in ctx.graph.nodes() if ctx.graph.op(n) == "Tile")
+    assert tiled in ctx.parameters  # computed from the weight alone
+    report = ctx.analysis.memory
+    live = dict(report.live_at_peak[DEVICE])
+    assert any(ref.node == tiled for ref in live)
+    parts = peak.composition(ctx, report)
+    assert parts[peak.STATE] < 2**20 < parts[peak.ACTIVATIONS]  # the weight is 256 KiB

@@ -448,28 +448,59 @@ def test_an_output_that_is_a_handle_is_one_line_and_exit_2(tmp_path):
     assert shown.exit_code == 2 and "output 'w' is a handle" in shown.stderr, shown.stderr
 
 
-def test_steps_follow_keras_train_steps_loss_not_its_accuracy(tmp_path):
-    """`model.train_step` returns its metrics' results, `accuracy` first: `--steps` compared the
-    accuracy as the loss. Now the loss tracker's mean, computed from the loss through its
-    variables."""
+def _keras_train_step(path, regularized: bool):
+    """`model.train_step` of a compiled Keras model, exported as a GraphDef: (its loss
+    output's name, the model). Regularized: an L2 kernel regularizer and one-hot float labels
+    (categorical cross entropy)."""
     import tensorflow as tf
 
-    model = tf.keras.Sequential([tf.keras.layers.Dense(16, activation="relu"),
+    l2 = tf.keras.regularizers.l2(1e-3) if regularized else None
+    model = tf.keras.Sequential([tf.keras.layers.Dense(16, activation="relu",
+                                                       kernel_regularizer=l2),
                                  tf.keras.layers.Dense(4)])
-    model.compile(optimizer=tf.keras.optimizers.SGD(0.1), metrics=["accuracy"],
-                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    loss = (tf.keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=0.1)
+            if regularized else tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    label = tf.TensorSpec([8, 4], tf.float32, name="y") if regularized else \
+        tf.TensorSpec([8], tf.int32, name="y")
+    model.compile(optimizer=tf.keras.optimizers.SGD(0.1), metrics=["accuracy"], loss=loss)
     model.build((8, 16))
-    model.train_step((tf.zeros([8, 16]), tf.zeros([8], tf.int32)))  # slots and metrics exist
+    model.train_step((tf.zeros([8, 16]), tf.zeros(label.shape, label.dtype)))  # slots exist
 
-    @tf.function(input_signature=[tf.TensorSpec([8, 16], tf.float32, name="x"),
-                                  tf.TensorSpec([8], tf.int32, name="y")])
+    @tf.function(input_signature=[tf.TensorSpec([8, 16], tf.float32, name="x"), label])
     def step(x, y):
         return model.train_step((x, y))
 
     concrete = step.get_concrete_function()
-    path = tmp_path / "fit_step.pb"
     path.write_bytes(concrete.graph.as_graph_def(add_shapes=True).SerializeToString())
-    loss = concrete.structured_outputs["loss"].name
+    return concrete.structured_outputs["loss"].name
+
+
+@pytest.mark.parametrize("regularized", [False, True])
+def test_steps_follow_keras_train_steps_loss_not_its_accuracy(tmp_path, regularized):
+    """`model.train_step` returns its metrics' results, `accuracy` first: `--steps` compared the
+    accuracy as the loss. Now the loss tracker's mean, computed from the loss through its
+    variables; with a regularizer, Keras sums the losses twice (once for the gradient, once
+    for the tracker), and the tracker's sum is the twin of the minimized one."""
+    path = tmp_path / "fit_step.pb"
+    loss = _keras_train_step(path, regularized)
     outcome = verify.verify(io.load(path), io.load(path), verify.VerifyOptions(
         runs=0, steps=2, int_high=4), isolated=False)
     assert outcome.to_json()["loss"] == loss
+
+
+def test_labels_are_fed_as_class_probabilities(tmp_path):
+    """A Keras `train_step` with one-hot float labels (built outside the repo) was fed normal
+    floats as labels: its cross entropy was unbounded below and the steps diverged. A
+    placeholder whose values meet no weight before the loss is a target: rows in [0, 1)
+    summing to 1; the features stay normal."""
+    from graphrewrite.analysis import step as analysis
+    from graphrewrite.execution import measure
+
+    path = tmp_path / "fit_step.pb"
+    _keras_train_step(path, regularized=True)
+    model = io.load(path)
+    feeds = measure.random_feeds(model.graph, analysis.analyse(model).shapes)
+    labels = next(v for k, v in feeds.items() if k.startswith("y"))
+    features = next(v for k, v in feeds.items() if k.startswith("x"))
+    assert labels.min() >= 0 and np.allclose(labels.sum(-1), 1.0)
+    assert features.min() < 0

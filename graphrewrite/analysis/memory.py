@@ -50,6 +50,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from itertools import chain
 
+from tensorflow.core.framework import types_pb2
+
 from ..core import dtypes
 from ..core.graph import LOOP_BACK_OPS, Graph
 from ..core.tensor_ref import TensorRef
@@ -311,8 +313,24 @@ def cpu_is_host(graph: Graph) -> bool:
     devices = graph.devices()
     if any(m in d for d in devices for m in ACCELERATOR_MARKERS):
         return True
-    pinned_cpu = sum(count for d, count in devices.items() if "CPU" in d.upper())
+    pinned_cpu = 0
+    if any("CPU" in d.upper() for d in devices):  # not a Saver's: pinned on any machine
+        pinned_cpu = sum("CPU" in graph.node_def(n).device.upper()
+                         and not _saver_node(graph, n) for n in graph.nodes())
     return 0 < pinned_cpu < sum(devices.values()) - pinned_cpu
+
+
+SAVER_OPS = frozenset({"SaveV2", "RestoreV2", "MergeV2Checkpoints", "ShardedFilename",
+                       "StringJoin", "SaveSlices", "RestoreSlice"})
+
+
+def _saver_node(graph: Graph, name: str) -> bool:
+    """A checkpoint op, or a string constant (its tensor names): pinned to the CPU wherever the
+    graph was built (a TF1 Inception MetaGraphDef built on a CPU was modelled as a GPU's step,
+    for its `save/RestoreV2`)."""
+    node = graph.node_def(name)
+    return node.op in SAVER_OPS or (node.op == "Const" and
+                                    node.attr["dtype"].type == types_pb2.DT_STRING)
 
 
 def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,

@@ -213,8 +213,8 @@ def _keras_update(graph: Graph, write: str) -> Update | str:
 
 
 def _keras_adam(graph: Graph, write: str, var: str, delta: TensorRef) -> Update | str:
-    why = ("AssignSubVariableOp of a form not read as Keras's Adam or Adagrad update (a "
-           "hand-written update, such as LARS's, is not read)")
+    why = ("AssignSubVariableOp of a form not read as Keras's Adam or Adagrad update (diet "
+           "reads those, SGD's and RMSprop's; not Adamax's, Nadam's or a hand-written one)")
     quotient = _inputs(graph, delta, "RealDiv")
     if not quotient:
         return why

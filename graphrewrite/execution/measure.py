@@ -453,7 +453,8 @@ def loss_curve(message, batches: list[dict[str, np.ndarray]], fetches: list[str]
 def random_feeds(graph, shapes, seed: int = 0, int_high: int = 10,
                  given: set[str] = frozenset(),
                  fetches: list[str] | None = None) -> dict[str, np.ndarray]:
-    """Seeded inputs for every placeholder not `given`: normal floats, integers in [0, int_high)
+    """Seeded inputs for every placeholder not `given`: normal floats (a target's in [0, 1),
+    rows summing to 1: `_targets`), integers in [0, int_high)
     (below the class or row count of what they index, where smaller), False bools; the three
     of a sparse placeholder, a valid sparse tensor (`sparse_feeds`); for a resource placeholder
     (a TF2 step's captured variable), the initial value of the variable bound to it
@@ -480,6 +481,7 @@ def random_feeds(graph, shapes, seed: int = 0, int_high: int = 10,
                     if graph.op(n) in ("Placeholder", "PlaceholderV2") and n not in given
                     and n not in feeds and (needed is None or n in needed)]
     batch = _shared_batch(shapes, placeholders)
+    targets = _targets(graph, shapes, placeholders)
     unneeded = set() if needed is None else set(graph.nodes()) - needed
     feeds.update(sparse_feeds(graph, shapes, np.random.RandomState(seed + 1), int_high,
                               set(given) | unneeded | set(feeds), batch or 1))
@@ -496,7 +498,12 @@ def random_feeds(graph, shapes, seed: int = 0, int_high: int = 10,
         if shape is None or None in shape:
             raise ValueError(_unknown_shape(name, info))
         dtype = tf.dtypes.as_dtype(info.dtype).as_numpy_dtype
-        if np.issubdtype(dtype, np.floating):
+        if np.issubdtype(dtype, np.floating) and name in targets:
+            value = rng.uniform(0.0, 1.0, shape)
+            if len(shape) >= 2 and shape[-1] > 1:  # rows of class probabilities
+                value /= value.sum(-1, keepdims=True)
+            feeds[name] = value.astype(dtype)
+        elif np.issubdtype(dtype, np.floating):
             feeds[name] = rng.standard_normal(shape).astype(dtype)
         elif np.issubdtype(dtype, np.integer):
             high = min(int_high, bind.index_limit(graph, shapes, name) or int_high)
@@ -529,6 +536,41 @@ def _unknown_shape(name: str, info) -> str:
                 "indices (int64, [?, rank]): feed its indices, values and dense shape with "
                 "--feed NAME=FILE.npy (how many entries it holds is data)")
     return f"placeholder '{name}' has an unknown shape; give it with --input-shape"
+
+
+def _targets(graph, shapes, placeholders: list[str]) -> set[str]:
+    """The placeholders whose forward values never meet a parameter other than a scalar (the
+    regularization losses' sum, added to the loss): what the loss compares the model's output
+    with (labels, soft labels, regression targets), not what the model reads. Fed normal floats, a categorical cross entropy's labels made its loss unbounded
+    below: a Keras `train_step` trained on them diverged (loss 0.6 -> -1.6 -> 12)."""
+    from ..analysis import parameters, split
+    from ..core.tensor_ref import TensorRef
+
+    found = split.split(graph)
+    if not found.seeds:  # no backward pass: no loss to compare with
+        return set()
+    params = parameters.parameter_nodes(graph, found.constant)
+    out = set()
+    for name in placeholders:
+        seen, todo, meets = {name}, [name], False
+        while todo and not meets:
+            for user, slot in graph.consumers(TensorRef(todo.pop())):
+                if slot is None or slot < 0 or user in seen or user not in found.forward or \
+                        graph.op(user) in split.VARIABLE_WRITES:  # a metric's total, say
+                    continue
+                seen.add(user)
+                todo.append(user)
+                meets = meets or any(r.node in params and _sized(shapes, r)
+                                     for r in graph.data_inputs(user))
+        if not meets and len(seen) > 1:
+            out.add(name)
+    return out
+
+
+def _sized(shapes, ref) -> bool:
+    """Not known to be a scalar."""
+    info = shapes[ref]
+    return info is None or info.shape != ()
 
 
 def upstream(graph, fetches: list[str]) -> set[str]:

@@ -410,6 +410,10 @@ def _verify_steps(original, rewritten, options: VerifyOptions, shapes, given, in
     match = bool(np.isfinite(b) and abs(a - b) <= atol + rtol * abs(a))
     if batches and trends["original"]["fell"] and not trends["rewritten"]["fell"]:
         match = False  # on a set it can learn, the rewritten graph did not
+    if not match and not rtol and not atol and np.isfinite(b):
+        log.warning("verify: ${steps} compares the final losses exactly (%.6g and %.6g), as "
+                    "${rtol} 0 says; a lossy rewrite rounds otherwise: give the tolerance it "
+                    "may differ by (e.g. ${rtol} 0.05)", a, b)
     if batches and curves["original"].trained and not trends["original"]["fell"]:
         log.warning("verify: the original's loss did not fall over %d steps on %d fixed "
                     "batches (%.4g -> %.4g): the comparison says little of how the rewrite "
@@ -569,6 +573,7 @@ def _loss_output(model: Model, fetches: list[str], shapes) -> str:
     # What a minimized Identity passes on (the zoo's `minimize(tf.identity(loss))`).
     minimized |= {loops.through(model.graph, TensorRef(n), ("Identity", "Snapshot")).node
                   for n in minimized}
+    minimized |= _twins(model.graph, minimized)
     for among in (minimized, split_mod.fed_by(model.graph, minimized)):
         chosen = next((s for s in scalars if TensorRef.parse(s).node in among), None)
         if chosen is not None:
@@ -577,6 +582,23 @@ def _loss_output(model: Model, fetches: list[str], shapes) -> str:
                 "fetched is computed from the loss the gradient seeds differentiate; give the "
                 "loss with ${fetches}", scalars[0])
     return scalars[0]
+
+
+def _twins(graph, names: set[str]) -> set[str]:
+    """Nodes computing what one of `names` computes: the same op and attributes on the same
+    inputs (Keras's compiled loss sums the same losses twice, once for the gradient and once
+    for its loss tracker, whose mean a `train_step` returns)."""
+    out = set()
+    for name in names:
+        inputs = graph.data_inputs(name)
+        if not inputs:
+            continue
+        node = graph.node_def(name)
+        for user, _ in graph.consumers(inputs[0]):
+            if user != name and graph.op(user) == node.op and \
+                    graph.data_inputs(user) == inputs and graph.node_def(user).attr == node.attr:
+                out.add(user)
+    return out
 
 
 def compare(first: measure.StepMeasurement, second: measure.StepMeasurement, rtol: float,

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from ..analysis import optimizers, parameters
 from ..analysis.step import AnalysisOptions
 from ..core.io import Model
+from ..core.once import each_warning_once
 from ..passes.chunk_loss import ChunkLossResult
 from ..passes.recompute import RecomputeResult
 from ..passes.diet.options import DietOptions, DietResult
@@ -87,6 +88,15 @@ def fit(model: Model, mode: str, analysis: AnalysisOptions | None, budget: str,
         profile: str | None = None, as_run: bool = True,
         progress: Callable[[str], None] | None = None, lossy: bool = False,
         **options) -> OptimizeResult:
+    """`_fit`, each warning its lever sets repeat said once."""
+    with each_warning_once():
+        return _fit(model, mode, analysis, budget, profile, as_run, progress, lossy, **options)
+
+
+def _fit(model: Model, mode: str, analysis: AnalysisOptions | None, budget: str,
+         profile: str | None = None, as_run: bool = True,
+         progress: Callable[[str], None] | None = None, lossy: bool = False,
+         **options) -> OptimizeResult:
     """Mode `mode` under `budget`: the lever set of least modelled step time on the device
     `profile` names (the default profile's figures when none) whose rewrite meets the budget,
     the lossless ones first (recomputation; on a named device with a host, also swapping to it,

@@ -28,5 +28,6 @@ MODE_HELP = {
             "second moment, no first moment), stochastic rounding; frozen graphs: 16-bit "
             "constants. Lossy: check with verify --steps N --rtol R. Options: --passes "
             "'diet(format=int16|bfloat16, scale=0.000305, momentum=drop|keep|bfloat16, "
-            "factored=true, rounding=stochastic|nearest, min_size=1024)'",
+            "factored=true, rounding=stochastic|nearest, min_size=1024, "
+            "reads=priced|gated|ungated)'",
 }

@@ -15,7 +15,6 @@ not depend on it), so the rewritten graph is probed the same way.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from ..analysis import shapes as shapes_mod
 from ..analysis import step as analysis_mod
 from ..analysis.step import AnalysisOptions
 from ..core.errors import GraphRewriteError
+from ..core.once import each_warning_once
 from ..core.graph import Graph
 from ..core.ops import PLACEHOLDER_OPS
 from ..core.tensor_ref import TensorRef
@@ -109,7 +109,7 @@ def largest_batch(model, limit: int, graph: Graph | None = None,
             log.info("batch %d: modelled peak %d bytes", batch, peaks[batch])
         return peaks[batch]
 
-    with _each_warning_once():
+    with each_warning_once():
         found = _search(limit, peak)
     return dataclasses.replace(found, inputs=sorted(inputs), model=probed["model"],
                                device=device)
@@ -131,23 +131,3 @@ def _search(limit: int, peak) -> Fit:
             high = middle
     following = peak(low + 1) if low < CAP else None
     return Fit(limit, low, peak(low), following)
-
-
-@contextlib.contextmanager
-def _each_warning_once():
-    """The analyses' warnings, each said once over the probes (the same unknown sizes at every
-    batch), not once a probe."""
-    said = set()
-
-    def first(record: logging.LogRecord) -> bool:
-        key = (record.name, record.msg)
-        fresh = key not in said
-        said.add(key)
-        return fresh
-
-    logger = logging.getLogger(analysis_mod.__name__)
-    logger.addFilter(first)
-    try:
-        yield
-    finally:
-        logger.removeFilter(first)

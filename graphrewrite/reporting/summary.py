@@ -53,6 +53,7 @@ def memory_facts(analysis: Analysis, top: int = 10, as_run=None) -> dict:
         # a loop's iterations racing ahead of the sums it carries (`loops._lagging_sums`)
         "peak_bytes_bound": report.allocated_peak_bound(DEVICE),
         "modelled_as": "run" if as_run else "written",
+        "modelled_on": "gpu" if report.accelerator else "cpu",  # its scratch and allocator
         "host_peak_bytes": report.peak(HOST),
         "bytes_moved": report.transfer_bytes,
         "transfer_seconds": report.transfer_bytes / HOST_BANDWIDTH,

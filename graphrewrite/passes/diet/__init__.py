@@ -148,7 +148,7 @@ def run(graph: Graph, analysis: Analysis, options: DietOptions, model=None) -> D
         return DietResult(graph, False, note=note, kept_float=kept)
     diet.finish()
     graph, choice = choose_reads(graph, {r: f for r, f in diet.forward_reads.items()
-                                         if f in graph}, analysis, model)
+                                         if f in graph}, analysis, model, options.reads)
     return DietResult(graph, True, choice.shapes, dieted=diet.dieted,
                       slots_removed=sorted(diet.removed), slots_added=diet.slots_added,
                       kept_float=kept, bytes_saved=diet.bytes_saved,

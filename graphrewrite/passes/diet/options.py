@@ -46,10 +46,12 @@ class DietOptions(PassOptions):
     factored: bool = True
     rounding: str = "stochastic"
     min_size: int = 1024
+    reads: str = "priced"
 
     def __post_init__(self):
         for key, allowed in (("format", tuple(FORMATS)), ("momentum", ("drop", "keep", "bfloat16")),
-                             ("rounding", ("stochastic", "nearest"))):
+                             ("rounding", ("stochastic", "nearest")),
+                             ("reads", ("priced", "gated", "ungated"))):
             if getattr(self, key) not in allowed:
                 raise GraphRewriteError(f"pass 'diet': option '{key}' expects "
                                         f"{' or '.join(allowed)}, not '{getattr(self, key)}'")

@@ -29,15 +29,20 @@ class ReadsChoice:
 
 
 def choose_reads(graph: Graph, firsts: dict[str, str], analysis: Analysis | None,
-                 model=None) -> tuple[Graph, ReadsChoice]:
-    """`graph` with its forward dequantizing reads (`firsts`, see `_gate_reads`) gated or not,
-    whichever step peaks lower as run: each order through Grappler, then simulated and
-    replayed through the allocator model, as `optimize` reports the step (`analysis.as_run`;
-    as written where Grappler fails). Gated wins ties, and is kept unpriced without a model
-    to price with. Neither order changes a value, only when the copies are made."""
+                 model=None, order: str = "priced") -> tuple[Graph, ReadsChoice]:
+    """`graph` with its forward dequantizing reads (`firsts`, see `_gate_reads`) gated or not:
+    as `order` says, or ("priced") whichever step peaks lower as run: each order through
+    Grappler, then simulated and replayed through the allocator model, as `optimize` reports
+    the step (`analysis.as_run`; as written where Grappler fails). Gated wins ties, and is
+    kept unpriced without a model to price with. Neither order changes a value, only when the
+    copies are made."""
+    if order == "ungated":
+        return graph, ReadsChoice("ungated", [])
     gated = graph.copy()
     if not _gate_reads(gated, firsts):
         return graph, ReadsChoice("ungated", [])
+    if order == "gated":
+        return gated, ReadsChoice("gated", [])
     if model is None or analysis is None or analysis.memory is None:
         log.info("diet: forward reads gated (not priced: no model of the step)")
         return gated, ReadsChoice("gated", [])

@@ -75,9 +75,11 @@ class Diet:
         if int(np.prod(shape)) < self.options.min_size:
             return f"{SMALL} min_size={self.options.min_size} elements"
         ours = {apply, update.decay_write}
-        if any(graph.op(u) in APPLY_OPS + optimizers.DECOMPOSED_WRITES
-               for u, s in graph.consumers(TensorRef(var)) if u not in ours and s == 0):
-            return "updated by more than one optimizer op"
+        others = sorted({graph.op(u) for u, s in graph.consumers(TensorRef(var))
+                         if u not in ours and s == 0
+                         and graph.op(u) in APPLY_OPS + optimizers.DECOMPOSED_WRITES})
+        if others:  # a second optimizer, or SAM's perturbation of the weights and its undoing
+            return f"written by {' and '.join(others)} besides its update ({op})"
         if graph.consumers(TensorRef(apply)):
             return "the update's output is read"
         resource = captured or node.op == RESOURCE_VARIABLE
