@@ -5,6 +5,7 @@ peak; with 16-bit variables and optimizer state (diet) the floor is lower. A bud
 two needs diet; one above the lossless floor must not change the numbers."""
 
 import json
+import logging
 import types
 
 import pytest
@@ -284,3 +285,27 @@ def test_keras_rmsprop_keeps_the_lean_diet():
     graph = build(step)
     assert any(u.kind == "rmsprop" for u in levers.optimizers.updates(graph))
     assert levers.lossy_steps(graph) == levers.LOSSY_STEPS
+
+
+def test_a_warning_every_lever_set_repeats_is_said_once(monkeypatch, caplog):
+    """A Keras Adamax step (built outside the repo): diet's warning that its weights stay
+    float32 came once a lever set, 12 times under one `--budget --lossy`."""
+    warner = logging.getLogger("graphrewrite.passes.diet")
+
+    def optimize(model, mode, analysis, as_run, budget, lossy=(), **options):
+        warner.warning("diet: 26 variables stay float32")
+        warner.warning("diet: planned with %s", lossy)  # differs from set to set
+        planned = _Planned(500, 500)
+        planned.asked = 400
+        return planned
+
+    monkeypatch.setattr(levers, "optimize", optimize)
+    monkeypatch.setattr(levers, "step_seconds", lambda graph, analysis, device: 1.0)
+    with caplog.at_level(logging.WARNING, logger="graphrewrite"):
+        result = levers.fit(types.SimpleNamespace(graph=None), "memory", None, "40%",
+                            lossy=True)
+    said = [r.getMessage() for r in caplog.records]
+    assert said.count("diet: 26 variables stay float32") == 1
+    assert len(set(said)) == len(said) > len(result.levers) // 2
+    warner.warning("diet: 26 variables stay float32")  # after the fit: said again
+    assert [r.getMessage() for r in caplog.records].count("diet: 26 variables stay float32") == 2

@@ -182,3 +182,23 @@ def test_readers_of_an_identity_n_grappler_removes_wait_only_for_their_own_input
     assert order.index("ra") < order.index("c3")
     report = simulate(built, ["ra", "rc"])
     assert not [b for b in report.buffers if b.owner.node == "both"]  # a view, no buffer
+
+
+def test_a_savers_restore_pinned_to_the_cpu_does_not_make_a_gpu_graph():
+    """TensorFlow pins a Saver's `RestoreV2` (and its string constants) to the CPU on any
+    machine: a TF1 Inception MetaGraphDef built on a CPU was modelled as written as a GPU's step
+    (its swap report set a CPU original beside a GPU rewrite: 0.29x, 0.43x on one device). A
+    tensor pinned there beside unplaced ones, as a swap copy is, still means a GPU's step."""
+
+    def step(pinned):
+        x = placeholder("x")
+        y = tf.nn.relu(x, name="y")
+        with tf.device("/device:CPU:0"):
+            tf.identity(y, name="copy") if pinned else None
+        tf.compat.v1.get_variable("w", [4])
+        tf.compat.v1.train.Saver()
+
+    saver_only, swapped = build(lambda: step(False)), build(lambda: step(True))
+    assert any("CPU" in saver_only.node_def(n).device for n in saver_only.nodes())
+    assert not memory.cpu_is_host(saver_only)
+    assert memory.cpu_is_host(swapped)
