@@ -223,7 +223,7 @@ def test_a_savedmodels_step_is_what_its_training_signature_runs():
 def test_diets_read_order_is_the_lower_after_the_recomputation_that_follows_it():
     """Diet prices its forward reads' two orders on its own rewrite; recomputation then lowers
     the peak, and the order that wins can change (a 224x224 ResNet-50 with a 16-bit first
-    moment: 346 MiB modelled with the order chosen before recomputation, 297 with the other;
+    moment: 346 MiB modelled with the order chosen before recomputation, 314 with the other;
     measured 347 and 309). Here too the orders trade places after recomputation: the pipeline
     keeps the lower, and its text records the order, so that it replays."""
     from graphrewrite.core import io

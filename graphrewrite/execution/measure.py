@@ -541,8 +541,9 @@ def _unknown_shape(name: str, info) -> str:
 def _targets(graph, shapes, placeholders: list[str]) -> set[str]:
     """The placeholders whose forward values never meet a parameter other than a scalar (the
     regularization losses' sum, added to the loss): what the loss compares the model's output
-    with (labels, soft labels, regression targets), not what the model reads. Fed normal floats, a categorical cross entropy's labels made its loss unbounded
-    below: a Keras `train_step` trained on them diverged (loss 0.6 -> -1.6 -> 12)."""
+    with (labels, soft labels, regression targets), not what the model reads. Fed normal
+    floats, a categorical cross entropy's labels made its loss unbounded below: a Keras
+    `train_step` trained on them diverged (loss 0.6 -> -1.6 -> 12)."""
     from ..analysis import parameters, split
     from ..core.tensor_ref import TensorRef
 
