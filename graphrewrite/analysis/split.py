@@ -34,6 +34,7 @@ from tensorflow.core.framework import attr_value_pb2
 from ..core import dtypes, ops
 from ..core.errors import GraphRewriteError
 from ..core.graph import Graph, neighbours
+from ..core.tensor_ref import TensorRef
 
 __all__ = ["FORWARD_INPUTS", "UPDATE_PREFIXES", "VARIABLE_WRITES", "SHAPE_OPS", "FED_OPS",
            "no_backward_pass", "CALL_OPS", "xla_calls", "xla_compiled", "computes_a_value",
@@ -262,6 +263,12 @@ def find_seeds(graph: Graph, dag: nx.DiGraph, data: nx.DiGraph, constant: set[st
     reach = {n: frozenset(nx.descendants(flows, n)) for n in candidates}
     anchored = {n: reach[n].intersection(found) for n in candidates}
     candidates = {n for n in candidates if not any(anchored[n] < anchored[o] for o in candidates)}
+    # A constant of ones every reader of which computes with the batch beside it makes forward
+    # values: one-hot labels' `on_value` (read with the labels' ids), which reaches the
+    # gradients through a cross entropy's backprop, and whose flow the seed joins midway.
+    if len(candidates) > 1:
+        candidates = _not_labels(graph, candidates, reachable(data, fed_inputs(graph)),
+                                 constant) or candidates
     # Clipping's constants, a GAN generator's labels `ones_like(logits)`: they join the seed's
     # flow midway. (Where two join each other, as `tf.compat.v1.losses`' count of ones and the
     # seed do, the rules below decide; a count of ones in the weights' shape makes no scalar
@@ -339,6 +346,21 @@ def _batch_met(graph: Graph, start: str, reach: frozenset, constant: set[str],
             else:
                 stack.append(reader)
     return met
+
+
+def _not_labels(graph: Graph, candidates: set[str], batch: set[str],
+                constant: set[str]) -> set[str]:
+    """Candidates some reader of which computes with no value of the batch beside them: a
+    seed's readers include its own gradient's first steps (a mean's division by its count, a
+    reshape), which read constants and shapes."""
+    def made_with_the_batch(name: str) -> bool:
+        readers = {r for r, slot in graph.consumers(TensorRef(name)) if slot is not None
+                   and slot >= 0}
+        return bool(readers) and all(
+            any(ref.node != name and ref.node in batch and ref.node not in constant
+                for ref in graph.data_inputs(reader)) for reader in readers)
+
+    return {n for n in candidates if not made_with_the_batch(n)}
 
 
 def _not_joining_a_flow(graph: Graph, data: nx.DiGraph, candidates: set[str],

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import logging
 import time
 from collections.abc import Callable
@@ -290,7 +291,10 @@ def _reads_again(model: Model, steps: list, results: dict, graph: Graph, found, 
 
 def _as_run_peak(model: Model, graph: Graph, found) -> int | None:
     report = analysis_mod.as_run(model, graph, found)
-    return None if report is None else report.allocated_peak()
+    peak = None if report is None else report.allocated_peak()
+    del report
+    gc.collect()
+    return peak
 
 
 def _run_passes(model: Model, steps: list, found, again: AnalysisOptions, stage,
