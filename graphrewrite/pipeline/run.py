@@ -290,6 +290,8 @@ def _reads_again(model: Model, steps: list, results: dict, graph: Graph, found, 
 
 
 def _as_run_peak(model: Model, graph: Graph, found) -> int | None:
+    """The allocator peak of `graph`'s step as run, its model's cycles collected at once (a
+    ResNet-50's `--budget --lossy` held 17 GB without, 3.1 GB with)."""
     report = analysis_mod.as_run(model, graph, found)
     peak = None if report is None else report.allocated_peak()
     del report
