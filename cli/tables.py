@@ -266,8 +266,10 @@ def _peak_rows(facts: dict) -> list[tuple[str, str]]:
 def format_summary(facts: dict) -> str:
     """The `inspect` table for people."""
     flow = facts["control_flow"]
+    loops = facts["ops"].get("Enter", 0) + facts["ops"].get("RefEnter", 0)
     flow_text = ", ".join(filter(None, [
-        f"v1 loop frames ({flow['v1_loop_nodes']} nodes)" if flow["v1_loop_nodes"] else "",
+        f"v1 {'loop frames' if loops else 'conds'} ({flow['v1_loop_nodes']} nodes)"
+        if flow["v1_loop_nodes"] else "",
         "functional " + "/".join(flow["functional"]) if flow["functional"] else ""])) or "none"
     rows = [
         ("file", f"{facts['file']} ({facts['format']})"),

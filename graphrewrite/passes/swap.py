@@ -233,6 +233,8 @@ def _blocker(ctx: Context, ref: TensorRef, any_size: bool = False) -> str | None
         return "variable read"
     if ref.node in ctx.in_loop_frame:
         return "inside a while-loop frame"
+    if ref.node in ctx.in_cond_branch():  # dead where the branch is not taken
+        return "inside a v1 cond branch"
     if info is None or info.dtype not in dtypes.PLAIN:  # a reference type is not plain
         return "resource, variant, string or reference tensor"
     if not any_size and (info.nbytes or 0) < MIN_BYTES:
@@ -290,7 +292,10 @@ class _Timing:
         """`bandwidth`, if given, is the swap-in's link instead of the profile's."""
         graph, order = ctx.graph, ctx.analysis.memory.order
         seconds = node_times(graph, ctx.analysis.shapes, order, device)
-        return cls(graph, ctx.analysis.split.gradient_flow, order,
+        # a trigger in a v1 cond branch is dead when the branch is not taken, and so would
+        # be the swap-in waiting on it (a stochastic-depth ResNet's step: not bitwise)
+        flow = ctx.analysis.split.gradient_flow - ctx.in_cond_branch()
+        return cls(graph, flow, order,
                    {n: i for i, n in enumerate(order)}, seconds,
                    bandwidth or device.host_to_device)
 

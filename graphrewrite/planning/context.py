@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from ..analysis import flops, parameters
 from ..analysis.schedule import needed_nodes
-from ..analysis.split import loop_frame_nodes, reachable
+from ..analysis.split import cond_branch_nodes, loop_frame_nodes, reachable
 from ..analysis.step import Analysis
 from ..core import ops
 from ..core.graph import Graph
@@ -58,6 +58,14 @@ class Context:
     _ref_writers: tuple | None = None  # see `ref_writers`
     _needed: frozenset | None = None  # see `needed`
     _early_values: frozenset | None = None  # see `early_values`
+    _in_cond_branch: frozenset | None = None  # see `in_cond_branch`
+
+    def in_cond_branch(self) -> frozenset:
+        """Nodes inside v1 cond branches (`Switch` to `Merge`), found once: their outputs are
+        dead when the branch is not taken, and so is whatever waits on them."""
+        if self._in_cond_branch is None:
+            self._in_cond_branch = frozenset(cond_branch_nodes(self.graph))
+        return self._in_cond_branch
 
     def order(self) -> list[str]:
         """The graph's topological order, computed once (the graph is not changed in place)."""
@@ -241,8 +249,10 @@ class Context:
             return "computed from variables only"
         if "Random" in op or op in ("Multinomial", "TruncatedNormal", "RandomShuffle"):
             return RANDOM_OP
-        if name in self.in_loop_frame or op in V1_LOOP_OPS:
+        if name in self.in_loop_frame:
             return "inside a while-loop frame"
+        if op in V1_LOOP_OPS:  # outside every loop frame: a cond's
+            return "a v1 cond's Switch or Merge"
         if op in CALL_OPS or op in functions or any(
                 v.HasField("func") for v in graph.node_def(name).attr.values()):
             return "function call"

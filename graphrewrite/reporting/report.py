@@ -118,7 +118,8 @@ def _lean_diet(result: OptimizeResult) -> str:
                                  for lever in chosen["levers"]
                                  for name, options in parse_pipeline(lever)):
         return ""
-    return ("the budget is met by dropping the optimizer's first moment (diet's lean default), "
+    met = "is met" if result.budget_met else "is approached"  # out of reach: its lowest peak
+    return (f"the budget {met} by dropping the optimizer's first moment (diet's lean default), "
             "the lossy lever that changes training most (a ResNet-50 stopped learning with "
             "it): check the rewrite with verify --steps 50 --batches 4, or give a higher budget")
 
