@@ -25,6 +25,7 @@ elsewhere, and the tape's seed (`ones`) sits outside any gradient scope; names d
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import networkx as nx
@@ -40,7 +41,7 @@ __all__ = ["FORWARD_INPUTS", "UPDATE_PREFIXES", "VARIABLE_WRITES", "SHAPE_OPS", 
            "no_backward_pass", "CALL_OPS", "xla_calls", "xla_compiled", "computes_a_value",
            "fed_by", "SOURCE_INPUT_OPS", "is_gradient_op", "is_update_op", "anchors",
            "backward_functions", "Split", "split", "find_seeds", "reachable", "loop_frame_nodes",
-           "cond_branch_nodes", "enclosed", "constant_valued", "fed_inputs"]
+           "cond_branch_nodes", "in_cond_branch", "enclosed", "constant_valued", "fed_inputs"]
 
 # Op type -> indices of inputs that are forward values (not the incoming gradient or a shape).
 FORWARD_INPUTS = {
@@ -446,6 +447,18 @@ def loop_frame_nodes(graph: Graph) -> set[str]:
 def cond_branch_nodes(graph: Graph) -> set[str]:
     """Nodes inside v1 cond branches: reachable from a Switch without passing a Merge."""
     return enclosed(graph, ("Switch", "RefSwitch"), ("Merge", "RefMerge"))
+
+
+_BRANCHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def in_cond_branch(graph: Graph, name: str) -> bool:
+    """Whether `name` is among `cond_branch_nodes` (found once a graph): its outputs are dead
+    when its branch is not taken, and so is whatever waits on it."""
+    found = _BRANCHES.get(graph)
+    if found is None:
+        found = _BRANCHES[graph] = frozenset(cond_branch_nodes(graph))
+    return name in found
 
 
 def enclosed(graph: Graph, begin: tuple[str, ...], end: tuple[str, ...]) -> set[str]:

@@ -36,7 +36,7 @@ from itertools import chain
 import networkx as nx
 from tensorflow.core.framework import attr_value_pb2
 
-from ..analysis.split import reachable
+from ..analysis.split import in_cond_branch, reachable
 from ..core.graph import Graph
 from ..core.names import PAD_PREFIX
 from ..core.tensor_ref import TensorRef
@@ -52,10 +52,12 @@ MERGED_OPS = frozenset({"BiasAddGrad"})
 
 def can_gate(original: Graph, name: str) -> bool:
     """Whether a control edge out of `name` leaves what Grappler, oneDNN's layout pass and a
-    reader of the graph see unchanged: not a grouped or merged op, and not a sink of the
-    original (an output stays an output)."""
+    reader of the graph see unchanged, and always fires: not a grouped or merged op, not a sink
+    of the original (an output stays an output), and not inside a v1 cond branch (dead when
+    the branch is not taken, and so is whatever waits on it: a stochastic-depth ResNet's
+    swap-ins never ran)."""
     return original.op(name) not in GROUPED_OPS | MERGED_OPS \
-        and original.nx.out_degree(name) > 0
+        and original.nx.out_degree(name) > 0 and not in_cond_branch(original, name)
 
 
 KEEP_APART_PREFIX = "graphrewrite/keep_apart/"

@@ -33,7 +33,7 @@ from tensorflow.core.framework import attr_value_pb2
 
 from ..analysis import memory
 from ..analysis.shapes import Shapes, TensorInfo
-from ..analysis.split import no_backward_pass, reachable
+from ..analysis.split import in_cond_branch, no_backward_pass, reachable
 from ..analysis.step import Analysis
 from ..core import dtypes
 from ..core import selectors as selectors_mod
@@ -233,7 +233,7 @@ def _blocker(ctx: Context, ref: TensorRef, any_size: bool = False) -> str | None
         return "variable read"
     if ref.node in ctx.in_loop_frame:
         return "inside a while-loop frame"
-    if ref.node in ctx.in_cond_branch():  # dead where the branch is not taken
+    if in_cond_branch(graph, ref.node):  # dead where the branch is not taken
         return "inside a v1 cond branch"
     if info is None or info.dtype not in dtypes.PLAIN:  # a reference type is not plain
         return "resource, variant, string or reference tensor"
@@ -292,10 +292,7 @@ class _Timing:
         """`bandwidth`, if given, is the swap-in's link instead of the profile's."""
         graph, order = ctx.graph, ctx.analysis.memory.order
         seconds = node_times(graph, ctx.analysis.shapes, order, device)
-        # a trigger in a v1 cond branch is dead when the branch is not taken, and so would
-        # be the swap-in waiting on it (a stochastic-depth ResNet's step: not bitwise)
-        flow = ctx.analysis.split.gradient_flow - ctx.in_cond_branch()
-        return cls(graph, flow, order,
+        return cls(graph, ctx.analysis.split.gradient_flow, order,
                    {n: i for i, n in enumerate(order)}, seconds,
                    bandwidth or device.host_to_device)
 

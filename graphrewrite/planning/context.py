@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from ..analysis import flops, parameters
 from ..analysis.schedule import needed_nodes
-from ..analysis.split import cond_branch_nodes, loop_frame_nodes, reachable
+from ..analysis.split import loop_frame_nodes, reachable
 from ..analysis.step import Analysis
 from ..core import ops
 from ..core.graph import Graph
@@ -58,14 +58,6 @@ class Context:
     _ref_writers: tuple | None = None  # see `ref_writers`
     _needed: frozenset | None = None  # see `needed`
     _early_values: frozenset | None = None  # see `early_values`
-    _in_cond_branch: frozenset | None = None  # see `in_cond_branch`
-
-    def in_cond_branch(self) -> frozenset:
-        """Nodes inside v1 cond branches (`Switch` to `Merge`), found once: their outputs are
-        dead when the branch is not taken, and so is whatever waits on them."""
-        if self._in_cond_branch is None:
-            self._in_cond_branch = frozenset(cond_branch_nodes(self.graph))
-        return self._in_cond_branch
 
     def order(self) -> list[str]:
         """The graph's topological order, computed once (the graph is not changed in place)."""
