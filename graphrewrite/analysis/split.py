@@ -267,9 +267,9 @@ def find_seeds(graph: Graph, dag: nx.DiGraph, data: nx.DiGraph, constant: set[st
     # A constant of ones every reader of which computes with the batch beside it makes forward
     # values: one-hot labels' `on_value` (read with the labels' ids), which reaches the
     # gradients through a cross entropy's backprop, and whose flow the seed joins midway.
+    batch = reachable(data, fed_inputs(graph)) if len(candidates) > 1 else set()
     if len(candidates) > 1:
-        candidates = _not_labels(graph, candidates, reachable(data, fed_inputs(graph)),
-                                 constant) or candidates
+        candidates = _not_labels(graph, candidates, batch, constant) or candidates
     # Clipping's constants, a GAN generator's labels `ones_like(logits)`: they join the seed's
     # flow midway. (Where two join each other, as `tf.compat.v1.losses`' count of ones and the
     # seed do, the rules below decide; a count of ones in the weights' shape makes no scalar
@@ -285,7 +285,6 @@ def find_seeds(graph: Graph, dag: nx.DiGraph, data: nx.DiGraph, constant: set[st
         candidates = {n for n in candidates if not any(
             met[n] and not met[n] & reach[o] and met[o] & reach[n]
             for o in candidates if o != n)} or candidates
-    batch = reachable(data, fed_inputs(graph)) if len(candidates) > 1 else set()
     # A forward constant of ones (a fresh layer-norm scale, GELU's `1 + erf`) reaches the loss
     # as well as every gradient; a seed reaches only gradients. Drop candidates that reach
     # strictly more sinks than another candidate does. By data edges: a TF2 step's output

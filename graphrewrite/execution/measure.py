@@ -39,6 +39,7 @@ import signal
 import statistics
 import threading
 import time
+import weakref
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field
@@ -481,7 +482,7 @@ def random_feeds(graph, shapes, seed: int = 0, int_high: int = 10,
                     if graph.op(n) in ("Placeholder", "PlaceholderV2") and n not in given
                     and n not in feeds and (needed is None or n in needed)]
     batch = _shared_batch(shapes, placeholders)
-    targets = _targets(graph, shapes, placeholders)
+    targets = _targets(graph, shapes)
     unneeded = set() if needed is None else set(graph.nodes()) - needed
     feeds.update(sparse_feeds(graph, shapes, np.random.RandomState(seed + 1), int_high,
                               set(given) | unneeded | set(feeds), batch or 1))
@@ -538,7 +539,21 @@ def _unknown_shape(name: str, info) -> str:
     return f"placeholder '{name}' has an unknown shape; give it with --input-shape"
 
 
-def _targets(graph, shapes, placeholders: list[str]) -> set[str]:
+_TARGETS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _targets(graph, shapes) -> frozenset:
+    """`_find_targets` of `graph`'s placeholders, found once a graph (verify feeds a set of
+    batches: each asked again)."""
+    found = _TARGETS.get(graph)
+    if found is None:
+        placeholders = [n for n in graph.nodes() if graph.op(n) in ("Placeholder",
+                                                                    "PlaceholderV2")]
+        found = _TARGETS[graph] = frozenset(_find_targets(graph, shapes, placeholders))
+    return found
+
+
+def _find_targets(graph, shapes, placeholders: list[str]) -> set[str]:
     """The placeholders whose forward values never meet a parameter other than a scalar (the
     regularization losses' sum, added to the loss): what the loss compares the model's output
     with (labels, soft labels, regression targets), not what the model reads. Fed normal

@@ -184,6 +184,12 @@ def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None)
         best = search.choose([evaluate(ctx, checkpoints, ahead, options.reuse)
                               for checkpoints in candidates])
     automatic = options.policy in ("memory", "speed")  # hints and selectors are obeyed as given
+
+    def untrusted():
+        """Policy memory's search again, every finalist simulated."""
+        return search.plan(ctx, candidates, budget, search.Pricer(
+            ctx, options.planner, budget, evaluate, trust=False, pins=pins))
+
     unchanged = RecomputeResult(graph, False, note=(
         f"no checkpoint choice lowers the modelled peak by {search.MIN_GAIN:.0%} or more: "
         "nothing recomputed between checkpoints; " + why_so_little(ctx, analysis.memory)),
@@ -194,8 +200,7 @@ def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None)
         # capsule network's estimates missed a plan simulated at 0.69x by 31%)
         log.info("recompute: no plan lowers the estimated peak: planned again, every "
                  "finalist simulated")
-        pricer = search.Pricer(ctx, options.planner, budget, evaluate, trust=False, pins=pins)
-        best, note = search.plan(ctx, candidates, budget, pricer)
+        (best, note), pricer = untrusted(), None
     if automatic and best.peak > analysis.memory.peak() * (1 - search.MIN_GAIN):
         return unchanged
     final = finish(ctx, best)
@@ -203,9 +208,7 @@ def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None)
             abs(best.peak / max(final.report.peak(), 1) - 1) > search.TRUST_ERROR:
         log.info("recompute: the plan's estimated peak (%d bytes) is not its simulated one (%d): "
                  "planned again, every finalist simulated", best.peak, final.report.peak())
-        best, note = search.plan(ctx, candidates, budget,
-                                  search.Pricer(ctx, options.planner, budget, evaluate,
-                                                trust=False, pins=pins))
+        best, note = untrusted()
         if best.peak > analysis.memory.peak() * (1 - search.MIN_GAIN):
             return unchanged
         final = finish(ctx, best)
