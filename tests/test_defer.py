@@ -137,3 +137,55 @@ def test_a_tanh_gelus_cube_is_left_to_grappler(tmp_path):
     io.save(model, result.graph, out)
     checked = verify.verify(model, io.load(out), verify.VerifyOptions(runs=0), isolated=False)
     assert checked.match, checked.to_json()["mismatched"]
+
+
+def v1_cond_step():
+    """Four layers whose activation a v1 cond (control flow v2 off, as `disable_v2_behavior()`
+    leaves it) picks by an unfed phase, as a Keras batch norm's training and inference forms.
+    The cond's gradient holds a `zeros` of each layer's product per branch (the one of the
+    branch not taken is live); both Grappler and TensorFlow's own folding make them constants, held for the whole session."""
+    import tensorflow as tf
+    from tensorflow.python.ops import control_flow_util
+
+    from graphrewrite.core.graph import Graph
+
+    was = control_flow_util.ENABLE_CONTROL_FLOW_V2
+    control_flow_util.ENABLE_CONTROL_FLOW_V2 = False
+    try:
+        with tf.Graph().as_default() as g:
+            phase = tf.compat.v1.placeholder_with_default(False, (), name="phase")
+            h = tf.compat.v1.placeholder(tf.float32, (512, 64), name="x")
+            weights = [tf.compat.v1.placeholder(tf.float32, (64, 64), name=f"w{k}")
+                       for k in range(4)]
+            for w in weights:
+                z = tf.matmul(h, w)
+                h = tf.compat.v1.cond(phase, lambda: tf.nn.relu(z), lambda: tf.tanh(z))
+            tf.identity(tf.add_n(tf.gradients(tf.reduce_mean(h * h), weights)), name="grad")
+    finally:
+        control_flow_util.ENABLE_CONTROL_FLOW_V2 = was
+    return Graph.from_graph_def(g.as_graph_def(add_shapes=True))
+
+
+def test_a_v1_conds_zeros_wait_for_the_gradient_and_are_never_folded(tmp_path):
+    """Deferred, each `zeros` becomes an `Empty` initialised to zeros (stateful: neither
+    folding makes it a constant) that waits for the gradient outside every branch: the step as
+    TensorFlow runs it holds them no longer, and stays bitwise equal."""
+    path = tmp_path / "cond.pb"
+    path.write_bytes(v1_cond_step().to_graph_def().SerializeToString())
+    model = io.load(path)
+    fetched = analysis.AnalysisOptions(fetches=["grad"])
+    found = analysis.analyse(model, options=fetched)
+    result = pipeline.optimize(model, "none", fetched, passes="defer(min_bytes=16384)")
+    zeros = [n for n in result.of(DeferResult).deferred if model.graph.op(n) == "Fill"]
+    assert len(zeros) == 8
+    for name in zeros:
+        assert result.graph.op(name) == "Empty"
+        assert result.graph.node_def(name).attr["init"].b
+        assert set(result.graph.control_inputs(name)) <= found.split.gradient_flow
+    before = analysis.as_run(model, model.graph, found)
+    after = analysis.as_run(model, result.graph, analysis.analyse(model, result.graph, fetched))
+    assert after.allocated_peak() < before.allocated_peak()
+    out = tmp_path / "deferred.pb"
+    io.save(model, result.graph, out)
+    checked = verify.verify(model, io.load(out), verify.VerifyOptions(runs=0), isolated=False)
+    assert checked.match, checked.to_json()["mismatched"]

@@ -16,13 +16,17 @@ later.
 
 Only values computed from resource-variable reads are deferred: a ref variable's `Identity`
 aliases a buffer that an in-place update may change, so reading it later could read another
-value. A backward value outside the flow is deferred only outside v1 loops and conds, and
-never a stateful op.
+value. A backward value outside the flow is deferred only outside v1 loops (inside a v1
+cond's branch too: what it waits for is outside every branch, so it fires whichever branch
+runs), and never a stateful op.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from tensorflow.core.framework import attr_value_pb2, types_pb2
+from tensorflow.python.framework import tensor_util
 
 from ..analysis import memory, parameters
 from ..analysis import split as split_mod
@@ -30,6 +34,7 @@ from ..analysis.split import reachable
 from ..analysis.step import Analysis
 from ..core import ops
 from ..core.graph import Graph
+from ..core.tensor_ref import CONTROL, TensorRef
 from .base import PassOptions, PassResult
 from .pads import can_gate
 from .triggers import FORWARDING_OPS
@@ -59,8 +64,7 @@ def run(graph: Graph, analysis: Analysis, options: DeferOptions, model=None):
     # nobody reads (GELU's `x / sqrt(2)` differentiated by its constant), and a deferred one
     # would make the planners think its forward inputs are read late
     early = analysis.split.early_backward & reachable(graph.nx, analysis.fetches, upstream=True)
-    enclosed = split_mod.loop_frame_nodes(graph) | split_mod.cond_branch_nodes(graph) \
-        if early else set()
+    enclosed = split_mod.loop_frame_nodes(graph) if early else set()
     sets = _Sets(flow, params, early, enclosed, flow | early, params | early)
     deferrable = [n for n in graph.nodes()
                   if _deferrable(graph, analysis, sets, n, options.min_bytes)]
@@ -78,7 +82,29 @@ def run(graph: Graph, analysis: Analysis, options: DeferOptions, model=None):
             graph.add_control(wait, name)
         if waits:
             deferred.append(name)
+            _zeros_kept_from_folding(graph, name)
     return DeferResult(graph, bool(deferred), shapes=analysis.shapes, deferred=sorted(deferred))
+
+
+def _zeros_kept_from_folding(graph: Graph, name: str) -> None:
+    """Make a deferred `Fill` of zeros an `Empty` initialised to zeros (the same bytes):
+    Grappler's constant folding makes a Fill of a known shape and a constant value a `Const`
+    (and TensorFlow's own folding one of up to 10 MiB), whose kernel holds its tensor for as
+    long as the session runs, so the deferral would move nothing. `Empty` is stateful, which
+    neither folds. A v1 cond's gradient keeps such zeros of each activation for the branch not
+    taken: most of a Keras learning-phase MobileNetV2's peak."""
+    if graph.op(name) != "Fill":
+        return
+    dims, value = graph.data_inputs(name)
+    node = graph.node_def(name)
+    if graph.op(value.node) != "Const" or node.attr["index_type"].type != types_pb2.DT_INT32:
+        return
+    if tensor_util.MakeNdarray(graph.node_def(value.node).attr["value"].tensor).tobytes().strip(
+            b"\0"):
+        return
+    controls = [TensorRef(c, CONTROL) for c in graph.control_inputs(name)]
+    graph.redefine(name, "Empty", [dims, *controls],
+                   {"dtype": node.attr["T"], "init": attr_value_pb2.AttrValue(b=True)})
 
 
 def _gateable(original: Graph, waits: set[str], flow) -> set[str]:

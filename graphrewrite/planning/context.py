@@ -29,6 +29,10 @@ REF_VARIABLES = frozenset({"VariableV2", "Variable"})
 # and ops that read it without writing it.
 REF_SNAPSHOTS = frozenset({"Cast"})
 REF_READERS = REF_SNAPSHOTS | {"Identity", "IsVariableInitialized"}
+# A v1 cond's Switch and Merge outside loop frames: a copy reads the same (or copied) inputs
+# as its original, so it is dead exactly when the original is, and a copied cond takes the
+# branch the original took (the triggers that gate copies sit outside every branch).
+COPYABLE_COND_OPS = frozenset({"Switch", "Merge"})
 RANDOM_OP = "random op"
 RANDOM_REASONS = (RANDOM_OP, "a smaller form of a random draw")
 
@@ -243,8 +247,8 @@ class Context:
             return RANDOM_OP
         if name in self.in_loop_frame:
             return "inside a while-loop frame"
-        if op in V1_LOOP_OPS:  # outside every loop frame: a cond's
-            return "a v1 cond's Switch or Merge"
+        if op in V1_LOOP_OPS and op not in COPYABLE_COND_OPS:  # outside every loop frame
+            return f"a v1 cond's {op} (of a ref variable)"
         if op in CALL_OPS or op in functions or any(
                 v.HasField("func") for v in graph.node_def(name).attr.values()):
             return "function call"
