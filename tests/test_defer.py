@@ -189,3 +189,43 @@ def test_a_v1_conds_zeros_wait_for_the_gradient_and_are_never_folded(tmp_path):
     io.save(model, result.graph, out)
     checked = verify.verify(model, io.load(out), verify.VerifyOptions(runs=0), isolated=False)
     assert checked.match, checked.to_json()["mismatched"]
+
+
+def test_a_sparse_adams_slot_decay_waits_with_its_read(tmp_path):
+    """TF1 Adam on an embedding writes `m * beta1` to the slot before it scatter-adds the
+    gradient's rows: computed at the step's start, the slot then holds a second buffer (and a
+    read copies it: the variable is copied on read once a sparse update touched it) until the
+    end. Deferred, the product and the read of the slot it is computed from wait for the
+    gradient, and the step stays bitwise equal."""
+    import tensorflow as tf
+
+    v1 = tf.compat.v1
+    graph = tf.Graph()
+    with graph.as_default():
+        v1.set_random_seed(1)
+        ids = v1.placeholder(tf.int32, [64], name="ids")
+        labels = v1.placeholder(tf.int32, [64], name="labels")
+        table = v1.get_variable("table", [4096, 64], use_resource=True)
+        weights = v1.get_variable("weights", [64, 10], use_resource=True)
+        logits = tf.matmul(tf.nn.embedding_lookup(table, ids), weights)
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=labels, logits=logits), name="loss")
+        v1.add_to_collection("train_op", v1.train.AdamOptimizer(1e-3).minimize(loss))
+        path = tmp_path / "embedding_adam.meta"
+        v1.train.export_meta_graph(str(path), graph=graph)
+    model = io.load(path)
+    found = analysis.analyse(model)
+    result = pipeline.optimize(model, "none", passes="defer")
+    deferred = result.of(DeferResult).deferred
+    decays = [n for n in deferred if any(model.graph.op(w) == "AssignVariableOp"
+                                         for w in model.graph.successors(n))]
+    assert len(decays) == 2  # m * beta1 and v * beta2, 1 MiB each
+    for name in decays:
+        read = model.graph.data_inputs(name)[0].node
+        assert model.graph.op(read) == "ReadVariableOp"
+        assert set(result.graph.control_inputs(read)) == set(result.graph.control_inputs(name))
+        assert set(result.graph.control_inputs(name)) <= found.split.gradient_flow
+    out = tmp_path / "deferred.meta"
+    io.save(model, result.graph, out)
+    checked = verify.verify(model, io.load(out), verify.VerifyOptions(runs=0), isolated=False)
+    assert checked.match, checked.to_json()["mismatched"]

@@ -2,7 +2,10 @@
 gradient, when the gradient it meets is ready.
 
 Two kinds. An optimizer's update often multiplies a slot by a constant before it meets the
-gradient (Keras SGD with momentum: `m * momentum - lr * g`): a value of the parameters alone.
+gradient (Keras SGD with momentum: `m * momentum - lr * g`): a value of the parameters alone;
+a sparse update writes it to the slot first (TF1 Adam on an embedding: `m.assign(m * beta1)`,
+then a scatter-add of the gradient's rows, which waits on that write), and the slot then holds
+a new buffer beside the old from the step's start.
 And a custom gradient's factors of the forward values (Keras swish's `beta * x` in `1 + beta *
 x * (1 - sigmoid)`, EfficientNet's every activation): backward nodes outside the gradient flow
 (`Split.early_backward`) that the step runs. The executor computes either as soon as its
@@ -30,6 +33,7 @@ from tensorflow.python.framework import tensor_util
 
 from ..analysis import memory, parameters
 from ..analysis import split as split_mod
+from ..analysis.bind import DENSE_WRITES
 from ..analysis.split import reachable
 from ..analysis.step import Analysis
 from ..core import ops
@@ -63,7 +67,8 @@ def run(graph: Graph, analysis: Analysis, options: DeferOptions, model=None):
     # backward values outside the flow that the step runs: TF1's gradients also compute some
     # nobody reads (GELU's `x / sqrt(2)` differentiated by its constant), and a deferred one
     # would make the planners think its forward inputs are read late
-    early = analysis.split.early_backward & reachable(graph.nx, analysis.fetches, upstream=True)
+    needed = reachable(graph.nx, analysis.fetches, upstream=True)
+    early = analysis.split.early_backward & needed
     enclosed = split_mod.loop_frame_nodes(graph) if early else set()
     sets = _Sets(flow, params, early, enclosed, flow | early, params | early)
     deferrable = [n for n in graph.nodes()
@@ -78,12 +83,43 @@ def run(graph: Graph, analysis: Analysis, options: DeferOptions, model=None):
         met = _meets_flow(graph, name, flow)
         waits = sorted(_gateable(original, {r.node for v in met for r in graph.data_inputs(v)
                                             if r.node in flow}, flow) - downstream)
+        reads = _slot_reads(graph, name, sets, downstream, needed)
+        if not reads and any(graph.op(v) in DENSE_WRITES for v in graph.successors(name)):
+            continue  # its reads would be held instead, and the values between
         for wait in waits:
-            graph.add_control(wait, name)
+            for later in [name, *reads]:
+                graph.add_control(wait, later)
         if waits:
             deferred.append(name)
             _zeros_kept_from_folding(graph, name)
     return DeferResult(graph, bool(deferred), shapes=analysis.shapes, deferred=sorted(deferred))
+
+
+def _slot_reads(graph: Graph, name: str, sets: "_Sets", downstream: set[str],
+                needed: set[str]) -> list[str]:
+    """The reads of a slot that `name` is computed from and written back to (`m * beta1` into
+    `m`; Keras's `-m * (1 - beta_1)` added to it), through values nothing else reads, when the
+    step writes that slot nowhere else before `name`: they wait with it, or they would read
+    it at the step's start (a variable a sparse update touches is copied on read) and hold
+    the copy, or the values between, until `name` is computed."""
+    slots = {graph.data_inputs(w)[0].node for w in graph.successors(name)
+             if graph.op(w) in DENSE_WRITES}
+    chain, stack, reads = {name}, [name], []
+    while slots and stack:
+        for ref in graph.data_inputs(stack.pop()):
+            value = ref.node
+            if value in chain or not all(r in chain or r in downstream
+                                         for r in graph.successors(value)):
+                continue
+            if graph.op(value) == "ReadVariableOp":
+                slot = graph.data_inputs(value)[0].node
+                if slot in slots and all(u in downstream or graph.op(u) in parameters.READ_OPS
+                                         for u in graph.successors(slot) if u in needed):
+                    reads.append(value)
+            elif value in sets.params and not parameters.is_variable(graph, value):
+                chain.add(value)
+                stack.append(value)
+    return reads
 
 
 def _zeros_kept_from_folding(graph: Graph, name: str) -> None:
@@ -161,8 +197,11 @@ def _deferrable(graph: Graph, analysis: Analysis, sets: _Sets, name: str,
     if op in memory.ALIAS_OPS or op in parameters.READ_OPS:
         return False
     readers = graph.successors(name)
-    backward = sets.flow if name in sets.params else sets.backward
-    if not readers or not all(v in backward for v in readers):
+    if name in sets.params:  # read by the gradient flow, or written to a slot (see above)
+        if not readers or not all(v in sets.flow or graph.op(v) in DENSE_WRITES
+                                  for v in readers):
+            return False
+    elif not readers or not all(v in sets.backward for v in readers):
         return False
     size = max((analysis.shapes.nbytes(r) or 0 for r in analysis.shapes.outputs(name)),
                default=0)
