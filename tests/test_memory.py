@@ -202,3 +202,32 @@ def test_a_savers_restore_pinned_to_the_cpu_does_not_make_a_gpu_graph():
     assert any("CPU" in saver_only.node_def(n).device for n in saver_only.nodes())
     assert not memory.cpu_is_host(saver_only)
     assert memory.cpu_is_host(swapped)
+
+
+def test_a_v1_conds_untaken_side_never_runs():
+    """A v1 cond (control flow v2 off) on an unfed `PlaceholderWithDefault` (Keras's learning
+    phase) takes its default side: the other side's 16 KiB tile never runs, and the Merge's
+    output is the taken side's value, held for the fetch. Fed, either side could run: both are
+    counted."""
+    from tensorflow.python.ops import control_flow_util
+
+    def graph(phase_op):
+        x = placeholder()
+        phase = phase_op()
+        taken = tf.compat.v1.cond(phase, lambda: tf.reduce_sum(tf.tile(x, [16]), name="big"),
+                                  lambda: tf.reduce_sum(tf.negative(x, name="small")))
+        tf.identity(taken, name="out")
+
+    was = control_flow_util.ENABLE_CONTROL_FLOW_V2
+    control_flow_util.ENABLE_CONTROL_FLOW_V2 = False
+    try:
+        default = build(lambda: graph(
+            lambda: tf.compat.v1.placeholder_with_default(False, (), name="phase")))
+        fed = build(lambda: graph(lambda: tf.compat.v1.placeholder(tf.bool, (), name="phase")))
+    finally:
+        control_flow_util.ENABLE_CONTROL_FLOW_V2 = was
+    report = simulate(default, ["out"])
+    assert "cond/Tile" not in report.order and "cond/big" not in report.order
+    assert "cond/small" in report.order
+    assert report.peak() < 3 * KIB  # x, and Neg's 1 KiB; never the tile's 16
+    assert simulate(fed, ["out"]).peak() >= 16 * KIB

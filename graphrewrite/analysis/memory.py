@@ -55,7 +55,7 @@ from tensorflow.core.framework import types_pb2
 from ..core import dtypes
 from ..core.graph import LOOP_BACK_OPS, Graph
 from ..core.tensor_ref import TensorRef
-from . import bfc, loops, parameters, scratch
+from . import bfc, loops, parameters, scratch, split
 from .schedule import bypassed_identities, schedule
 from .shapes import Shapes, TensorInfo
 
@@ -350,6 +350,10 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
     bypassed = bypassed_identities(graph, graph.nodes(), fetches)
     order = schedule(graph, fetches, bypassed,
                      workers=CPU_WORKERS if executor and kind == "cpu" else 1)
+    untaken, unmade = split.untaken(graph)
+    if untaken:  # the side of a v1 cond its known predicate never takes: never run (but a
+        # constant's kernel holds its value from the session's first step, taken or not)
+        order = [n for n in order if n not in untaken or graph.op(n) in PERSISTENT_OPS]
     op_of = graph.ops(order)
     # `placement` of each node; a node's device is only read when CPU-pinned nodes are host
     place_of = {name: placement(graph.node_def(name), host_split) if host_split else
@@ -383,6 +387,9 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
     for name, held in looped.held_by.items():
         reads[name] = reads[name] + held
     outputs = shapes.outputs_of(order)
+    for ref in unmade:  # a Merge after it reads the side taken
+        if ref.node in outputs:
+            outputs[ref.node] = [r for r in outputs[ref.node] if r != ref]
     for identity in bypassed:  # its readers hold its inputs' buffers, it holds none
         reads[identity], outputs[identity] = [], []
     uses = Counter(chain.from_iterable(reads.values()))  # `reads` is in `order`

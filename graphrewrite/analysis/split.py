@@ -41,7 +41,7 @@ __all__ = ["FORWARD_INPUTS", "UPDATE_PREFIXES", "VARIABLE_WRITES", "SHAPE_OPS", 
            "no_backward_pass", "CALL_OPS", "xla_calls", "xla_compiled", "computes_a_value",
            "fed_by", "SOURCE_INPUT_OPS", "is_gradient_op", "is_update_op", "anchors",
            "backward_functions", "Split", "split", "find_seeds", "reachable", "loop_frame_nodes",
-           "cond_branch_nodes", "in_cond_branch", "enclosed", "constant_valued", "fed_inputs"]
+           "cond_branch_nodes", "in_cond_branch", "untaken", "enclosed", "constant_valued", "fed_inputs"]
 
 # Op type -> indices of inputs that are forward values (not the incoming gradient or a shape).
 FORWARD_INPUTS = {
@@ -458,6 +458,50 @@ def in_cond_branch(graph: Graph, name: str) -> bool:
     if found is None:
         found = _BRANCHES[graph] = frozenset(cond_branch_nodes(graph))
     return name in found
+
+
+def untaken(graph: Graph) -> tuple[frozenset, frozenset]:
+    """(the nodes a step never runs, the `Switch` outputs it never makes): the sides of v1
+    `Switch`es their predicates never take, when the predicate is a constant or a
+    `PlaceholderWithDefault` of one (Keras's learning phase, a `tf.compat.v1.layers`
+    `is_training`), as `verify` runs it, unfed. A node is dead when an input it reads or waits
+    for is (a `Merge` when all it reads are)."""
+    switches = [n for n in graph.nodes() if graph.op(n) == "Switch"]
+    taken = {}
+    for name in switches:
+        value = _known_value(graph, graph.data_inputs(name)[1].node)
+        if value is not None:
+            taken[name] = int(bool(value))
+    if not taken:
+        return frozenset(), frozenset()
+    dead: set[str] = set()
+    for name in graph.topological_order():
+        op = graph.op(name)
+        refs = graph.inputs(name)
+        gone = [r.node in dead or (r.node in taken and not r.is_control
+                                   and r.port != taken[r.node]) for r in refs]
+        if op == "Merge":
+            data = [g for r, g in zip(refs, gone) if not r.is_control
+                    and not graph.loops_back(r.node)]
+            if data and all(data):
+                dead.add(name)
+        elif any(gone):
+            dead.add(name)
+    unmade = {TensorRef(name, 1 - port) for name, port in taken.items() if name not in dead}
+    return frozenset(dead), frozenset(unmade)
+
+
+def _known_value(graph: Graph, name: str):
+    """The value of a predicate known before the step runs (a scalar constant, or the default
+    of an unfed `PlaceholderWithDefault`, through Identities), else None."""
+    while graph.op(name) in ("Identity", "PlaceholderWithDefault"):
+        name = graph.data_inputs(name)[0].node
+    if graph.op(name) != "Const":
+        return None
+    from tensorflow.python.framework import tensor_util
+
+    value = tensor_util.MakeNdarray(graph.node_def(name).attr["value"].tensor)
+    return value.item() if value.size == 1 else None
 
 
 def enclosed(graph: Graph, begin: tuple[str, ...], end: tuple[str, ...]) -> set[str]:

@@ -40,10 +40,9 @@ from ..core import selectors as selectors_mod
 from ..core.errors import GraphRewriteError
 from ..core.graph import Graph
 from ..core.names import SWAP_IN_SUFFIX, SWAP_OUT_SUFFIX
-from ..core.ops import PLACEHOLDER_OPS
 from ..core.tensor_ref import TensorRef
 from ..planning.budget import parse_budget
-from ..planning.context import VARIABLE_READ_OPS, Context
+from ..planning.context import GRAPH_INPUT_OPS, VARIABLE_READ_OPS, Context
 from ..planning.devices import DeviceProfile, node_times, profile
 from .base import PassOptions, PassResult, counted
 from .pads import can_gate, keep_apart, pad_readers
@@ -227,7 +226,7 @@ def _blocker(ctx: Context, ref: TensorRef, any_size: bool = False) -> str | None
     op = graph.op(ref.node)
     if ref.node in ctx.constant:
         return "constant"
-    if op in PLACEHOLDER_OPS:
+    if op in GRAPH_INPUT_OPS:
         return "graph input"
     if op in VARIABLE_READ_OPS or ref.node in ctx.parameters:
         return "variable read"

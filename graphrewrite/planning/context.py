@@ -16,13 +16,15 @@ from ..core.graph import Graph
 from ..core.ops import FUNCTIONAL_CONTROL_OPS, PLACEHOLDER_OPS, V1_LOOP_OPS
 from ..core.tensor_ref import TensorRef
 
-__all__ = ["VARIABLE_READ_OPS", "CALL_OPS", "REF_VARIABLES", "REF_SNAPSHOTS", "REF_READERS",
+__all__ = ["VARIABLE_READ_OPS", "GRAPH_INPUT_OPS", "CALL_OPS", "REF_VARIABLES", "REF_SNAPSHOTS", "REF_READERS",
            "RANDOM_OP", "RANDOM_REASONS", "Context"]
 
 # Reads of a variable whose output is an activation or an alias of the variable: never copied
 # (a copy could read the variable after the optimizer wrote it).
 VARIABLE_READ_OPS = frozenset({"ReadVariableOp", "VariableV2", "Variable", "VarHandleOp",
                                "ResourceGather", "PlaceholderWithDefault"})
+# Inputs a step may be fed (a `PlaceholderWithDefault`: Keras's learning phase, `is_training`).
+GRAPH_INPUT_OPS = PLACEHOLDER_OPS | {"PlaceholderWithDefault"}
 CALL_OPS = FUNCTIONAL_CONTROL_OPS | {"PartitionedCall", "StatefulPartitionedCall"}
 REF_VARIABLES = frozenset({"VariableV2", "Variable"})
 # Ops that read a ref variable into a buffer of their own (a snapshot, as a resource read is),
@@ -233,7 +235,7 @@ class Context:
         graph = self.graph
         op = graph.op(name)
         functions = self.functions
-        if op in PLACEHOLDER_OPS:
+        if op in GRAPH_INPUT_OPS:
             return "graph input"
         if op == "Const":
             return "constant"
