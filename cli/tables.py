@@ -50,8 +50,9 @@ def format_verify(facts: dict) -> str:
                      "(--steps 50 --batches 4 --rtol 0.02)")
     if facts.get("swapped") and "GPU" not in facts["device"]:
         lines.append(f"note          {facts['swapped']} tensors swapped to the host: on a CPU "
-                     "host and device are one memory, so the peak measured here cannot fall "
-                     "(on a GPU the swap lowers the device's peak)")
+                     "host and device are one memory, so swapping lowers no peak measured "
+                     "here (what falls comes from the mode's other passes; on a GPU the swap "
+                     "lowers the device's peak)")
     return "\n".join(lines)
 
 
