@@ -18,6 +18,13 @@ from conftest import FIXTURES
 pytestmark = pytest.mark.tf
 
 
+def assert_bitwise(model, graph, path):
+    """`graph` written as `model`'s format to `path` runs two steps bitwise equal to `model`."""
+    io.save(model, graph, path)
+    checked = verify.verify(model, io.load(path), verify.VerifyOptions(runs=0), isolated=False)
+    assert checked.match, checked.to_json()["mismatched"]
+
+
 @pytest.fixture(scope="module")
 def momentum_step(tmp_path_factory):
     sys.path.insert(0, str(FIXTURES))
@@ -43,11 +50,7 @@ def test_momentum_products_wait_for_their_gradients(momentum_step, tmp_path):
     before = memory.simulate(momentum_step.graph, found.shapes, found.fetches)
     after = memory.simulate(graph, found.shapes, found.fetches)
     assert after.peak() < before.peak()
-    out = tmp_path / "deferred.pb"
-    io.save(momentum_step, graph, out)
-    checked = verify.verify(momentum_step, io.load(out), verify.VerifyOptions(runs=0),
-                            isolated=False)
-    assert checked.match, checked.to_json()["mismatched"]
+    assert_bitwise(momentum_step, graph, tmp_path / "deferred.pb")
 
 
 def test_small_values_are_left_alone(momentum_step):
@@ -103,10 +106,7 @@ def test_a_custom_gradients_factors_of_forward_values_wait_for_the_gradient(tmp_
     before = memory.simulate(model.graph, found.shapes, found.fetches)
     after = memory.simulate(result.graph, found.shapes, found.fetches)
     assert after.peak() < before.peak()
-    out = tmp_path / "deferred.pb"
-    io.save(model, result.graph, out)
-    checked = verify.verify(model, io.load(out), verify.VerifyOptions(runs=0), isolated=False)
-    assert checked.match, checked.to_json()["mismatched"]
+    assert_bitwise(model, result.graph, tmp_path / "deferred.pb")
 
 
 def test_a_tanh_gelus_cube_is_left_to_grappler(tmp_path):
@@ -133,10 +133,7 @@ def test_a_tanh_gelus_cube_is_left_to_grappler(tmp_path):
     fetched = analysis.AnalysisOptions(fetches=["grad"])
     result = pipeline.optimize(model, "none", fetched, passes="defer(min_bytes=16384)")
     assert not any(model.graph.op(n) == "Pow" for n in result.of(DeferResult).deferred)
-    out = tmp_path / "deferred.pb"
-    io.save(model, result.graph, out)
-    checked = verify.verify(model, io.load(out), verify.VerifyOptions(runs=0), isolated=False)
-    assert checked.match, checked.to_json()["mismatched"]
+    assert_bitwise(model, result.graph, tmp_path / "deferred.pb")
 
 
 def v1_cond_step():
@@ -185,10 +182,7 @@ def test_a_v1_conds_zeros_wait_for_the_gradient_and_are_never_folded(tmp_path):
     before = analysis.as_run(model, model.graph, found)
     after = analysis.as_run(model, result.graph, analysis.analyse(model, result.graph, fetched))
     assert after.allocated_peak() < before.allocated_peak()
-    out = tmp_path / "deferred.pb"
-    io.save(model, result.graph, out)
-    checked = verify.verify(model, io.load(out), verify.VerifyOptions(runs=0), isolated=False)
-    assert checked.match, checked.to_json()["mismatched"]
+    assert_bitwise(model, result.graph, tmp_path / "deferred.pb")
 
 
 def test_a_sparse_adams_slot_decay_waits_with_its_read(tmp_path):
@@ -225,7 +219,4 @@ def test_a_sparse_adams_slot_decay_waits_with_its_read(tmp_path):
         assert model.graph.op(read) == "ReadVariableOp"
         assert set(result.graph.control_inputs(read)) == set(result.graph.control_inputs(name))
         assert set(result.graph.control_inputs(name)) <= found.split.gradient_flow
-    out = tmp_path / "deferred.meta"
-    io.save(model, result.graph, out)
-    checked = verify.verify(model, io.load(out), verify.VerifyOptions(runs=0), isolated=False)
-    assert checked.match, checked.to_json()["mismatched"]
+    assert_bitwise(model, result.graph, tmp_path / "deferred.meta")
