@@ -41,7 +41,8 @@ __all__ = ["FORWARD_INPUTS", "UPDATE_PREFIXES", "VARIABLE_WRITES", "SHAPE_OPS", 
            "no_backward_pass", "CALL_OPS", "xla_calls", "xla_compiled", "computes_a_value",
            "fed_by", "SOURCE_INPUT_OPS", "is_gradient_op", "is_update_op", "anchors",
            "backward_functions", "Split", "split", "find_seeds", "reachable", "loop_frame_nodes",
-           "cond_branch_nodes", "in_cond_branch", "untaken", "enclosed", "constant_valued", "fed_inputs"]
+           "cond_branch_nodes", "in_cond_branch", "untaken", "enclosed", "constant_valued",
+           "fed_inputs"]
 
 # Op type -> indices of inputs that are forward values (not the incoming gradient or a shape).
 FORWARD_INPUTS = {

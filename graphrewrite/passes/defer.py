@@ -83,7 +83,7 @@ def run(graph: Graph, analysis: Analysis, options: DeferOptions, model=None):
         met = _meets_flow(graph, name, flow)
         waits = sorted(_gateable(original, {r.node for v in met for r in graph.data_inputs(v)
                                             if r.node in flow}, flow) - downstream)
-        reads = _slot_reads(graph, name, sets, downstream, needed)
+        reads = _slot_reads(graph, name, params, downstream, needed)
         if not reads and any(graph.op(v) in DENSE_WRITES for v in graph.successors(name)):
             continue  # its reads would be held instead, and the values between
         for wait in waits:
@@ -95,7 +95,7 @@ def run(graph: Graph, analysis: Analysis, options: DeferOptions, model=None):
     return DeferResult(graph, bool(deferred), shapes=analysis.shapes, deferred=sorted(deferred))
 
 
-def _slot_reads(graph: Graph, name: str, sets: "_Sets", downstream: set[str],
+def _slot_reads(graph: Graph, name: str, params, downstream: set[str],
                 needed: set[str]) -> list[str]:
     """The reads of a slot that `name` is computed from and written back to (`m * beta1` into
     `m`; Keras's `-m * (1 - beta_1)` added to it), through values nothing else reads, when the
@@ -116,7 +116,7 @@ def _slot_reads(graph: Graph, name: str, sets: "_Sets", downstream: set[str],
                 if slot in slots and all(u in downstream or graph.op(u) in parameters.READ_OPS
                                          for u in graph.successors(slot) if u in needed):
                     reads.append(value)
-            elif value in sets.params and not parameters.is_variable(graph, value):
+            elif value in params and not parameters.is_variable(graph, value):
                 chain.add(value)
                 stack.append(value)
     return reads

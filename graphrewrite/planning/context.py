@@ -16,8 +16,8 @@ from ..core.graph import Graph
 from ..core.ops import FUNCTIONAL_CONTROL_OPS, PLACEHOLDER_OPS, V1_LOOP_OPS
 from ..core.tensor_ref import TensorRef
 
-__all__ = ["VARIABLE_READ_OPS", "GRAPH_INPUT_OPS", "CALL_OPS", "REF_VARIABLES", "REF_SNAPSHOTS", "REF_READERS",
-           "RANDOM_OP", "RANDOM_REASONS", "Context"]
+__all__ = ["VARIABLE_READ_OPS", "GRAPH_INPUT_OPS", "CALL_OPS", "REF_VARIABLES", "REF_SNAPSHOTS",
+           "REF_READERS", "RANDOM_OP", "RANDOM_REASONS", "Context"]
 
 # Reads of a variable whose output is an activation or an alias of the variable: never copied
 # (a copy could read the variable after the optimizer wrote it).
