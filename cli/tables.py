@@ -193,7 +193,7 @@ def format_optimize(facts: dict) -> str:
                                    "the one before (one scratch at a time)"))
     if facts["ungated_segments"]:
         rows.append(("ungated", f"{facts['ungated_segments']} segments had no safe trigger "
-                                "(their copies may run early)"))
+                                f"(their copies may run early): {_shorten(facts['ungated'], 3)}"))
     rows += _by_reason("not rewritten", {reason: info for reason, info in facts["skipped"].items()
                                          if reason not in EXPECTED_SKIPS})
     if facts.get("largest_batch"):

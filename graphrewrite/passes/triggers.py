@@ -34,7 +34,8 @@ def add_triggers(graph: Graph, original: Graph, copies: dict[str, str], segments
                  order: list[str], executor_gates: bool, loops_back: bool):
     """One trigger per segment of `copies` (original -> copy; `segments`: sets of originals;
     `loops_back`: whether the graph has v1 loop back edges). Returns the triggers with their
-    waits, each gated copy's trigger, and how many segments got none."""
+    waits, each gated copy's trigger, and the segments that got none (each by its first
+    original)."""
     position = {n: i for i, n in enumerate(order)}
     components = sorted((sorted(c, key=position.get) for c in segments),
                         key=lambda c: position[c[0]], reverse=True)
@@ -42,7 +43,7 @@ def add_triggers(graph: Graph, original: Graph, copies: dict[str, str], segments
     late = [copies[n] for n in order if n in copies]
     reach = _Reach(graph, None if loops_back else TopoOrder.build(graph, order, late))
     ancestry = Ancestry(graph, original, flow, all_copies)
-    triggers, gate_of, ungated = {}, {}, 0
+    triggers, gate_of, ungated = {}, {}, []
     for component in components:
         members = {copies[n] for n in component}
         targets = {v for c in members for v in graph.successors(c) if v not in all_copies}
@@ -54,7 +55,7 @@ def add_triggers(graph: Graph, original: Graph, copies: dict[str, str], segments
         # ResNet-50's candidates differently (TF2 step: 0.47x -> 0.57x measured).
         waits = sorted(waits | _unfinished(graph, ancestry, reach, members, waits))
         if not waits:
-            ungated += 1
+            ungated.append(component[0])
             continue
         roots = [copies[n] for n in component
                  if not any(r.node in copies for r in original.data_inputs(n))]

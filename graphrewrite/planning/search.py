@@ -86,7 +86,7 @@ class Rewrite:
     checkpoints: set[str]
     recomputed: dict[str, str] | frozenset  # original -> copy (an estimate's: the originals)
     triggers: dict[str, list[str]]   # trigger -> its control inputs
-    ungated: int                     # segments no safe trigger was found for
+    ungated: list                    # segments no safe trigger was found for (first nodes)
     blocked: dict[str, set[str]]     # reason -> nodes kept because they cannot be recomputed
     shapes: Shapes
     pads: int = 0                    # IdentityN readers restoring data-reader counts (see run)
@@ -250,7 +250,7 @@ def estimate(estimator: PlanEstimator, ctx: Context, checkpoints: set[str],
                                if v in recomputed})
               for chain in plan_nodes.segments(ctx, early)]
     found = estimator.estimate_recomputed(unchecked.everything, removed, groups)
-    attempt = Rewrite(None, set(checkpoints), recomputed, {}, 0, blocked,
+    attempt = Rewrite(None, set(checkpoints), recomputed, {}, [], blocked,
                       None, ahead=dict.fromkeys(early, ""), ahead_checkpoints=frozenset(ahead),
                       peak=found.peak, live_at_peak=found.live_at_peak)
     # the FLOPs of `recomputed` as those of `everything` (summed once) less `removed`'s

@@ -127,6 +127,7 @@ class RecomputeResult(PassResult):
     reuse_ahead: bool = False  # the ahead pass's values serve the first segment it covers
     triggers: int = 0
     ungated_segments: int = 0  # segments no safe trigger was found for
+    ungated: list[str] = field(default_factory=list)  # their first nodes
     fanout_pads: int = 0
     extra_flops: int = 0
     kept_because: dict[str, list[str]] = field(default_factory=dict)  # reason -> nodes
@@ -314,7 +315,7 @@ def _result(best: search.Rewrite, note: str) -> RecomputeResult:
         recomputed_ahead=sorted(n for n in best.ahead if n in best.checkpoints),
         reuse_ahead=best.reuse,
         triggers=len(best.triggers),
-        ungated_segments=best.ungated,
+        ungated_segments=len(best.ungated), ungated=sorted(best.ungated),
         fanout_pads=best.pads,
         extra_flops=best.extra_flops,
         kept_because={reason: sorted(nodes) for reason, nodes in sorted(best.blocked.items())},
