@@ -43,9 +43,13 @@ from .base import PassOptions, PassResult
 from .pads import can_gate
 from .triggers import FORWARDING_OPS
 
-__all__ = ["REF_VARIABLE_OPS", "DeferOptions", "DeferResult", "run"]
+__all__ = ["REF_VARIABLE_OPS", "EMPTY_ON_GPU", "DeferOptions", "DeferResult", "run"]
 
 REF_VARIABLE_OPS = frozenset({"VariableV2", "Variable"})
+# The types `Empty` has GPU kernels for (TensorFlow's inplace_ops.cc): another would be placed
+# on the host, and copied to the device.
+EMPTY_ON_GPU = frozenset({types_pb2.DT_FLOAT, types_pb2.DT_DOUBLE, types_pb2.DT_HALF,
+                          types_pb2.DT_BFLOAT16, types_pb2.DT_INT32, types_pb2.DT_INT64})
 
 
 @dataclass(frozen=True)
@@ -133,7 +137,8 @@ def _zeros_kept_from_folding(graph: Graph, name: str) -> None:
         return
     dims, value = graph.data_inputs(name)
     node = graph.node_def(name)
-    if graph.op(value.node) != "Const" or node.attr["index_type"].type != types_pb2.DT_INT32:
+    if graph.op(value.node) != "Const" or node.attr["index_type"].type != types_pb2.DT_INT32 \
+            or node.attr["T"].type not in EMPTY_ON_GPU:
         return
     if tensor_util.MakeNdarray(graph.node_def(value.node).attr["value"].tensor).tobytes().strip(
             b"\0"):
