@@ -255,8 +255,9 @@ def _peak_rows(facts: dict) -> list[tuple[str, str]]:
     if predicted["model"] != "as_run":
         return [("modelled peak", peaks(written["before"], written["after"],
                                         "live tensors as written"))]
+    on = " on a GPU" if predicted.get("device") == "gpu" else ""  # a swap's, on any machine
     return [("modelled peak", peaks(predicted["before"], predicted["after"],
-                                    "as run, after Grappler")),
+                                    f"as run{on}, after Grappler")),
             ("as written", peaks(written["before"], written["after"],
                                  "live tensors, the step the passes plan on"
                                  if not (facts.get("rerun") or facts.get("recomputed_loops"))

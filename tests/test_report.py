@@ -23,8 +23,9 @@ class Step:
     """A memory report of a step as run: its allocator peak, and where it is reached (at the
     last node, `scratch` bytes of which are that kernel's, `padding` bytes the allocator's)."""
 
-    def __init__(self, peak, scratch=0, padding=0):
+    def __init__(self, peak, scratch=0, padding=0, accelerator=False):
         self.peak, self.order, self.scratch = peak, ["a", "conv_grad"], {1: scratch}
+        self.accelerator = accelerator
         self.timeline = [peak // 2, peak - scratch - padding]  # live tensors
 
     def allocated_peak(self):
@@ -61,7 +62,7 @@ def test_the_headline_is_the_step_as_run_when_it_was_modelled():
     facts = report.optimize_report("in.pb", "out.pb", "graphdef",
                                    result(as_run=(36 * MIB, 35 * MIB)))
     assert facts["peak_bytes_predicted"] == {"before": 36 * MIB, "after": 35 * MIB,
-                                             "model": "as_run"}
+                                             "model": "as_run", "device": "cpu"}
     lines = human(result(as_run=(36 * MIB, 35 * MIB))).splitlines()
     headline = [line for line in lines if line.startswith("modelled peak")]
     assert headline == ["modelled peak   36.0 MiB -> 35.0 MiB (0.97x, as run, after Grappler)"]
@@ -149,6 +150,21 @@ def test_no_note_says_the_graph_was_left_unchanged_when_a_pass_changed_it(monkey
     assert "nothing recomputed" in note and "unchanged" not in note
 
 
+def test_a_step_modelled_on_a_gpu_says_so():
+    """h19's swap read "modelled peak 141.1 MiB -> ..." while inspect said 150.3 MiB: a swap's
+    steps are modelled on a GPU (no CPU convolution scratch), and the headline now says so."""
+    optimized = result(as_run=(36 * MIB, 35 * MIB))
+    optimized.run_reports = tuple(Step(p, accelerator=True) for p in (36 * MIB, 35 * MIB))
+    facts = report.optimize_report("in.pb", "out.pb", "graphdef", optimized)
+    assert facts["peak_bytes_predicted"]["device"] == "gpu"
+    headline = [line for line in human(optimized).splitlines()
+                if line.startswith("modelled peak")]
+    assert headline == ["modelled peak   36.0 MiB -> 35.0 MiB (0.97x, as run on a GPU, "
+                        "after Grappler)"]
+    assert report.optimize_report("in.pb", "out.pb", "graphdef", result())[
+        "peak_bytes_predicted"]["device"] is None  # modelled as written only
+
+
 @pytest.mark.tf
 def test_the_headline_of_a_cnn_is_its_step_as_run(tmp_path):
     """resnet_cnn: 0.64x as written, 0.97x as run (verify measured 0.97x); the headline is
@@ -157,7 +173,7 @@ def test_the_headline_of_a_cnn_is_its_step_as_run(tmp_path):
     assert shown.exit_code == 0, shown.stderr
     facts = json.loads(shown.stdout)
     as_run, predicted = facts["peak_bytes_as_run"], facts["peak_bytes_predicted"]
-    assert predicted == {**as_run, "model": "as_run"}
+    assert predicted == {**as_run, "model": "as_run", "device": "cpu"}
     text = run_cli("optimize", fixture_path("resnet_cnn"), "-o", tmp_path / "p.pb").stdout
     ratio = as_run["after"] / as_run["before"]
     assert f"({ratio:.2f}x, as run, after Grappler)" in text.splitlines()[2]

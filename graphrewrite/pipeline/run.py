@@ -78,6 +78,14 @@ class OptimizeResult:
         return self.peak_before, self.peak_after, "as_written"
 
     @property
+    def predicted_on(self) -> str | None:
+        """The device kind the steps as run were modelled on ("cpu", "gpu"), None as written: a
+        swap is modelled on a device with memory of its own, the original with it (`_as_run`)."""
+        if self.predicted_peaks[2] != "as_run":
+            return None
+        return "gpu" if getattr(self.run_reports[0], "accelerator", False) else "cpu"
+
+    @property
     def changed(self) -> bool:
         """Whether any pass changed the graph."""
         return any(r.modified for r in self.results.values())
