@@ -240,3 +240,25 @@ def test_diets_read_order_is_the_lower_after_the_recomputation_that_follows_it()
     priced = pipeline.optimize(model, "memory", composed=text.format(""))
     assert priced.run_peaks[1] == peaks[lower]
     assert f"reads={lower}" in priced.pipeline
+
+
+@pytest.mark.tf
+@pytest.mark.parametrize("name", ["v1_cnn_momentum_bn_istraining_cfv1",
+                                  "kl_cnn_momentum_bn_phase_cfv1"])
+def test_a_v1_conds_activations_swap_bitwise(name, tmp_path):
+    """Batch norm and dropout on an `is_training` or the learning phase are v1 conds: the
+    backward reads each activation through one. Swap once left them all ("nothing to swap" on
+    h20, a graph built outside the repo); now it swaps them and stays bitwise."""
+    from graphrewrite.core import io
+    from graphrewrite.execution import verify
+
+    entry = recipes.ensure(name)
+    out = tmp_path / Path(entry["path"]).name
+    result = run_cli("optimize", entry["path"], "-o", out, "--mode", "swap", "--json")
+    assert result.exit_code == 0, result.stderr
+    facts = json.loads(result.stdout)
+    assert facts["swapped"] and facts["peak_bytes"]["after"] < facts["peak_bytes"]["before"]
+    assert any("/cond/" in ref for ref in facts["swapped"]), facts["swapped"]
+    outcome = verify.verify(io.load(entry["path"]), io.load(out),
+                            verify.VerifyOptions(runs=0), isolated=False)
+    assert outcome.match, outcome.to_json()["mismatched"][:5]

@@ -314,10 +314,12 @@ def _stochastic_depth(path):
     return io.load(path)
 
 
-def test_nothing_in_a_v1_cond_branch_is_swapped_or_a_trigger(tmp_path):
+def test_a_v1_cond_branchs_tensors_swap_but_never_trigger(tmp_path):
     """A tensor of an untaken branch is dead, and so is a node waiting on one: a swap-in
     triggered by a node inside a branch never ran when the branch was not taken (a
-    stochastic-depth ResNet's swap: 157 of 172 variables differed)."""
+    stochastic-depth ResNet's swap: 157 of 172 variables differed). A branch's own tensor may
+    swap: its copies are dead exactly when it and its backward readers are (a Keras batch
+    norm on the learning phase reads every activation through a cond: h20 swapped nothing)."""
     from graphrewrite.analysis.split import cond_branch_nodes
     from graphrewrite.execution import verify
 
@@ -326,12 +328,11 @@ def test_nothing_in_a_v1_cond_branch_is_swapped_or_a_trigger(tmp_path):
     assert branches
     result = pipeline.optimize(model, "swap", swap_options={"profile": "v100"})
     swaps = result.of(SwapResult).swapped
-    assert swaps
     graph = result.graph
     for name in graph.nodes():
         if name.endswith(SWAP_IN_SUFFIX):
             assert not set(graph.control_inputs(name)) & branches, name
-    assert not {TensorRef.parse(s).node for s in swaps} & branches
+    assert {TensorRef.parse(s).node for s in swaps} & branches
     path = tmp_path / "depth_swap.meta"
     io.save(model, graph, path)
     outcome = verify.verify(model, io.load(path), verify.VerifyOptions(runs=1), isolated=False)

@@ -33,7 +33,7 @@ from tensorflow.core.framework import attr_value_pb2
 
 from ..analysis import memory
 from ..analysis.shapes import Shapes, TensorInfo
-from ..analysis.split import in_cond_branch, no_backward_pass, reachable
+from ..analysis.split import no_backward_pass, reachable, untaken
 from ..analysis.step import Analysis
 from ..core import dtypes
 from ..core import selectors as selectors_mod
@@ -169,10 +169,13 @@ def _candidates(ctx: Context, timing: "_Timing") -> tuple[list[Swap], dict]:
     graph, analysis = ctx.graph, ctx.analysis
     shapes, split = analysis.shapes, analysis.split
     found, skipped = [], {}
+    never_run, unmade = untaken(graph)  # a v1 cond's side its known predicate never takes
     for name in graph.nodes():
-        if name not in split.forward:
+        if name not in split.forward or name in never_run:
             continue
         for ref in shapes.outputs(name):
+            if ref in unmade:
+                continue
             readers = _backward_readers(ctx, ref)
             if not readers:
                 continue
@@ -232,8 +235,6 @@ def _blocker(ctx: Context, ref: TensorRef, any_size: bool = False) -> str | None
         return "variable read"
     if ref.node in ctx.in_loop_frame:
         return "inside a while-loop frame"
-    if in_cond_branch(graph, ref.node):  # dead where the branch is not taken
-        return "inside a v1 cond branch"
     if info is None or info.dtype not in dtypes.PLAIN:  # a reference type is not plain
         return "resource, variant, string or reference tensor"
     if not any_size and (info.nbytes or 0) < MIN_BYTES:
