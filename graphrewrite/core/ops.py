@@ -7,7 +7,7 @@ import functools
 import os
 
 __all__ = ["PLACEHOLDER_OPS", "V1_LOOP_OPS", "FUNCTIONAL_CONTROL_OPS", "op_def", "is_known",
-           "is_stateful"]
+           "is_stateful", "takes_seed", "unseeded"]
 
 # Required feeds only: a PlaceholderWithDefault (a Saver's filename) need not be fed.
 PLACEHOLDER_OPS = frozenset({"Placeholder", "PlaceholderV2"})
@@ -41,3 +41,18 @@ def is_stateful(op: str) -> bool:
     """Registry's `is_stateful`; unknown ops count as stateful (never safe to duplicate)."""
     definition = op_def(op)
     return definition is None or definition.is_stateful
+
+
+@functools.lru_cache(maxsize=None)
+def takes_seed(op: str) -> bool:
+    """A random op seeded by `seed`/`seed2` attributes (RandomUniform, TruncatedNormal, ...)."""
+    definition = op_def(op)
+    return definition is not None and {"seed", "seed2"} <= {a.name for a in definition.attr}
+
+
+def unseeded(node) -> bool:
+    """A random op whose `seed` and `seed2` are both 0, so TensorFlow draws one per session.
+    An absent attribute is 0: a SavedModel's functions are saved with default values stripped
+    (an EfficientNet's dropouts there had none, and its step differed from itself)."""
+    return takes_seed(node.op) and all(name not in node.attr or node.attr[name].i == 0
+                                       for name in ("seed", "seed2"))

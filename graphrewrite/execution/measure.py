@@ -46,6 +46,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..core import ops
+
 __all__ = ["BFC_FLAG", "ONEDNN_FLAG", "TRACED_STEPS", "STEPS_COMPARED", "RESTORE_FROM",
            "measurement_environment", "measurement_caveats", "StepMeasurement", "run_step_isolated",
            "time_interleaved", "deaf_to_ctrl_c", "time_steps", "compute_device", "run_step",
@@ -285,17 +287,39 @@ def seeded(message):
     and `seed2` 0: TensorFlow draws one per session) have one made from their name: two runs,
     and an original and its rewrite, which keeps such ops and their names, then start from the
     same initial weights and draw the same dropout masks (a TF1 graph built without
-    `set_random_seed` differed from itself by 1.0 in verify, and the rewrite was blamed)."""
+    `set_random_seed` differed from itself by 1.0 in verify, and the rewrite was blamed). The
+    name is taken below the calls it is inside (`_seed_name`): the inline pass renames a
+    function's node `<call>/<node>`, and a SavedModel's dropouts are in functions."""
     copy = type(message)()
     copy.CopyFrom(message)
     graph_def = copy.graph_def if copy.DESCRIPTOR.name == "MetaGraphDef" else copy
-    unseeded = [n for n in (*graph_def.node, *(n for f in graph_def.library.function
-                                               for n in f.node_def))
-                if "seed" in n.attr and "seed2" in n.attr
-                and n.attr["seed"].i == 0 and n.attr["seed2"].i == 0]
-    for node in unseeded:
-        node.attr["seed2"].i = zlib.crc32(node.name.encode()) % (2**31 - 1) + 1
-    return copy if unseeded else message
+    functions = {f.signature.name for f in graph_def.library.function}
+    found = 0
+    for nodes in (graph_def.node, *(f.node_def for f in graph_def.library.function)):
+        unseeded = [n for n in nodes if ops.unseeded(n)]
+        if not unseeded:
+            continue
+        found += len(unseeded)
+        calls = {n.name for n in nodes if n.op in SEED_SCOPE_OPS or n.op in functions}
+        for node in unseeded:
+            name = _seed_name(node.name, calls)
+            node.attr["seed2"].i = zlib.crc32(name.encode()) % (2**31 - 1) + 1
+    return copy if found else message
+
+
+# A call's node, or what the inline pass leaves under its name (results gathered by an
+# IdentityN, or a NoOp its dependants wait on): the nodes named below one came from a body.
+SEED_SCOPE_OPS = frozenset({"PartitionedCall", "StatefulPartitionedCall", "IdentityN", "NoOp"})
+
+
+def _seed_name(name: str, calls: set[str]) -> str:
+    """`name` below the longest of its scopes that is in `calls`: the same for a function's
+    node and for its copy spliced in under the call's name."""
+    parts = name.split("/")
+    for cut in range(len(parts) - 1, 0, -1):
+        if "/".join(parts[:cut]) in calls:
+            return "/".join(parts[cut:])
+    return name
 
 
 def _restored(graph, meta, checkpoint: str):

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 
+from ..core import ops
 from . import measure
 
 __all__ = ["ORIGINAL_RUNS", "ORIGINAL_CAUSE", "RACING_CAUSE", "ARITHMETIC_CAUSE", "GRAPPLER_CAUSE",
@@ -97,7 +98,7 @@ def racing_draws(message) -> list[str]:
 
 def _draws(node) -> bool:
     """A stateful random op: seeded by attributes, or a `tf.random.Generator`'s."""
-    return ("seed" in node.attr and "seed2" in node.attr) or (
+    return ops.takes_seed(node.op) or (
         node.op.startswith("Stateful") and node.op != "StatefulPartitionedCall")
 
 
