@@ -81,6 +81,22 @@ def test_an_original_that_differs_from_itself_now_and_then_is_named(monkeypatch)
     assert cause == mismatch.ORIGINAL_CAUSE
 
 
+def test_an_addn_whose_buffer_reuse_races_is_named():
+    """A ViT's original differed from itself now and then: its LayerNorm gradient's AddN_4 of
+    four inputs summed from the first buffer it could reuse (TensorFlow's AddN), found by
+    comparing every tensor of 16 runs. Three inputs, one read elsewhere too: named; two
+    inputs (the sum commutes), or none read elsewhere: not."""
+    graph = tf.Graph()
+    with graph.as_default():
+        a, b, c = (tf.compat.v1.placeholder(tf.float32, [8], name=n) for n in "abc")
+        shared = tf.identity(a * 2.0, name="shared")
+        tf.add_n([shared, b * 1.0, c * 1.0], name="racing")
+        tf.identity(shared, name="other_reader")
+        tf.add_n([a * 3.0, b * 3.0, c * 3.0], name="alone")
+        tf.add_n([shared, b], name="two")
+    assert mismatch.racing_sums(graph.as_graph_def()) == ["racing"]
+
+
 def looped_draws(parallel_iterations):
     """A TF2 step's GraphDef: a while loop adding a seeded uniform draw each iteration."""
     @tf.function(input_signature=[tf.TensorSpec([64], tf.float32)])

@@ -35,12 +35,13 @@ Grappler does (a real difference).
 from __future__ import annotations
 
 import logging
+from collections import Counter
 
 from ..core import ops
 from . import measure
 
 __all__ = ["ORIGINAL_RUNS", "ORIGINAL_CAUSE", "RACING_CAUSE", "ARITHMETIC_CAUSE", "GRAPPLER_CAUSE",
-           "racing_draws", "arithmetic_off_config", "grappler_off_config", "diagnose"]
+           "SUM_ORDER_CAUSE", "racing_draws", "racing_sums", "arithmetic_off_config", "grappler_off_config", "diagnose"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,10 @@ ORIGINAL_RUNS = 3  # runs of the original compared with each other before Grappl
 ORIGINAL_CAUSE = (
     "the original step is not deterministic: run twice on the same inputs it differs from "
     "itself, so no rewrite can be bitwise equal to it (compare within --rtol/--atol)")
+SUM_ORDER_CAUSE = (
+    "TensorFlow's AddN sums its inputs starting from one whose buffer it can reuse (one no "
+    "other op still reads), and which that is depends on the order the other readers "
+    "finish: with three or more inputs the rounding changes from run to run")
 RACING_CAUSE = (
     "the original step's random draws are not ordered: it has random ops inside loops that "
     "run iterations at once, which draw in the order the iterations reach them, and that order "
@@ -96,6 +101,23 @@ def racing_draws(message) -> list[str]:
     return found
 
 
+def racing_sums(message) -> list[str]:
+    """AddN ops of three or more inputs, one of which another op also reads (at the top level,
+    or `function/node`): whether its buffer is reused, and so the order of the sum, is a race
+    (a ViT's LayerNorm gradient, verify found its original differing from itself)."""
+    graph_def = getattr(message, "graph_def", message)
+    if not hasattr(graph_def, "node"):
+        return []
+    found = []
+    for prefix, nodes in [("", graph_def.node)] + [(f.signature.name + "/", f.node_def)
+                                                   for f in graph_def.library.function]:
+        readers = Counter(i for n in nodes for i in n.input if not i.startswith("^"))
+        found += sorted(prefix + n.name for n in nodes if n.op == "AddN" and
+                        sum(not i.startswith("^") for i in n.input) >= 3 and
+                        any(readers[i] > 1 for i in n.input if not i.startswith("^")))
+    return found
+
+
 def _draws(node) -> bool:
     """A stateful random op: seeded by attributes, or a `tf.random.Generator`'s."""
     return ops.takes_seed(node.op) or (
@@ -137,8 +159,11 @@ def diagnose(original, rewritten, feeds: dict, own: dict, fetches: list[str], ag
     run = measure.run_step_isolated if isolated else measure.run_step
     first = run(original, feeds, fetches, 0)
     if not all(agree(first, run(original, feeds, fetches, 0)) for _ in range(ORIGINAL_RUNS - 1)):
-        log.warning("verify: %s", ORIGINAL_CAUSE)
-        return ORIGINAL_CAUSE
+        sums = racing_sums(original)
+        cause = ORIGINAL_CAUSE + (f"; a likely reason: {SUM_ORDER_CAUSE} ({len(sums)} such "
+                                  f"ops, e.g. '{sums[0]}')" if sums else "")
+        log.warning("verify: %s", cause)
+        return cause
     for cause, config in ((ARITHMETIC_CAUSE, arithmetic_off_config()),
                           (GRAPPLER_CAUSE, grappler_off_config())):
         first = run(original, feeds, fetches, 0, config)
