@@ -554,14 +554,15 @@ def inspect(model_path, as_json, top, plot_path, device_memory, input_shapes, ou
     from graphrewrite.reporting import summary
 
     model = io.load(model_path, tag=tag)
-    found = analysis.analyse(model, options=analysis.AnalysisOptions(
+    found, graph, inlined = analysis.analyse_inlined(model, analysis.AnalysisOptions(
         input_shapes, outputs, backward_scope, device))
     facts = summary.summarize(model, found.fetches)
-    as_run = analysis.as_run(model, model.graph, found)
+    facts["inlined_calls"] = inlined
+    as_run = analysis.as_run(model, graph, found)
     facts.update(summary.memory_facts(found, top, as_run))
     from graphrewrite.analysis import state
 
-    facts.update(state.parameter_facts(model.graph, found.shapes, found.split))
+    facts.update(state.parameter_facts(graph, found.shapes, found.split))
     if device_memory:
         from graphrewrite.planning import fit
 
@@ -572,7 +573,7 @@ def inspect(model_path, as_json, top, plot_path, device_memory, input_shapes, ou
         from graphrewrite.reporting import plot
 
         plot.draw(plot_path, plot.modelled(as_run or found.memory, "modelled",
-                                           plot.gradient_flow(model.graph, found.split)),
+                                           plot.gradient_flow(graph, found.split)),
                   f"{model_path}: one step, modelled")
     if as_json:
         click.echo(json.dumps(facts, indent=2))

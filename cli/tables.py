@@ -281,6 +281,10 @@ def format_summary(facts: dict) -> str:
          or "none"),
         ("outputs", _shorten(facts["outputs"])),
         ("control flow", flow_text),
+        *([("inlined", f"{len(facts['inlined_calls'])} calls holding the step's passes, "
+                       "analysed spliced in as optimize does "
+                       f"({_shorten(facts['inlined_calls'], 3)})")]
+          if facts.get("inlined_calls") else []),
         ("variables", f"{len(facts['variables'])}" + (
             f" ({_shorten(facts['variables'], 4)})" if facts["variables"] else "")),
     ]

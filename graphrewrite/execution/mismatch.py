@@ -40,8 +40,9 @@ from collections import Counter
 from ..core import ops
 from . import measure
 
-__all__ = ["ORIGINAL_RUNS", "ORIGINAL_CAUSE", "RACING_CAUSE", "ARITHMETIC_CAUSE", "GRAPPLER_CAUSE",
-           "SUM_ORDER_CAUSE", "racing_draws", "racing_sums", "arithmetic_off_config", "grappler_off_config", "diagnose"]
+__all__ = ["ORIGINAL_RUNS", "ORIGINAL_CAUSE", "RACING_CAUSE", "ARITHMETIC_CAUSE",
+           "GRAPPLER_CAUSE", "SUM_ORDER_CAUSE", "racing_draws", "racing_sums",
+           "arithmetic_off_config", "grappler_off_config", "diagnose"]
 
 log = logging.getLogger(__name__)
 
