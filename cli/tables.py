@@ -22,13 +22,17 @@ def format_verify(facts: dict) -> str:
         return f"{b / a:.2f}x" if a and b else "-"
 
     verdict = "MATCH" if facts["match"] else "MISMATCH"
-    tolerance = "bitwise" if facts["max_abs_diff"] == 0 else f"max |diff| {facts['max_abs_diff']:.3g}"
+    diff = facts["max_abs_diff"]
+    tolerance = "bitwise" if diff == 0 and facts["match"] else f"max |diff| {diff:.3g}"
     compared = f"{facts['outputs_compared']} outputs x {facts['steps']} steps"
     if facts["variables_compared"]:
         compared += f", {facts['variables_compared']} variables"
     lines = [f"outputs       {verdict}: {compared} compared ({tolerance})"]
     if facts["mismatched"]:
         lines.append(f"mismatched    {_shorten(facts['mismatched'])}")
+    if facts.get("incomparable"):
+        lines.append(f"not compared  {len(facts['incomparable'])} that one graph lacks or holds "
+                     f"in another shape or type ({_shorten(facts['incomparable'], 3)})")
     lines += [
         f"{'':13} {'original':>12} {'rewritten':>12} {'ratio':>7}",
         f"{'peak memory':13} {format_bytes(peak['original'] or 0):>12} "

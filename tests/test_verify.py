@@ -504,3 +504,29 @@ def test_labels_are_fed_as_class_probabilities(tmp_path):
     features = next(v for k, v in feeds.items() if k.startswith("x"))
     assert labels.min() >= 0 and np.allclose(labels.sum(-1), 1.0)
     assert features.min() < 0
+
+
+def test_a_diets_variables_differ_by_their_values_not_by_infinity():
+    """Every diet verify printed "max |diff| inf" (four graphs built outside the repo), though
+    every value was finite: a 16-bit weight and a slot only the rewrite has counted as
+    infinitely different. A bfloat16 weight is compared by value; what cannot be compared is
+    named apart and left out of the difference."""
+    import numpy as np
+    import tensorflow as tf
+
+    from graphrewrite.execution import measure
+
+    bf16 = tf.bfloat16.as_numpy_dtype
+    original = measure.StepMeasurement({}, 0, variables={
+        "w": np.array([1.0, 2.0], np.float32), "m": np.zeros(2, np.float32)})
+    rewritten = measure.StepMeasurement({}, 0, variables={
+        "w": np.array([1.0, 2.5], bf16), "w/diet_rows": np.zeros(1, np.float32)})
+    compared = {c.name: c for c in verify.compare(original, rewritten, 0.0, 0.0)}
+    assert compared["variable:w"].max_abs_diff == 0.5 and not compared["variable:w"].equal
+    assert not compared["variable:w"].incomparable
+    assert compared["variable:m"].incomparable and compared["variable:w/diet_rows"].incomparable
+    outcome = verify.VerifyResult(False, list(compared.values()), original, rewritten)
+    assert outcome.max_abs_diff == 0.5
+    assert outcome.to_json()["incomparable"] == ["variable:m", "variable:w/diet_rows"]
+    close = {c.name: c for c in verify.compare(original, rewritten, 0.3, 0.0)}
+    assert close["variable:w"].equal  # 2.5 within 30% of 2.0

@@ -51,6 +51,9 @@ class Comparison:
     max_abs_diff: float
     step: int | None = None  # which step's output (1, 2); None for a variable after the steps
     finite: bool = True  # the original's value holds no NaN or inf
+    # one graph lacks it, or holds it in another shape or non-float type (diet's new slots,
+    # its int16 weights): unequal, and no difference counted (`max_abs_diff` leaves it out)
+    incomparable: bool = False
 
 
 @dataclass
@@ -69,7 +72,8 @@ class VerifyResult:
 
     @property
     def max_abs_diff(self) -> float:
-        return max((c.max_abs_diff for c in self.comparisons), default=0.0)
+        return max((c.max_abs_diff for c in self.comparisons if not c.incomparable),
+                   default=0.0)
 
     def to_json(self) -> dict:
         if self.curves:
@@ -82,6 +86,7 @@ class VerifyResult:
             "variables_compared": sum(c.step is None for c in self.comparisons),
             "mismatched": list(dict.fromkeys(c.name for c in self.comparisons if not c.equal)),
             "not_finite": not_finite(self.comparisons),
+            "incomparable": [c.name for c in self.comparisons if c.incomparable],
             "cause": self.cause or None,
             "peak_bytes": {"original": self.original.peak_bytes,
                            "rewritten": self.rewritten.peak_bytes},
@@ -623,8 +628,14 @@ def _compare_variables(first: dict, second: dict, rtol: float, atol: float) -> l
         if name in first and name in second:
             out.append(_compare(label, first[name], second[name], rtol, atol))
         else:
-            out.append(Comparison(label, False, float("inf")))
+            out.append(Comparison(label, False, float("inf"), incomparable=True))
     return out
+
+
+def _is_float(array: np.ndarray) -> bool:
+    """A floating-point array, bfloat16 too (numpy knows it as a void kind): a diet's 16-bit
+    weight is compared with its float32 original by value."""
+    return array.dtype.kind == "f" or array.dtype.name == "bfloat16"
 
 
 GPU_ONLY_OPS = ("_CopyFromGpuToHost", "_CopyFromHostToGpu")
@@ -641,9 +652,9 @@ def _require_kernels(model: Model) -> None:
 
 def _compare(name: str, a: np.ndarray, b: np.ndarray, rtol: float, atol: float,
              step: int | None = None) -> Comparison:
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return Comparison(name, False, float("inf"), step)
-    numeric = bool(np.issubdtype(a.dtype, np.number) and a.size)
+    if a.shape != b.shape or a.dtype != b.dtype and not (_is_float(a) and _is_float(b)):
+        return Comparison(name, False, float("inf"), step, incomparable=True)
+    numeric = bool((np.issubdtype(a.dtype, np.number) or _is_float(a)) and a.size)
     diff, finite = 0.0, True
     if numeric:
         wide, other = a.astype(np.float64), b.astype(np.float64)
@@ -654,8 +665,8 @@ def _compare(name: str, a: np.ndarray, b: np.ndarray, rtol: float, atol: float,
         delta = np.where(same, 0.0, delta)
         diff = float(np.max(delta)) if not np.isnan(delta).any() else float("inf")
     if rtol or atol:
-        equal = bool(np.allclose(a, b, rtol=rtol, atol=atol, equal_nan=True)) if numeric \
-            else bool(np.array_equal(a, b))
+        equal = bool(np.allclose(wide, other, rtol=rtol, atol=atol, equal_nan=True)) \
+            if numeric else bool(np.array_equal(a, b))
     else:
-        equal = a.tobytes() == b.tobytes()
+        equal = a.dtype == b.dtype and a.tobytes() == b.tobytes()
     return Comparison(name, equal, diff, step, finite)

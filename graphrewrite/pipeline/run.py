@@ -212,9 +212,12 @@ def optimize(model: Model, mode: str, analysis: AnalysisOptions | None = None,
     elif automatic and plan is None and mode in AUTOMATIC_MODES and changed and \
             rises_as_run(run_reports, (peak_before, found.memory.peak())):
         before, after = (r.allocated_peak() for r in run_reports)
-        lowers = "lowers" if found.memory.peak() < peak_before else "does not lower"
+        written = found.memory.peak()
+        lowers = ("lowers" if written < peak_before else "raises" if written > peak_before
+                  else "does not lower")
+        but = "and" if lowers == "raises" else "but"
         reverted = (f"the rewrite {lowers} the step as written ({peak_before / 2**20:.1f} -> "
-                    f"{found.memory.peak() / 2**20:.1f} MiB) but raises it as TensorFlow runs it "
+                    f"{written / 2**20:.1f} MiB) {but} raises it as TensorFlow runs it "
                     f"({before / 2**20:.1f} -> {after / 2**20:.1f} MiB after Grappler): "
                     "graph left unchanged (--passes runs the same passes and keeps their "
                     "rewrite)")

@@ -70,11 +70,11 @@ def why_so_little(ctx: Context, report) -> str:
                     "Adam's and AdamW's, momentum's, RMSProp's, Adagrad's and SGD's)")
         return (f"at the modelled peak ({shares}) the variables hold it, which no "
                 f"recomputation lowers: {_diet(ctx, variables, updates)}")
+    if top == BACKWARD:
+        return f"at the modelled peak ({shares}) {_backward_held(ctx, report, parts)}"
     advice = {
         ACTIVATIONS: "activations hold it, but none can be recomputed more cheaply than kept: "
                      "try --mode swap, or --mode collection --checkpoints to choose them",
-        BACKWARD: "the backward pass's own values hold it (e.g. the logits' gradient): no "
-                  "checkpoint choice changes them",
         CALLS: "values inside while loops and function calls hold it (an RNN's per-step "
                "values); --mode memory computes a step's values again in its gradient loop "
                "where that lowers the peak (loop_recompute) and runs a stacked RNN's earlier "
@@ -82,6 +82,24 @@ def why_so_little(ctx: Context, report) -> str:
                "variant tensors are never swapped",
     }[top]
     return f"at the modelled peak ({shares}) {advice}"
+
+
+def _backward_held(ctx: Context, report, parts: dict[str, int]) -> str:
+    """The backward pass's own values hold the peak: the largest of them, and, where the
+    weights' gradients wait for the optimizer beside the weights and their state (a deep MLP
+    whose activations were 0% of its peak: a note naming the logits' gradient, 10 KiB, said
+    nothing useful), what diet would store."""
+    graph, split = ctx.graph, ctx.analysis.split
+    backward = [(size, str(ref)) for ref, size in report.live_at_peak.get(DEVICE, [])
+                if ref.node in graph and ref.node not in split.forward]
+    size, name = max(backward, default=(0, "?"))
+    text = (f"the backward pass's own values hold it (the largest: {name}, "
+            f"{size / 2**20:.1f} MiB): no checkpoint choice changes them")
+    if parts[STATE] >= parts[ACTIVATIONS] + parts[CALLS]:
+        variables, updates = parameters.variables(graph), optimizers.updates(graph)
+        if variables and updates:
+            text += f"; beside them the variables: {_diet(ctx, variables, updates)}"
+    return text
 
 
 def _diet(ctx: Context, variables: list[str], updates: list) -> str:
