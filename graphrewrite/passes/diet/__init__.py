@@ -187,5 +187,5 @@ def why_not(graph: Graph, var: str) -> str:
     if any(o.startswith(("AssignAdd", "AssignSub")) for o in ops_seen):
         return ("updated by " + "/".join(ops_seen) + " (a decomposed update of a form not "
                 "read as an optimizer's update: centered RMSprop, Nadam, a sparse momentum "
-                "update)")
+                "update, TF1 Adam's sparse update of a ref variable)")
     return "updated by " + "/".join(ops_seen) + " (not a supported optimizer update)"
