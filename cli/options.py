@@ -37,9 +37,28 @@ class _StderrFormatter(logging.Formatter):
         return f"graphrewrite: {record.levelname.lower()}: {text}"
 
 
+class _SaidOnce(logging.Filter):
+    """A warning already printed is not printed again: a command analyses the original, its
+    rewrite and both steps as run, and each analysis said the same (an input of unknown
+    batch: "226 tensors have an unknown size", four times in one optimize)."""
+
+    def __init__(self):
+        super().__init__()
+        self.said = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        key = (record.levelno, record.getMessage())
+        fresh = key not in self.said
+        self.said.add(key)
+        return fresh
+
+
 def setup_logging(verbose: bool, quiet: bool) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_StderrFormatter())
+    handler.addFilter(_SaidOnce())
     logger = logging.getLogger("graphrewrite")
     logger.handlers[:] = [handler]
     logger.propagate = False

@@ -276,3 +276,15 @@ def test_inspect_of_a_savedmodel_analyses_the_step_its_signature_calls():
     assert facts["inlined_calls"]
     assert facts["backward_nodes"] > facts["forward_nodes"] > 50 and facts["flops"] > 0
     assert facts["trainable_parameters"] > 0
+
+
+@pytest.mark.tf
+def test_a_warning_is_printed_once_however_often_the_analyses_say_it(tmp_path):
+    """The Keras model's own `Input` of unknown batch: each analysis of one optimize (the
+    original, its rewrite, both steps as run) warned of the same unknown sizes (a ResNet-50
+    built outside the repo: four times)."""
+    entry = recipes.ensure("km_cnn_momentum_bn_allupdates")
+    shown = run_cli("optimize", entry["path"], "-o", tmp_path / "o.meta")
+    assert shown.exit_code == 0, shown.stderr
+    unknown = [line for line in shown.stderr.splitlines() if "unknown size" in line]
+    assert len(unknown) == 1, unknown
