@@ -530,3 +530,33 @@ def test_a_diets_variables_differ_by_their_values_not_by_infinity():
     assert outcome.to_json()["incomparable"] == ["variable:m", "variable:w/diet_rows"]
     close = {c.name: c for c in verify.compare(original, rewritten, 0.3, 0.0)}
     assert close["variable:w"].equal  # 2.5 within 30% of 2.0
+
+
+def test_a_centered_rmsprops_seeded_state_starts_at_zero_when_it_made_nans(tmp_path):
+    """A deep MLP with Keras's centered RMSprop (built outside the repo) matched bitwise on
+    NaNs: verify seeds each slot on its own, and a mean square below its mean gradient's
+    square takes a square root of a negative. The state no forward op reads now starts at
+    zero, as training starts it, when the seeded one made NaN."""
+    import tensorflow as tf
+
+    model = tf.keras.Sequential([tf.keras.layers.Dense(64, activation="relu"),
+                                 tf.keras.layers.Dense(4)])
+    model.build((32, 16))
+    optimizer = tf.keras.optimizers.RMSprop(1e-3, centered=True)
+    optimizer.build(model.trainable_variables)
+
+    @tf.function(input_signature=[tf.TensorSpec([32, 16], tf.float32, name="x")])
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x)))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    path = tmp_path / "centered.pb"
+    path.write_bytes(step.get_concrete_function().graph.as_graph_def(
+        add_shapes=True).SerializeToString())
+    outcome = verify.verify(io.load(path), io.load(path), verify.VerifyOptions(runs=0),
+                            isolated=False)
+    facts = outcome.to_json()
+    assert outcome.match and facts["not_finite"] == [], facts["not_finite"][:3]

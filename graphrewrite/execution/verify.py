@@ -36,7 +36,7 @@ from . import measure, mismatch
 __all__ = ["VARIABLE_PREFIX", "Comparison", "VerifyResult", "VerifyOptions", "load_feeds", "load_data",
            "data_batches", "verify", "without_saver", "training_schedule", "loss_trend",
            "training_start", "LEARNING_RATE", "SCALE_READERS", "own_variables", "compare",
-           "not_finite", "GPU_ONLY_OPS"]
+           "not_finite", "state_at_zero", "GPU_ONLY_OPS"]
 
 log = logging.getLogger(__name__)
 
@@ -281,6 +281,14 @@ def verify(original: Model, rewritten: Model, options: VerifyOptions | None = No
                              shapes, given, inputs, run, stage)
     stage("running the original")
     first = run(original.runnable(), inputs, fetches, 0)
+    if not _finite(first):
+        started = state_at_zero(original, inputs, set(given), fetches)
+        if started is not inputs:
+            again = run(original.runnable(), started, fetches, 0)
+            if _finite(again):  # its seeded slots were no state training reaches
+                log.info("verify: the original's step made NaN or inf from seeded optimizer "
+                         "state; its slots start at zero, as training starts them")
+                inputs, first = started, again
     stage("running the rewritten")
     own = own_variables(rewritten, inputs, seed)
     second = run(rewritten.runnable(), own, fetches, 0)
@@ -548,6 +556,37 @@ def own_variables(model: Model, inputs: dict, seed: int) -> dict:
         elif given.dtype == np.float32:  # the original's weight; else already stored as diet's
             own[name] = bind.dieted(given, diet)
     return own
+
+
+def _finite(measured: measure.StepMeasurement) -> bool:
+    """Every compared float of one run, its steps' outputs and its variables, is finite."""
+    values = [*(v for step in measured.step_outputs for v in step.values()),
+              *measured.variables.values()]
+    return all(np.isfinite(v).all() for v in values
+               if isinstance(v, np.ndarray) and v.dtype.kind == "f")
+
+
+def state_at_zero(model: Model, inputs: dict, given: set, fetches: list[str]) -> dict:
+    """`inputs` with a TF2 step's captured optimizer state at zero, as training starts it: the
+    captured float variables of more than one element that no forward op reads (slots; a
+    learning rate, a scalar, keeps its value). A seeded centered RMSprop's mean square fell
+    below its mean gradient's square and a deep MLP's step was NaN throughout. Values the user
+    `given` stay; `inputs` itself when nothing changes."""
+    graph = model.graph
+    captured = set(bind.resource_placeholders(graph)) - given
+    if not captured:
+        return inputs
+    found = analysis.analyse(model, options=analysis.AnalysisOptions(fetches=fetches))
+    forward = found.split.forward
+    read_forward = {name for name in captured for user, _ in graph.consumers(TensorRef(name))
+                    if user in forward or any(reader in forward for reader, _ in
+                                              graph.consumers(TensorRef(user)))}
+    out = dict(inputs)
+    for name in sorted(captured - read_forward):
+        value = out.get(name)
+        if isinstance(value, np.ndarray) and value.dtype.kind == "f" and value.size > 1:
+            out[name] = np.zeros_like(value)
+    return out if any(out[k] is not inputs[k] for k in out) else inputs
 
 
 def _first_cause(message: str) -> str:
