@@ -10,6 +10,7 @@ import sys
 import click
 
 from graphrewrite.core import errors
+from graphrewrite.core.once import SaidOnce
 
 # The library's parameters, as its error messages name them (`${input_shapes}`: see
 # graphrewrite.core.errors), and the flags that set them here.
@@ -37,28 +38,13 @@ class _StderrFormatter(logging.Formatter):
         return f"graphrewrite: {record.levelname.lower()}: {text}"
 
 
-class _SaidOnce(logging.Filter):
-    """A warning already printed is not printed again: a command analyses the original, its
-    rewrite and both steps as run, and each analysis said the same (an input of unknown
-    batch: "226 tensors have an unknown size", four times in one optimize)."""
-
-    def __init__(self):
-        super().__init__()
-        self.said = set()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.WARNING:
-            return True
-        key = (record.levelno, record.getMessage())
-        fresh = key not in self.said
-        self.said.add(key)
-        return fresh
-
-
 def setup_logging(verbose: bool, quiet: bool) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_StderrFormatter())
-    handler.addFilter(_SaidOnce())
+    # A warning already printed is not printed again: a command analyses the original, its
+    # rewrite and both steps as run, and each said the same (an input of unknown batch: "226
+    # tensors have an unknown size", four times in one optimize).
+    handler.addFilter(SaidOnce(logging.WARNING))
     logger = logging.getLogger("graphrewrite")
     logger.handlers[:] = [handler]
     logger.propagate = False
