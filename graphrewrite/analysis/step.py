@@ -282,15 +282,13 @@ def analyse_inlined(model: Model, options: AnalysisOptions | None = None
     from . import inline
 
     options = options or AnalysisOptions()
-    found = analyse(model, model.graph, options)
-    if not model.graph.shell.library.function:
-        return found, model.graph, []
-    inlined = inline.inline_gradient_calls(model.graph.to_graph_def())
+    inlined = (inline.inline_gradient_calls(model.graph.to_graph_def())
+               if model.graph.shell.library.function else None)
     if inlined is None:
-        return found, model.graph, []
+        return analyse(model, model.graph, options), model.graph, []
     graph = Graph.from_graph_def(inlined[0])
-    again = dataclasses.replace(options, fetches=found.fetches)
-    return analyse(model, graph, again), graph, inlined[1]
+    fetches = options.fetches or default_fetches(model)  # the original's: a call's name stays
+    return analyse(model, graph, dataclasses.replace(options, fetches=fetches)), graph, inlined[1]
 
 
 def start_as_run(model: Model, graph: Graph, found: Analysis) -> Future:

@@ -24,23 +24,23 @@ ACTIVATIONS, STATE, BACKWARD, CALLS = ("activations", "parameters and optimizer 
 def composition(ctx: Context, report) -> dict[str, int]:
     """Bytes live at `report`'s device peak by kind (the four kinds above); `report` models
     `ctx`'s graph or a rewrite of it."""
-    graph, split = ctx.graph, ctx.analysis.split
     parts = dict.fromkeys((ACTIVATIONS, STATE, BACKWARD, CALLS), 0)
     for ref, size in report.live_at_peak.get(DEVICE, []):
-        name = ref.node
-        if name not in graph:  # of a rewrite: a recomputed copy, a swapped-in value
-            parts[ACTIVATIONS] += size
-        elif name in ctx.in_loop_frame or graph.op(name) in CALL_OPS or \
-                graph.op(name) in ctx.functions:
-            parts[CALLS] += size
-        elif _held_state(graph, name, ctx) or name in ctx.constant or \
-                getattr(report.buffer_of.get(ref), "lifetime", None) == STATE_LIFETIME:
-            parts[STATE] += size
-        elif name in split.forward:
-            parts[ACTIVATIONS] += size
-        else:
-            parts[BACKWARD] += size
+        parts[_kind(ctx, report, ref)] += size
     return parts
+
+
+def _kind(ctx: Context, report, ref) -> str:
+    """Which of the four kinds the tensor `ref`, live at `report`'s peak, is."""
+    graph, name = ctx.graph, ref.node
+    if name not in graph:  # of a rewrite: a recomputed copy, a swapped-in value
+        return ACTIVATIONS
+    if name in ctx.in_loop_frame or graph.op(name) in CALL_OPS or graph.op(name) in ctx.functions:
+        return CALLS
+    if _held_state(graph, name, ctx) or name in ctx.constant or \
+            getattr(report.buffer_of.get(ref), "lifetime", None) == STATE_LIFETIME:
+        return STATE
+    return ACTIVATIONS if name in ctx.analysis.split.forward else BACKWARD
 
 
 def _held_state(graph, name: str, ctx: Context) -> bool:
@@ -89,9 +89,9 @@ def _backward_held(ctx: Context, report, parts: dict[str, int]) -> str:
     weights' gradients wait for the optimizer beside the weights and their state (a deep MLP
     whose activations were 0% of its peak: a note naming the logits' gradient, 10 KiB, said
     nothing useful), what diet would store."""
-    graph, split = ctx.graph, ctx.analysis.split
+    graph = ctx.graph
     backward = [(size, str(ref)) for ref, size in report.live_at_peak.get(DEVICE, [])
-                if ref.node in graph and ref.node not in split.forward]
+                if _kind(ctx, report, ref) == BACKWARD]
     size, name = max(backward, default=(0, "?"))
     text = (f"the backward pass's own values hold it (the largest: {name}, "
             f"{size / 2**20:.1f} MiB): no checkpoint choice changes them")
