@@ -353,6 +353,7 @@ NAMED_ROWS = (
     ("rerun", "recurrent layers' forward passes run again before their backward passes"),
     ("inlined", "function calls holding the forward or backward pass"),
     ("deferred", "values needing no gradient computed when their gradient is ready"),
+    ("applied_early", "parameters' updates run before the backward pass goes on"),
 )
 
 

@@ -233,7 +233,8 @@ def test_optimize_with_the_exact_planner(tmp_path):
     result = run_cli("optimize", fixture_path("mlp"), "-o", out, "--planner", "exact", "--json")
     assert result.exit_code == 0, result.stderr
     report = json.loads(result.stdout)
-    assert report["pipeline"].endswith("recompute(policy=memory, planner=exact) serialize")
+    assert report["pipeline"].endswith(
+        "recompute(policy=memory, planner=exact) apply_early serialize")
     model = io.load(fixture_path("mlp"))
     found = analysis.analyse(model)
     ctx = Context.build(model.graph, found)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from . import (accumulate, chunk_loss, defer, diet, inline, loop_recompute, recompute,
+from . import (accumulate, apply_early, chunk_loss, defer, diet, inline, loop_recompute, recompute,
                relax_assign, rerun, serialize, swap)
 
 __all__ = ["Pass", "PASSES"]
@@ -33,4 +33,6 @@ PASSES = {
     "diet": Pass(diet.DietOptions, diet.run, diet.DietResult),
     "chunk_loss": Pass(chunk_loss.ChunkLossOptions, chunk_loss.run, chunk_loss.ChunkLossResult),
     "serialize": Pass(serialize.SerializeOptions, serialize.run, serialize.SerializeResult),
+    "apply_early": Pass(apply_early.ApplyEarlyOptions, apply_early.run,
+                        apply_early.ApplyEarlyResult),
 }

@@ -85,7 +85,7 @@ def run(graph: Graph, analysis: Analysis, options: DeferOptions, model=None):
         # on this value.
         downstream = reachable(graph.nx, [name])
         met = _meets_flow(graph, name, flow)
-        waits = sorted(_gateable(original, {r.node for v in met for r in graph.data_inputs(v)
+        waits = sorted(_gateable(original, {r for v in met for r in graph.data_inputs(v)
                                             if r.node in flow}, flow) - downstream)
         reads = _slot_reads(graph, name, params, downstream, needed)
         if not reads and any(graph.op(v) in DENSE_WRITES for v in graph.successors(name)):
@@ -148,21 +148,26 @@ def _zeros_kept_from_folding(graph: Graph, name: str) -> None:
                    {"dtype": node.attr["T"], "init": attr_value_pb2.AttrValue(b=True)})
 
 
-def _gateable(original: Graph, waits: set[str], flow) -> set[str]:
-    """`waits`, each that may not drive a control edge (`pads.can_gate`: a Mul Grappler would
-    then no longer group with its reader, which rounds otherwise) replaced by the nearest
-    gradient-flow nodes above it that may: the value is then computed a little earlier, still
-    after the gradient reaches its layer."""
+def _gateable(original: Graph, waits: set[TensorRef], flow) -> set[str]:
+    """The producers of `waits`, each that may not drive a control edge (`pads.can_gate`: a
+    Mul Grappler would then no longer group with its reader, which rounds otherwise) replaced
+    by the nearest gradient-flow nodes above it that may: the value is then computed a little
+    earlier, still after the gradient reaches its layer. Through an `IdentityN` (a TF2 tape's
+    over every gradient) only the input of the output read is followed: one gradient, not all."""
     found, stack, seen = set(), list(waits), set(waits)
     while stack:
-        name = stack.pop()
+        ref = stack.pop()
+        name = ref.node
         if can_gate(original, name) and original.op(name) not in FORWARDING_OPS:
             found.add(name)
             continue
-        for ref in original.data_inputs(name):
-            if ref.node in flow and ref.node not in seen:
-                seen.add(ref.node)
-                stack.append(ref.node)
+        inputs = original.data_inputs(name)
+        if original.op(name) == "IdentityN":
+            inputs = inputs[ref.port:ref.port + 1]
+        for up in inputs:
+            if up.node in flow and up not in seen:
+                seen.add(up)
+                stack.append(up)
     return found
 
 
