@@ -12,11 +12,12 @@ So the stages of the update, in the order the memory model computes the gradient
 for the one before: the readers of the gradient a stage starts from (the layer's incoming
 gradient: its weight and input gradients read it alike) take control inputs from the previous
 stage's writes. A stage is the update of one or more parameters that start from the same
-gradients, found by structure: a node belongs to parameter p's update when every variable write
-it leads to (through data and control edges, an `IdentityN` port by port) is part of p's update,
-p being a variable the forward pass reads. Where a stage's update depends on a later gradient
-(clipping by the global norm: every update reads the norm of all gradients) a wait would be a
-cycle and is not added. Only the order changes: bitwise. The waits are kept where the step as
+gradients, found by structure: a node belongs to parameter p's update when every write of a
+parameter it leads to (through data and control edges) is p's, p being a variable the forward
+pass reads (a slot's write leads to its parameter's, which reads the slot after it). A TF2
+tape's `IdentityN` over every gradient is bypassed first, as Grappler does. Where a stage's
+update depends on a later gradient (clipping by the global norm: every update reads the norm of
+all gradients) a wait would be a cycle and is not added. Only the order changes: bitwise. The waits are kept where the step as
 TensorFlow runs it (`analysis.as_run`) needs no more memory with them: a GAN's step, whose two
 optimizers' backward passes the memory model interleaves, modelled 0.72x without them and 0.95x
 with them.
@@ -31,16 +32,16 @@ from ..analysis import parameters, schedule
 from ..analysis import split as split_mod
 from ..analysis.split import reachable
 from ..analysis.step import Analysis
-from ..core import ops
 from ..core.graph import Graph
-from ..core.tensor_ref import CONTROL, TensorRef
-from .base import PassOptions, PassResult
+from ..core.tensor_ref import TensorRef
 from . import rerun
+from .base import PassOptions, PassResult
 from .pads import GROUPED_OPS
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ApplyEarlyOptions", "ApplyEarlyResult", "update_of", "stages", "bypass_identities", "run"]
+__all__ = ["ApplyEarlyOptions", "ApplyEarlyResult", "update_of", "stages", "bypass_identities",
+           "run"]
 
 MANY = "*"  # a node leading to the updates of several parameters: the backward pass
 
@@ -57,15 +58,14 @@ class ApplyEarlyResult(PassResult):
 
 
 def _writes(graph: Graph, names) -> dict[str, str]:
-    """Each stateful node in `names` that writes a variable (its first input), with it."""
+    """Each node in `names` that writes a variable (its first input), with that variable."""
     found = {}
     for name in names:
         op = graph.op(name)
-        if op in parameters.READ_OPS or not ops.is_stateful(op):
-            continue
-        inputs = graph.data_inputs(name)
-        if inputs and parameters.is_variable(graph, inputs[0].node):
-            found[name] = inputs[0].node
+        if op in split_mod.VARIABLE_WRITES or split_mod.is_update_op(op) or "Scatter" in op:
+            inputs = graph.data_inputs(name)
+            if inputs and parameters.is_variable(graph, inputs[0].node):
+                found[name] = inputs[0].node
     return found
 
 
@@ -166,5 +166,6 @@ def run(graph: Graph, analysis: Analysis, options: ApplyEarlyOptions, model=None
         if before is not None and after is not None and after > before:
             log.info("apply_early: the waits raise the peak as run (%d -> %d bytes): not kept",
                      before, after)
-            return ApplyEarlyResult(original, False)
+            return ApplyEarlyResult(original, False, note="updates left to run when ready: "
+                                    "making them wait raised the modelled peak as run")
     return ApplyEarlyResult(graph, True, applied_early=sorted(early))
