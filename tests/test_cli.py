@@ -168,7 +168,7 @@ def test_optimize_memory_reports_and_explains(tmp_path):
     facts = json.loads(result.stdout)
     assert facts["mode"] == "memory"
     assert facts["pipeline"] == ("inline loop_recompute rerun defer recompute(policy=memory) "
-                                 "apply_early serialize")
+                                 "serialize apply_early")
     assert facts["peak_bytes"]["after"] < facts["peak_bytes"]["before"]
     as_run = facts["peak_bytes_as_run"]  # after Grappler, as inspect models the graphs
     assert 0 < as_run["after"] < as_run["before"]
@@ -212,8 +212,8 @@ def test_optimize_planner_is_written_into_the_pipeline_and_needs_a_recompute_pas
     assert search.exit_code == 0, search.stderr
     facts = json.loads(search.stdout)
     assert facts["pipeline"] == (
-        "inline loop_recompute rerun defer recompute(policy=memory, planner=search) apply_early "
-        "serialize")
+        "inline loop_recompute rerun defer recompute(policy=memory, planner=search) serialize "
+        "apply_early")
     replayed = run_cli("optimize", fixture_path("mlp"), "-o", tmp_path / "p.pb", "--passes",
                        facts["pipeline"], "--json")
     assert (tmp_path / "p.pb").read_bytes() == out.read_bytes()
@@ -442,7 +442,7 @@ def test_exact_planner_json_is_alone_on_stdout(tmp_path):
                            "-o", str(tmp_path / "o.pbtxt"), "--planner", "exact", "--json",
                            "--no-as-run"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["pipeline"].endswith("planner=exact) apply_early serialize")
+    assert json.loads(done.stdout)["pipeline"].endswith("planner=exact) serialize apply_early")
 
 
 @pytest.mark.tf

@@ -27,7 +27,7 @@ def replay(out, plan, name="replayed.pb"):
 def test_plan_holds_the_searched_decision(planned):
     _, plan = planned
     assert plan["pipeline"] == ("inline loop_recompute rerun defer recompute(policy=memory) "
-                                "apply_early serialize")
+                                "serialize apply_early")
     assert plan["recompute"]["checkpoints"] and plan["recompute"]["recomputed"]
     assert not set(plan["recompute"]["checkpoints"]) & set(plan["recompute"]["recomputed"])
 

@@ -5,7 +5,7 @@ __all__ = ["MODES", "MODE_HELP"]
 
 MODES: dict[str, str] = {
     "none": "",
-    "memory": "inline loop_recompute rerun defer recompute(policy=memory) apply_early serialize",
+    "memory": "inline loop_recompute rerun defer recompute(policy=memory) serialize apply_early",
     "speed": "inline defer recompute(policy=speed)",
     "collection": "inline recompute(policy=collection)",
     "manual": "recompute(policy=manual) swap(policy=manual)",
@@ -17,10 +17,10 @@ MODE_HELP = {
     "memory": "keep ~sqrt(N) bottleneck activations, recompute the rest (most memory saved); "
               "optimizer arithmetic on the parameters alone waits for its gradient (defer); a "
               "recurrent layer's step values computed again in its gradient loop (loop_recompute) "
-              "and its forward pass run again before its backward pass (rerun); each "
-              "parameter's update runs before the backward pass goes on (apply_early); the "
+              "and its forward pass run again before its backward pass (rerun); the "
               "convolution gradients run one at a time (serialize: their scratch is not "
-              "held at once)",
+              "held at once); each parameter's update runs before the backward pass goes on "
+              "(apply_early, where that lowers the peak as run)",
     "speed": "keep outputs of MatMul/Conv/Einsum, recompute cheap ops (least slowdown); defer",
     "collection": "keep what --checkpoints selects (or the 'checkpoints' collection)",
     "manual": "recompute what _recompute_hint marks, swap what _swap_to_host marks (or --swap)",
