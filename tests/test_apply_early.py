@@ -12,9 +12,8 @@ from graphrewrite.passes.apply_early import ApplyEarlyResult
 from graphrewrite.passes.defer import DeferResult
 from graphrewrite.pipeline import run as pipeline
 
+from conftest import fixture_path
 from test_defer import assert_bitwise
-
-pytestmark = pytest.mark.tf
 
 LAYERS, UNITS, BATCH = 4, 256, 64
 
@@ -47,6 +46,19 @@ def _mlp_step(clip: bool):
     return step.get_concrete_function().graph.as_graph_def(add_shapes=True)
 
 
+def test_a_tf1_steps_updates_are_found_by_structure():
+    """TF1 Adam: one fused op per parameter; its `beta1_power` and `beta2_power`, written after
+    every update, are no parameters (taken for one, they made every node lead to two), and the
+    gradient `tuple`'s grouping edges do not make a weight gradient part of the backward."""
+    model = io.load(fixture_path("adam_train"))
+    found = analysis.analyse(model)
+    stages = apply_early.stages(model.graph, found.split, found.memory.order)
+    assert [params for params, _, _ in stages] == [
+        ["logits/bias"], ["logits/kernel"], ["dense_0/bias", "dense_0/kernel"]]
+    for params, writes, _ in stages:
+        assert writes == [f"train_op/update_{p}/ResourceApplyAdam" for p in params]
+
+
 @pytest.fixture(scope="module")
 def mlp_step(tmp_path_factory):
     path = tmp_path_factory.mktemp("apply_early") / "mlp_step.pb"
@@ -58,6 +70,7 @@ def _kernel_gradients(graph):
     return sorted(n for n in graph.nodes() if n.endswith("/MatMul/MatMul_1"))
 
 
+@pytest.mark.tf
 def test_a_deferred_value_waits_for_its_own_gradient_not_for_all(mlp_step):
     result = pipeline.optimize(mlp_step, "none", passes="defer")
     graph = result.graph
@@ -69,6 +82,7 @@ def test_a_deferred_value_waits_for_its_own_gradient_not_for_all(mlp_step):
         assert len(gradients & set(graph.control_inputs(name))) <= 1, name
 
 
+@pytest.mark.tf
 def test_each_layers_update_runs_before_the_backward_pass_goes_on(mlp_step, tmp_path):
     found = analysis.analyse(mlp_step)
     bypassed = mlp_step.graph.copy()
@@ -91,6 +105,7 @@ def test_each_layers_update_runs_before_the_backward_pass_goes_on(mlp_step, tmp_
     assert_bitwise(mlp_step, graph, tmp_path / "early.pb")
 
 
+@pytest.mark.tf
 def test_no_wait_where_every_update_needs_every_gradient(tmp_path):
     path = tmp_path / "clipped.pb"
     path.write_bytes(_mlp_step(clip=True).SerializeToString())
