@@ -18,7 +18,7 @@ leads to its parameter's, which reads the slot after it). A TF2 tape's `Identity
 gradient is bypassed first, as Grappler does. Where a stage's update depends on a later gradient
 (clipping by the global norm: every update reads the norm of all gradients) a wait would be a cycle
 and is not added. Only the order changes: bitwise. The waits are kept where the step as TensorFlow
-runs it (`analysis.as_run`) needs no more memory with them: a GAN's step, whose two optimizers'
+runs it (`step.as_run`) needs no more memory with them: a GAN's step, whose two optimizers'
 backward passes the memory model interleaves, modelled 0.72x without them and 0.95x with them.
 """
 
@@ -27,13 +27,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from ..analysis import parameters, schedule
+from ..analysis import parameters, schedule, step
 from ..analysis import split as split_mod
 from ..analysis.split import reachable
 from ..analysis.step import Analysis
 from ..core.graph import Graph
 from ..core.tensor_ref import CONTROL, TensorRef
-from . import rerun
 from .base import PassOptions, PassResult
 from .pads import GROUPED_OPS
 
@@ -165,7 +164,10 @@ def run(graph: Graph, analysis: Analysis, options: ApplyEarlyOptions, model=None
     if not early:
         return ApplyEarlyResult(original, False)
     if model is not None:
-        before, after = (rerun.peak_as_run(model, g, analysis) for g in (original, graph))
+        # both Grappler calls begun at once: the second runs while the first is simulated
+        started = [(g, step.start_as_run(model, g, analysis)) for g in (original, graph)]
+        before, after = (report and report.allocated_peak() for report in
+                         (step.as_run(model, g, analysis, s) for g, s in started))
         if before is not None and after is not None and after > before:
             log.info("apply_early: the waits raise the peak as run (%d -> %d bytes): not kept",
                      before, after)
