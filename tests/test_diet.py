@@ -1152,23 +1152,63 @@ def test_dropping_sgd_momentum_is_warned_of(graphs, tmp_path, caplog, key, warne
 
 
 @pytest.mark.tf
+def _loss_after(path, steps: int) -> float:
+    """A TF1 MetaGraphDef's `loss:0` after `steps - 1` runs of its train op, from its init."""
+    import tensorflow as tf
+
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.train.import_meta_graph(str(path))
+        train_op = tf.compat.v1.get_collection("train_op")[0]
+        loss = graph.get_tensor_by_name("loss:0")
+        with tf.compat.v1.Session(graph=graph) as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            for _ in range(steps - 1):  # the loss read apart: beside the update it races
+                session.run(train_op)
+            return session.run(loss)
+
+
+def _linear_step(tmp_path, gradient: np.ndarray, optimizer):
+    """A TF1 step of `loss = sum(w * gradient)` over a [64, 64] resource weight starting at 0,
+    whose gradient is that constant, minimized by `optimizer`; its MetaGraphDef's path."""
+    import tensorflow as tf
+
+    graph = tf.Graph()
+    with graph.as_default():
+        weight = tf.compat.v1.get_variable("w", [64, 64], initializer=tf.zeros_initializer(),
+                                           use_resource=True)
+        loss = tf.reduce_sum(weight * gradient, name="loss")
+        tf.compat.v1.add_to_collection("train_op", optimizer().minimize(loss))
+        tf.compat.v1.add_to_collection("losses", loss)
+        meta = tf.compat.v1.train.export_meta_graph()
+    path = tmp_path / "linear.meta"
+    path.write_bytes(meta.SerializeToString())
+    return path
+
+
+@pytest.mark.tf
+def test_without_a_first_moment_a_step_is_clipped_as_adafactor_clips_it(tmp_path):
+    """A gradient far from rank 1 (one large entry, the rest 1e-3): the factored second moment
+    of the small entries is the product of small row and column means, so their step was 16
+    times Adam's (a TF2 deep MLP built outside the repo diverged after 37 steps). Clipped to
+    a root mean square of the learning rate, the first step lowers the loss about as Adam's."""
+    import tensorflow as tf
+
+    gradient = np.full((64, 64), 1e-3, np.float32)
+    gradient[0, 0] = 1.0
+    path = _linear_step(tmp_path, gradient, lambda: tf.compat.v1.train.AdamOptimizer(0.01))
+    result, _ = _diet(path, tmp_path / "diet.meta", "diet(format=bfloat16, rounding=nearest)")
+    assert result.results["diet"].dieted == ["w"]
+    original, dieted = _loss_after(path, 2), _loss_after(tmp_path / "diet.meta", 2)
+    assert original == pytest.approx(-0.01 * gradient.sum(), rel=1e-3)  # Adam: lr * sign
+    assert original * 1.5 < dieted < original * 0.5  # unclipped: 12 times as low
+
+
 def test_a_factored_second_moment_of_gradients_all_zero_so_far_is_zero_not_nan(tmp_path):
     """A stochastic-depth ResNet (built outside the repo) drops residual branches at random:
     a dropped branch's kernels get a gradient of 0, and their factored second moment was
     0 * 0 / 0. The NaN, stored in 16 bits, became a large weight (its loss: 9 -> 2210)."""
     import tensorflow as tf
-
-    def loss_after(path, steps):
-        graph = tf.Graph()
-        with graph.as_default():
-            tf.compat.v1.train.import_meta_graph(str(path))
-            train_op = tf.compat.v1.get_collection("train_op")[0]
-            loss = graph.get_tensor_by_name("loss:0")
-            with tf.compat.v1.Session(graph=graph) as session:
-                session.run(tf.compat.v1.global_variables_initializer())
-                for _ in range(steps - 1):  # the loss read apart: beside the update it races
-                    session.run(train_op)
-                return session.run(loss)
 
     graph = tf.Graph()
     with graph.as_default():
@@ -1185,7 +1225,7 @@ def test_a_factored_second_moment_of_gradients_all_zero_so_far_is_zero_not_nan(t
     path.write_bytes(meta.SerializeToString())
     result, _ = _diet(path, tmp_path / "diet.meta", "diet(momentum=keep)")
     assert result.results["diet"].dieted == ["w"]
-    original, dieted = loss_after(path, 3), loss_after(tmp_path / "diet.meta", 3)
+    original, dieted = _loss_after(path, 3), _loss_after(tmp_path / "diet.meta", 3)
     adam_step = 0.01 * (0.1 / (1 - 0.9 ** 2)) / np.sqrt(0.001 / (1 - 0.999 ** 2))  # at t = 2
     assert original == pytest.approx(-adam_step * 64 * 64, rel=1e-3)
     assert dieted == pytest.approx(original, rel=0.01)

@@ -12,7 +12,8 @@ model code instead) bring that to a little over 2 bytes:
 - its optimizer update becomes the diet update: Adam's second moment is kept factored for 2-D
   weights and convolution kernels (a row and a column accumulator over (kh*kw*cin, cout),
   Adafactor's rank-1 estimate `r c / mean(c)`), full otherwise; the first moment is dropped
-  (beta1 = 0; momentum optimizers then step with `lr / (1 - momentum)`, momentum's
+  (beta1 = 0, Adam's step then clipped as Adafactor's; momentum optimizers step with
+  `lr / (1 - momentum)`, momentum's
   steady-state step) unless `momentum=keep` (float32, in its own slot) or `momentum=bfloat16`
   (a new 16-bit slot, rounded to nearest); the new value is quantized with stochastic
   rounding (a random op: unbiased, so updates smaller than one quantum still move the weight
