@@ -27,6 +27,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+import networkx as nx
+
 from ..analysis import parameters, schedule, step
 from ..analysis import split as split_mod
 from ..analysis.split import reachable
@@ -104,25 +106,14 @@ def stages(graph: Graph, split, order: list[str]) -> list[tuple[list, list, list
             for ref in graph.data_inputs(name):
                 if owner.get(ref.node) == MANY:
                     entries.setdefault(param, set()).add(ref)
-    stage_of = {p: p for p in entries}  # parameters sharing an entry are one stage
-
-    def root(p):
-        while stage_of[p] != p:
-            p = stage_of[p]
-        return p
-    first_reader: dict[TensorRef, str] = {}
-    for param, refs in sorted(entries.items()):
-        for ref in sorted(refs):
-            if ref in first_reader:
-                stage_of[root(param)] = root(first_reader[ref])
-            else:
-                first_reader[ref] = param
-    grouped: dict[str, list[str]] = {}
-    for param in sorted(entries):
-        grouped.setdefault(root(param), []).append(param)
+    links = nx.Graph()  # parameters sharing an entry are one stage
+    for param, refs in entries.items():
+        links.add_edges_from((param, ref) for ref in refs)
+    grouped = [sorted(n for n in part if isinstance(n, str))
+               for part in nx.connected_components(links)]
     position = {n: i for i, n in enumerate(order)}
     found = []
-    for members in grouped.values():
+    for members in grouped:
         refs = sorted({r for p in members for r in entries[p]})
         stage_writes = sorted(w for w in writes if owner[w] in members)
         start = min(position.get(r.node, len(order)) for r in refs)
