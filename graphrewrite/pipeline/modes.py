@@ -20,7 +20,7 @@ MODE_HELP = {
               "and its forward pass run again before its backward pass (rerun); the "
               "convolution gradients run one at a time (serialize: their scratch is not "
               "held at once); each parameter's update runs before the backward pass goes on "
-              "(apply_early, where that lowers the peak as run)",
+              "(apply_early, kept where the peak as run does not rise)",
     "speed": "keep outputs of MatMul/Conv/Einsum, recompute cheap ops (least slowdown); defer",
     "collection": "keep what --checkpoints selects (or the 'checkpoints' collection)",
     "manual": "recompute what _recompute_hint marks, swap what _swap_to_host marks (or --swap)",
