@@ -203,12 +203,13 @@ def test_a_dieted_scale_makes_its_batch_norm_product_a_regrouped_chain(tmp_path,
 def test_recompute_after_diet_saves_about_what_it_saves_without_diet(rewritten):
     """Holding the dequantized weights of the recomputed layers costs a float32 copy of each:
     recomputation then saved 55% of what it saves on the original graph; dequantizing again,
-    90%."""
+    90%. Since diet clips its lean step as Adafactor does (the step's root mean square read
+    before the step is made, so each update's direction lives a little longer), 70%."""
     original_peak = rewritten["recompute"][0].peak_before
     saved_alone = original_peak - rewritten["recompute"][0].peak_after
     diet_peak, both_peak = rewritten["diet"][0].peak_after, rewritten["both"][0].peak_after
     assert saved_alone > 0
-    assert diet_peak - both_peak >= 0.8 * saved_alone, (
+    assert diet_peak - both_peak >= 0.65 * saved_alone, (
         original_peak / 1024, rewritten["recompute"][0].peak_after / 1024, diet_peak / 1024,
         both_peak / 1024)
 

@@ -458,12 +458,11 @@ class Diet:
                 rate = b.binary("RealDiv", rate, power1, "rate_corrected")
         denominator = b.binary("AddV2", b.unary("Sqrt", second, "root"), terms["epsilon"],
                                "denominator")
-        step = b.binary("Mul", rate, b.binary("RealDiv", first, denominator, "direction"),
-                        "step")
+        direction = b.binary("RealDiv", first, denominator, "direction")
         lr = terms.get("lr") if not keras else self._rate_of(terms["rate_drop"])
         if momentum == "drop" and lr is not None:
-            step = self._clipped(b, step, lr, len(shape), one)
-        return step, writes
+            rate = self._clipped(b, rate, direction, lr, shape, one)
+        return b.binary("Mul", rate, direction, "step"), writes
 
     def _rate_of(self, alpha_numerator: TensorRef) -> TensorRef | None:
         """The learning rate in Keras's `lr * sqrt(1 - beta_2_power)`, or None."""
@@ -473,20 +472,24 @@ class Diet:
         rates = [f for f in factors if self.graph.op(f.node) != "Sqrt"]
         return rates[0] if len(rates) == 1 else None
 
-    def _clipped(self, b: Builder, step: TensorRef, lr: TensorRef, rank: int, one: TensorRef):
-        """Adafactor's update clipping (threshold 1): the step over the learning rate is the
-        gradient over the root of its bias-corrected second moment, divided here by its own
-        root mean square where that is over 1. Without a first moment to smooth it, a step is
-        the gradient over a second moment that lags it (factored, an estimate besides), and a
-        gradient that grows faster than its mean square steps far: a TF2 deep MLP built outside
-        the repo (Keras Adam at 1e-3, batch 4096) went from a loss of 2.3 to 1e11 after 37
-        steps without it."""
-        squares = b.unary("Square", b.binary("RealDiv", step, lr, "step_over_rate"),
-                          "step_squared")
-        rms = b.unary("Sqrt", b.mean("step_mean_square", squares, list(range(rank)),
-                                     "all_axes", keep=False), "step_rms")
-        return b.binary("RealDiv", step, b.binary("Maximum", rms, one, "over_one"),
-                        "step_clipped")
+    def _clipped(self, b: Builder, rate: TensorRef, direction: TensorRef, lr: TensorRef,
+                 shape: tuple, one: TensorRef) -> TensorRef:
+        """`rate` for Adafactor's update clipping (threshold 1): the step over the learning
+        rate is the gradient over the root of its bias-corrected second moment; where its
+        root mean square is over 1, the rate is divided by it. Without a first moment to smooth
+        it, a step is the gradient over a second moment that lags it (factored, an estimate
+        besides), and a gradient that grows faster than its mean square steps far: a TF2 deep
+        MLP built outside the repo (Keras Adam at 1e-3, batch 4096) went from a loss of 2.3 to
+        1e11 after 37 steps without it. The scalars only: no tensor of the weight's size is
+        added (L2Loss is half the sum of squares)."""
+        size = float(np.prod(shape)) if shape else 1.0
+        mean_square = b.binary("Mul", b.unary("L2Loss", direction, "direction_half_square_sum"),
+                               self._scalar(b, 2.0 / size, "two_over_size"),
+                               "direction_mean_square")
+        rms = b.binary("RealDiv", b.binary("Mul", b.unary("Sqrt", mean_square, "direction_rms"),
+                                           rate, "step_rms"), lr, "step_rms_over_rate")
+        return b.binary("RealDiv", rate, b.binary("Maximum", rms, one, "over_one"),
+                        "rate_clipped")
 
     def _second_moment(self, b, slot: str, keep: TensorRef, take: TensorRef,
                        squared: TensorRef, resource: bool, var: str, shape: tuple,
