@@ -1152,6 +1152,20 @@ def test_dropping_sgd_momentum_is_warned_of(graphs, tmp_path, caplog, key, warne
 
 
 @pytest.mark.tf
+@pytest.mark.tf
+def test_keras_adams_lean_step_is_clipped_too(tmp_path):
+    """Keras's Adam keeps its rate as `lr * sqrt(1 - beta_2_power) / (1 - beta_1_power)`: the
+    learning rate the clip compares the step with is read from it."""
+    *_, graph_def = _keras_step("adam", 1e-3)
+    (tmp_path / "step.pb").write_bytes(graph_def.SerializeToString())
+    original = io.load(tmp_path / "step.pb")
+    adams = [u for u in optimizers.updates(original.graph) if u.kind == "adam"]
+    assert adams and all(original.graph.op(u.terms["lr"].node) != "Sqrt" for u in adams)
+    result, model = _diet(tmp_path / "step.pb", tmp_path / "diet.pb")
+    assert len(result.results["diet"].dieted) == 1  # the 32x128 kernel
+    assert len([n for n in model.graph.nodes() if n.endswith("/rate_clipped")]) == 1
+
+
 def _loss_after(path, steps: int) -> float:
     """A TF1 MetaGraphDef's `loss:0` after `steps - 1` runs of its train op, from its init."""
     import tensorflow as tf

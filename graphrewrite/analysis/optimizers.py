@@ -231,6 +231,9 @@ def _keras_adam(graph: Graph, write: str, var: str, delta: TensorRef) -> Update 
         return why
     terms = {"epsilon": epsilon, "rate_keep": alpha, "rate_drop": corrected[0],
              "m_new": m_new, "v_new": v_new}
+    rate = _keras_rate(graph, corrected[0])
+    if rate is not None:
+        terms["lr"] = rate
     first, second = _slot_update(graph, m), _slot_update(graph, v)
     if first is None or second is None:
         return _sparse_adam(graph, write, var, m, v, terms) or why + " (its slots' updates)"
@@ -239,6 +242,14 @@ def _keras_adam(graph: Graph, write: str, var: str, delta: TensorRef) -> Update 
     return Update(write, var, "adam", "keras", {"m": m, "v": v}, {
         **terms, "grad": first[1], "decay1": first[2], "decay2": second[2]},
         {"m": first[0], "v": second[0]})
+
+
+def _keras_rate(graph: Graph, numerator: TensorRef) -> TensorRef | None:
+    """The learning rate in Keras Adam's `lr * sqrt(1 - beta_2_power)`, or None."""
+    if graph.op(numerator.node) != "Mul":
+        return None
+    rates = [f for f in graph.data_inputs(numerator.node) if graph.op(f.node) != "Sqrt"]
+    return rates[0] if len(rates) == 1 else None
 
 
 def _keras_adagrad(graph: Graph, write: str, var: str, delta: TensorRef) -> Update | None:

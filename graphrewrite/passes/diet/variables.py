@@ -459,18 +459,9 @@ class Diet:
         denominator = b.binary("AddV2", b.unary("Sqrt", second, "root"), terms["epsilon"],
                                "denominator")
         direction = b.binary("RealDiv", first, denominator, "direction")
-        lr = terms.get("lr") if not keras else self._rate_of(terms["rate_drop"])
-        if momentum == "drop" and lr is not None:
-            rate = self._clipped(b, rate, direction, lr, shape, one)
+        if momentum == "drop" and "lr" in terms:
+            rate = self._clipped(b, rate, direction, terms["lr"], shape, one)
         return b.binary("Mul", rate, direction, "step"), writes
-
-    def _rate_of(self, alpha_numerator: TensorRef) -> TensorRef | None:
-        """The learning rate in Keras's `lr * sqrt(1 - beta_2_power)`, or None."""
-        if self.graph.op(alpha_numerator.node) != "Mul":
-            return None
-        factors = self.graph.data_inputs(alpha_numerator.node)
-        rates = [f for f in factors if self.graph.op(f.node) != "Sqrt"]
-        return rates[0] if len(rates) == 1 else None
 
     def _clipped(self, b: Builder, rate: TensorRef, direction: TensorRef, lr: TensorRef,
                  shape: tuple, one: TensorRef) -> TensorRef:
