@@ -26,7 +26,7 @@ from . import split as split_mod
 # Ops that write their first input, a variable: fused optimizer applies and assignments.
 WRITES = ("Apply", "ResourceApply", "SparseApply", "ResourceSparseApply", "Assign")
 
-__all__ = ["parameter_facts"]
+__all__ = ["WRITES", "parameter_facts"]
 
 
 def _weights_and_slots(graph: Graph) -> dict[str, set[str]]:

@@ -13,13 +13,14 @@ the one before: the readers of the gradient a stage starts from (the layer's inc
 weight and input gradients read it alike) take control inputs from the previous stage's writes. A
 stage is the update of one or more parameters that start from the same gradients, found by
 structure: a node belongs to parameter p's update when every write of a parameter it leads to
-(through data edges, and a write's control edges) is p's, p being a variable the loss is computed from (a slot's write
-leads to its parameter's, which reads the slot after it). A TF2 tape's `IdentityN` over every
-gradient is bypassed first, as Grappler does. Where a stage's update depends on a later gradient
-(clipping by the global norm: every update reads the norm of all gradients) a wait would be a cycle
-and is not added. Only the order changes: bitwise. The waits are kept where the step as TensorFlow
-runs it (`step.as_run`) needs no more memory with them: a GAN's step, whose two optimizers'
-backward passes the memory model interleaves, modelled 0.72x without them and 0.95x with them.
+(through data edges, and a write's control edges) is p's, p being a variable the loss is computed
+from (a slot's write leads to its parameter's, which reads the slot after it). A TF2 tape's
+`IdentityN` over every gradient is bypassed first, as Grappler does. Where a stage's update depends
+on a later gradient (clipping by the global norm: every update reads the norm of all gradients) a
+wait would be a cycle and is not added. Only the order changes: bitwise. The waits are kept where
+the step as TensorFlow runs it (`step.as_run`) needs no more memory with them: a GAN's step, whose
+two optimizers' backward passes the memory model interleaves, modelled 0.72x without them and 0.95x
+with them.
 """
 
 from __future__ import annotations
@@ -29,10 +30,9 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 
-from ..analysis import parameters, schedule, step
+from ..analysis import parameters, schedule, state, step
 from ..analysis import split as split_mod
 from ..analysis.split import reachable
-from ..analysis.step import Analysis
 from ..core.graph import Graph
 from ..core.tensor_ref import CONTROL, TensorRef
 from .base import PassOptions, PassResult
@@ -62,7 +62,7 @@ def _writes(graph: Graph, names) -> dict[str, str]:
     found = {}
     for name in names:
         op = graph.op(name)
-        if op in split_mod.VARIABLE_WRITES or split_mod.is_update_op(op) or "Scatter" in op:
+        if op.startswith(state.WRITES) or "Scatter" in op:
             inputs = graph.data_inputs(name)
             if inputs and parameters.is_variable(graph, inputs[0].node):
                 found[name] = inputs[0].node
@@ -73,18 +73,17 @@ def _join(a, b):
     return b if a is None or a == b else a if b is None else MANY
 
 
-def update_of(graph: Graph, split) -> dict[str, str]:
+def update_of(graph: Graph, split, writes: dict[str, str]) -> dict[str, str]:
     """Each gradient-flow node leading to the writes of one parameter's update only: that
     parameter (a variable the loss is computed from; not a slot, nor Adam's `beta1_power`).
-    `MANY` for one leading to several."""
+    `MANY` for one leading to several. `writes`: the gradient flow's (`_writes`)."""
     flow = split.gradient_flow
-    writes = _writes(graph, flow)
     loss_inputs = graph.data_ancestors(split.differentiated or split.losses)
-    read_forward = set(writes.values()) & loss_inputs
+    written_parameters = set(writes.values()) & loss_inputs
     owner: dict[str, object] = {}
     for name in reversed(graph.topological_order()):
         if name in flow:
-            found = writes.get(name) if writes.get(name) in read_forward else None
+            found = writes.get(name) if writes.get(name) in written_parameters else None
             for reader, edges in graph.succ[name].items():
                 # a write's control edges order the reads after it (a slot read by its
                 # parameter's update); others only group (TF1's gradient `tuple`, a trigger)
@@ -98,8 +97,8 @@ def stages(graph: Graph, split, order: list[str]) -> list[tuple[list, list, list
     """The updates' stages in the order `order` computes them: each its parameters, their writes
     and the backward-pass tensors it starts from. Updates starting from a shared tensor are one
     stage."""
-    owner = update_of(graph, split)
-    writes = _writes(graph, owner)
+    writes = _writes(graph, split.gradient_flow)
+    owner = update_of(graph, split, writes)
     entries: dict[str, set[TensorRef]] = {}
     for name, param in owner.items():
         if param != MANY:
@@ -115,7 +114,7 @@ def stages(graph: Graph, split, order: list[str]) -> list[tuple[list, list, list
     found = []
     for members in grouped:
         refs = sorted({r for p in members for r in entries[p]})
-        stage_writes = sorted(w for w in writes if owner[w] in members)
+        stage_writes = sorted(w for w in writes if owner.get(w) in members)
         start = min(position.get(r.node, len(order)) for r in refs)
         found.append((start, stage_writes, members, refs))
     found.sort()
@@ -134,7 +133,7 @@ def bypass_identities(graph: Graph, flow, fetches) -> int:
     return len(bypassed)
 
 
-def run(graph: Graph, analysis: Analysis, options: ApplyEarlyOptions, model=None):
+def run(graph: Graph, analysis: step.Analysis, options: ApplyEarlyOptions, model=None):
     """Make the readers of each update stage's starting gradients wait for the writes of the
     stage before (see the module's docstring)."""
     flow = analysis.split.gradient_flow
