@@ -89,3 +89,11 @@ def test_swap_plans_follow_the_profile(tmp_path):
     assert h200.transfer_seconds < v100.transfer_seconds  # a faster link
     assert (v100.device_profile, h200.device_profile) == ("v100", "h200")
     assert not cpu.modified and "one memory" in cpu.note
+
+
+def test_the_cpu_profile_times_kernels_as_the_memory_model_times_the_cpu_executor():
+    from graphrewrite.analysis import memory
+
+    cpu = devices.profile("cpu")
+    assert (cpu.fp32_flops, cpu.memory_bandwidth, cpu.node_overhead) == (
+        memory.CPU_FLOPS, memory.CPU_BANDWIDTH, memory.CPU_KERNEL_SECONDS)

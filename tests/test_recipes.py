@@ -225,12 +225,13 @@ def test_diets_read_order_is_the_lower_after_the_recomputation_that_follows_it()
     """Diet prices its forward reads' two orders on its own rewrite; recomputation then lowers
     the peak, and the order that wins can change (a 224x224 ResNet-50 with a 16-bit first
     moment: 346 MiB modelled with the order chosen before recomputation, 314 with the other;
-    measured 347 and 309). Here too the orders trade places after recomputation: the pipeline
-    keeps the lower, and its text records the order, so that it replays."""
+    measured 347 and 309). Here too (a TF2 CNN accumulating its gradients over micro-batches)
+    the orders trade places after recomputation: the pipeline keeps the lower, and its text
+    records the order, so that it replays."""
     from graphrewrite.core import io
     from graphrewrite.pipeline import run as pipeline
 
-    model = io.load(recipes.ensure("kl_cnn_adam_bn")["path"])
+    model = io.load(recipes.ensure("tf2accum_cnn_adam_bn")["path"])
     text = "inline diet(momentum=bfloat16{}) recompute(policy=memory)"
     fixed = {reads: pipeline.optimize(model, "memory", composed=text.format(f",reads={reads}"))
              for reads in ("gated", "ungated")}

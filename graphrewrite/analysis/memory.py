@@ -55,14 +55,15 @@ from tensorflow.core.framework import types_pb2
 from ..core import dtypes
 from ..core.graph import LOOP_BACK_OPS, Graph
 from ..core.tensor_ref import TensorRef
-from . import bfc, loops, parameters, scratch, split
+from . import bfc, flops, loops, parameters, scratch, split
 from .schedule import bypassed_identities, schedule
 from .shapes import Shapes, TensorInfo
 
 __all__ = ["DEVICE", "HOST", "ALIAS_OPS", "FORWARDING_OPS", "FORWARDED_INPUT", "PERSISTENT_OPS",
            "FEED_OPS", "ACCELERATOR_MARKERS", "HOST_OUTPUT_OPS", "HOST_BANDWIDTH", "STATE", "FEED",
            "STEP", "UPDATE_OPS", "UPDATE_PREFIX", "ADOPT_OPS", "Buffer", "Move", "MemoryReport",
-           "replay", "placement", "cpu_is_host", "simulate", "REUSING_OPS"]
+           "replay", "placement", "cpu_is_host", "simulate", "REUSING_OPS", "CPU_WORKERS",
+           "CPU_FLOPS", "CPU_BANDWIDTH", "CPU_KERNEL_SECONDS", "cpu_seconds"]
 
 DEVICE, HOST = "device", "host"
 
@@ -108,6 +109,10 @@ HOST_OUTPUT_OPS = frozenset({"_CopyFromGpuToHost"})
 # The CPU executor's inter-op threads, one per core: those of the 2-core machine every CPU
 # figure was measured on (a CPU with more cores runs more chains at once: not modelled).
 CPU_WORKERS = 2
+# How long a CPU kernel takes, for the order those threads run a step in: the longer of its
+# arithmetic and its memory traffic, plus a launch. Measured on that machine (Eigen, oneDNN off:
+# a 4096x1024x1024 MatMul and a 3x3 convolution 190-235 GFLOP/s, an Add of 16 MiB 8.6 GB/s).
+CPU_FLOPS, CPU_BANDWIDTH, CPU_KERNEL_SECONDS = 200e9, 8.6e9, 5e-6
 HOST_BANDWIDTH = 16e9  # bytes/s each way between host and device (Grappler's PCIe assumption)
 # What a buffer lives for: the whole session (constants, variables), one step (feeds, made
 # before it starts), or part of a step.
@@ -333,6 +338,13 @@ def _saver_node(graph: Graph, name: str) -> bool:
                                     node.attr["dtype"].type == types_pb2.DT_STRING)
 
 
+def cpu_seconds(graph: Graph, shapes: Shapes, name: str) -> float:
+    """A node's modelled time on the CPU (`CPU_FLOPS`, `CPU_BANDWIDTH`)."""
+    traffic = sum(shapes.nbytes(r) or 0 for r in graph.data_inputs(name) + shapes.outputs(name))
+    return CPU_KERNEL_SECONDS + max(flops.node_flops(graph, shapes, name) / CPU_FLOPS,
+                                    traffic / CPU_BANDWIDTH)
+
+
 def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
              device: str | None = None, executor: bool = False) -> MemoryReport:
     """Simulate one step that fetches `fetches` (default: the sinks) and report the peaks.
@@ -349,7 +361,8 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
     kind = device or ("gpu" if host_split else "cpu")
     bypassed = bypassed_identities(graph, graph.nodes(), fetches)
     order = schedule(graph, fetches, bypassed,
-                     workers=CPU_WORKERS if executor and kind == "cpu" else 1)
+                     workers=CPU_WORKERS if executor and kind == "cpu" else 1,
+                     seconds=lambda name: cpu_seconds(graph, shapes, name))
     untaken, unmade = split.untaken(graph)
     if untaken:  # the side of a v1 cond its known predicate never takes: never run (but a
         # constant's kernel holds its value from the session's first step, taken or not)

@@ -3,6 +3,7 @@ first served, and the IdentityN barriers Grappler removes first."""
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 
 from ..core.graph import Graph
@@ -44,11 +45,12 @@ def bypassed_identities(graph: Graph, names, fetches) -> dict[str, list[TensorRe
 
 
 def schedule(graph: Graph, fetches: list[str],
-             bypassed: dict[str, list[TensorRef]] | None = None, workers: int = 1) -> list[str]:
+             bypassed: dict[str, list[TensorRef]] | None = None, workers: int = 1,
+             seconds=None) -> list[str]:
     """Executor-like order, sources in file order. One worker: ready nodes first come first
     served, as the executor runs inexpensive kernels (every GPU kernel) inline. More: the CPU
-    executor's thread pool (`_pool`). A reader of a `bypassed` IdentityN is ready when the
-    IdentityN's input is."""
+    executor's thread pool (`_pool`), a node taking `seconds(name)` there (default: one each).
+    A reader of a `bypassed` IdentityN is ready when the IdentityN's input is."""
     needed = needed_nodes(graph, fetches)
     order_index = {n: i for i, n in enumerate(graph.nodes())}
     # networkx's adjacency dicts (producer -> consumer -> {key: edge data}), read directly.
@@ -109,7 +111,8 @@ def schedule(graph: Graph, fetches: list[str],
     if workers == 1:
         return _in_order(sources, release)
     op_of = graph.ops(needed)
-    return _pool(sources, release, workers, {n for n in needed if op_of[n] in INLINE_OPS})
+    return _pool(sources, release, workers, {n for n in needed if op_of[n] in INLINE_OPS},
+                 seconds or (lambda name: 1.0))
 
 
 def _in_order(sources: list[str], release) -> list[str]:
@@ -121,46 +124,62 @@ def _in_order(sources: list[str], release) -> list[str]:
     return order
 
 
-def _pool(sources: list[str], release, workers: int, cheap) -> list[str]:
-    """TensorFlow's CPU executor on `workers` inter-op threads, taking turns one expensive node
-    at a time (ExecutorState::ScheduleReady). Of the nodes one makes ready, the `cheap` ones
-    (`INLINE_OPS`) run next on the same thread, in turn, and take no turn; of the others (every
-    other CPU kernel counts as expensive in a step's first hundred runs: its cost estimate
-    starts high), the last runs next on the same thread when no cheap one is waiting, and the
-    rest are queued in front (Eigen's pool: a thread's own queue is last in, first out); the
-    first thread takes the newest queued node, the others steal the oldest. Each thread thus
-    finishes one chain before starting another, and old work is not starved: eight
-    moving-average updates ready at once hold a few chains' tensors, not eight, and a
-    ResNet-50's optimizer updates run beside its backward pass (measured). A `ShapeN` a
+def _pool(sources: list[str], release, workers: int, cheap, seconds) -> list[str]:
+    """TensorFlow's CPU executor on `workers` inter-op threads, in modelled time: a node takes
+    `seconds(name)` (its arithmetic or its memory traffic on this CPU), the `cheap` ones
+    (`INLINE_OPS`) none. Of the nodes one makes ready (when it ends), the cheap ones run next on
+    the same thread (ExecutorState::ScheduleReady); of the others (every other CPU kernel
+    counts as expensive in a step's first hundred runs: its cost estimate starts high), the
+    last runs next on the same thread when no cheap one is waiting, and the rest are pushed on
+    the front of that thread's queue (Eigen's pool: a thread takes its own newest first, and an
+    idle thread steals another's oldest). A thread thus finishes one chain before starting
+    another, and old work is not starved. Timed, a long matrix product on one thread lets the
+    other run many small kernels meanwhile: in turns instead (one kernel each), a deep MLP's
+    optimizer updates fell ever further behind its backward pass, and the weight gradients
+    waiting for them were modelled held (+34% on a TF2 MLP with Adam). A `ShapeN` a
     convolution's gradient reads its input by runs as that input is made: queued instead, it
     held every forward activation of a rewritten DenseNet step (modelled 337 MiB, measured
-    187)."""
-    ready = deque(sources)
+    187). The order returned is the order nodes start in."""
+    queues = [deque() for _ in range(workers)]  # front: newest
+    injected = deque(sources)  # pushed by the caller: taken oldest first
     inline: list[deque] = [deque() for _ in range(workers)]
+    events = [(0.0, w, w, None) for w in range(workers)]  # (time, tie, worker, node ended)
+    heapq.heapify(events)
+    idle: list[int] = []
     order: list[str] = []
-    worker = idle = 0
-    while idle < workers:
+    tie = workers
+    while events:
+        now, _, worker, ended = heapq.heappop(events)
         own = inline[worker]
+        if ended is not None:
+            expensive = []
+            for ready_now in release(ended):
+                (own if ready_now in cheap else expensive).append(ready_now)
+            if expensive:
+                last = expensive.pop()
+                if own:  # inexpensive work first: the expensive node goes to the pool
+                    expensive.append(last)
+                else:
+                    own.append(last)
+                queues[worker].extendleft(expensive)
+                while idle and expensive:  # a push wakes a waiting thread
+                    expensive.pop()
+                    heapq.heappush(events, (now, tie, idle.pop(0), None))
+                    tie += 1
         if own:
             name = own.popleft()
-        elif ready:
-            name = ready.popleft() if worker == 0 else ready.pop()
+        elif queues[worker]:
+            name = queues[worker].popleft()
+        elif injected:
+            name = injected.popleft()
         else:
-            idle += 1
-            worker = (worker + 1) % workers
-            continue
-        idle = 0
+            victim = next((q for q in queues if q), None)
+            if victim is None:
+                idle.append(worker)
+                continue
+            name = victim.pop()
         order.append(name)
-        expensive = []
-        for ready_now in release(name):
-            (own if ready_now in cheap else expensive).append(ready_now)
-        if expensive:
-            last = expensive.pop()
-            if own:  # inexpensive work first: the expensive node goes to the pool
-                expensive.append(last)
-            else:
-                own.append(last)
-            ready.extendleft(expensive)
-        if name not in cheap:  # an inexpensive kernel takes no turn
-            worker = (worker + 1) % workers
+        heapq.heappush(events, (now + (0.0 if name in cheap else seconds(name)), tie, worker,
+                                name))
+        tie += 1
     return order

@@ -12,7 +12,9 @@ profile says where each figure comes from:
   sparsity figure), the host link as measured on one (the same file's notes);
 - `a100`, `v100`: NVIDIA's A100 SXM4 80 GB and V100 SXM2 specifications (PCIe 4.0 and 3.0 x16:
   32 and 16 GB/s each way; V100 has no TF32);
-- `cpu`: host and device are one memory: nothing a swap moves leaves the device;
+- `cpu`: host and device are one memory: nothing a swap moves leaves the device; its rates are
+  those the memory model times the CPU executor's kernels at (measured on this project's
+  2-core machine);
 - `default`: the figures the swap pass used before profiles (a V100-class device: 10 TFLOP/s
   achieved, 900 GB/s, and Grappler's own 16 GB/s link), kept so an unnamed profile rewrites as
   before.
@@ -76,8 +78,9 @@ PROFILES = {
         "PCIe 3.0 x16 16 GB/s each way)",
         15.7 * TFLOP, None, 900 * GB, 16 * GB, 16 * GB),
     "cpu": DeviceProfile(
-        "cpu", "the host itself: device memory is host memory", 1 * TFLOP, None, 20 * GB,
-        float("inf"), float("inf"), node_overhead=1e-6, has_host=False),
+        "cpu", "the host itself, device memory is host memory; measured on the 2-core machine "
+        "of this project's CPU figures (analysis.memory's CPU_FLOPS, CPU_BANDWIDTH)",
+        200e9, None, 8.6 * GB, float("inf"), float("inf"), node_overhead=5e-6, has_host=False),
 }
 
 
