@@ -183,6 +183,9 @@ def test_adam_weights_become_int16_with_factored_slots_and_no_adam_slots(graphs,
         assert dims == [rows, 1]
         dims = [d.size for d in graph.node_def(kernel + "/diet_cols").attr["shape"].shape.dim]
         assert dims == [1, HIDDEN]
+        # a new slot starts from one value and its shape, not every zero written out
+        zeros = graph.node_def(kernel + "/diet_rows/Initializer/zeros").attr["value"].tensor
+        assert not zeros.tensor_content and len(zeros.float_val) == 1
         # every read of the int16 value is dequantized; the old read names are float32 now
         reads = [u for u, _ in graph.consumers(kernel) if graph.op(u) == "ReadVariableOp"]
         assert reads and all(graph.node_def(r).attr["dtype"].type == types_pb2.DT_INT16

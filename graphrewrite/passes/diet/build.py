@@ -36,8 +36,13 @@ def shape_attr(dims) -> attr_value_pb2.AttrValue:
 
 
 def _tensor(value: np.ndarray) -> attr_value_pb2.AttrValue:
+    """`value` as a TensorProto; one value filling a shape as that value and the shape (a new
+    slot's zeros written out in full made a ResNet-50's diet output three times its size)."""
     from tensorflow.python.framework import tensor_util
 
+    if value.size > 1 and np.all(value == value.flat[0]):
+        return attr_value_pb2.AttrValue(tensor=tensor_util.make_tensor_proto(
+            value.flat[0], value.dtype, value.shape))
     return attr_value_pb2.AttrValue(tensor=tensor_util.make_tensor_proto(value))
 
 
