@@ -14,6 +14,7 @@ import dataclasses
 import gc
 import json
 import logging
+import math
 import os
 import sys
 import traceback
@@ -33,7 +34,8 @@ from graphrewrite.cli.tables import (Progress, Stages, format_optimize,  # noqa:
                                      format_summary, format_verify)
 
 __all__ = ["EXIT_OK", "EXIT_CHECK_FAILED", "EXIT_BAD_INPUT", "EXIT_PASS_FAILED", "EXIT_INTERRUPTED",
-           "main", "optimize", "verify", "batch", "diff_command", "dump", "inspect", "entry"]
+           "main", "optimize", "verify", "batch", "diff_command", "dump", "inspect", "entry",
+           "to_json"]
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT, EXIT_PASS_FAILED = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report a SIGINT
@@ -68,6 +70,20 @@ class _Group(click.Group):
             message = first_line + (" (--debug shows where)" if bug else "")
             click.echo(f"graphrewrite: error: {message}", err=True)
             ctx.exit(EXIT_PASS_FAILED if bug else EXIT_BAD_INPUT)
+
+
+def to_json(data, **options) -> str:
+    """`data` as strict JSON: a number that is not finite (a loss that went NaN) is null, as
+    JSON has no NaN (Python's own `NaN` token breaks other readers)."""
+    def finite(value):
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if isinstance(value, dict):
+            return {key: finite(v) for key, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [finite(v) for v in value]
+        return value
+    return json.dumps(finite(data), allow_nan=False, **options)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -301,9 +317,9 @@ def optimize(ctx, model_path, output, in_place, mode, checkpoints, swap_tensors,
         _write_tradeoff(Path(tradeoff_path), model, model_path, stages, device_profile,
                         analysis, lossy, as_run=not no_as_run)
     if report_path:
-        io.write_atomic(Path(report_path), (json.dumps(facts, indent=2) + "\n").encode())
+        io.write_atomic(Path(report_path), (to_json(facts, indent=2) + "\n").encode())
     if as_json:
-        click.echo(json.dumps(facts, indent=2))
+        click.echo(to_json(facts, indent=2))
     else:
         click.echo(format_optimize(facts))
     for name in explain:
@@ -329,7 +345,7 @@ def _write_tradeoff(path: Path, model, model_path, stages, profile, analysis, lo
                            analysis=analysis, lossy=lossy, device_profile=profile,
                            as_run=as_run)
     if path.suffix.lower() == ".json":
-        io.write_atomic(path, (json.dumps(found, indent=1) + "\n").encode())
+        io.write_atomic(path, (to_json(found, indent=1) + "\n").encode())
     else:
         from graphrewrite.reporting import plot
 
@@ -415,7 +431,7 @@ def verify(ctx, original_path, rewritten_path, rtol, atol, feeds, runs, steps, b
     result = verify_mod.verify(original, rewritten, options, progress=stages)
     facts = result.to_json()
     if as_json:
-        click.echo(json.dumps(facts, indent=2))
+        click.echo(to_json(facts, indent=2))
     else:
         click.echo(format_verify(facts))
     if plot_path:
@@ -481,7 +497,7 @@ def batch(paths, out_dir, mode, jobs, report_path, with_verify, force, budget, e
     results = batch_mod.run(planned, jobs, scheduler if executor == "dask" else None,
                             progress.update)
     progress.close()
-    lines = [json.dumps(line, sort_keys=True) for line in results]
+    lines = [to_json(line, sort_keys=True) for line in results]
     if report_path:
         from graphrewrite.core import io
 
@@ -513,7 +529,7 @@ def diff_command(a_path, b_path, as_json, tag):
     from graphrewrite.reporting import diff
 
     result = diff.diff(io.load(a_path, tag=tag).graph, io.load(b_path, tag=tag).graph)
-    click.echo(json.dumps(result.to_json(), indent=2) if as_json else diff.format_diff(result))
+    click.echo(to_json(result.to_json(), indent=2) if as_json else diff.format_diff(result))
     if not result.identical:
         click.get_current_context().exit(EXIT_CHECK_FAILED)
 
@@ -576,7 +592,7 @@ def inspect(model_path, as_json, top, plot_path, device_memory, input_shapes, ou
                                            plot.gradient_flow(graph, found.split)),
                   f"{model_path}: one step, modelled")
     if as_json:
-        click.echo(json.dumps(facts, indent=2))
+        click.echo(to_json(facts, indent=2))
     else:
         click.echo(format_summary(facts))
 

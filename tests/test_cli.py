@@ -48,6 +48,15 @@ def test_unknown_mode_is_a_usage_error_listing_modes(tmp_path):
     assert not out.exists()
 
 
+def test_json_output_is_strict_a_loss_that_went_nan_is_null():
+    from graphrewrite.cli.main import to_json
+
+    text = to_json({"final_loss": {"original": float("nan"), "rewritten": 4.5},
+                    "curve": (2.0, float("inf"))})
+    assert json.loads(text, parse_constant=pytest.fail) == {
+        "final_loss": {"original": None, "rewritten": 4.5}, "curve": [2.0, None]}
+
+
 def test_inspect_json_has_the_documented_keys():
     result = run_cli("inspect", "--json", fixture_path("adam_train"))
     assert result.exit_code == 0

@@ -427,7 +427,14 @@ def _verify_steps(original, rewritten, options: VerifyOptions, shapes, given, in
         log.warning("verify: ${steps} compares the final losses exactly (%.6g and %.6g), as "
                     "${rtol} 0 says; a lossy rewrite rounds otherwise: give the tolerance it "
                     "may differ by (e.g. ${rtol} 0.05)", a, b)
-    if batches and curves["original"].trained and not trends["original"]["fell"]:
+    diverged = next((k for k, loss in enumerate(curves["original"], 1)
+                     if not np.isfinite(loss)), None)
+    if diverged is not None:
+        log.warning("verify: the original's own loss is not finite from step %d on: it "
+                    "diverges without the rewrite, so the comparison says nothing of the "
+                    "rewrite; compare fewer ${steps} (under %d), or on other data (${data})",
+                    diverged, diverged)
+    elif batches and curves["original"].trained and not trends["original"]["fell"]:
         log.warning("verify: the original's loss did not fall over %d steps on %d fixed "
                     "batches (%.4g -> %.4g): the comparison says little of how the rewrite "
                     "trains; give more ${steps}, or a data set with ${data}", steps, batches,
