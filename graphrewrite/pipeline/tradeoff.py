@@ -41,9 +41,11 @@ def curve(model: Model, points: int = POINTS, profile: str = "default",
           progress: Callable[[str], None] | None = None,
           analysis: AnalysisOptions | None = None, lossy: bool = False,
           device_profile: str | None = None, as_run: bool = True) -> dict:
-    """The curve's plain data: the original's modelled peak and, per planner, points of
-    {budget, peak_bytes, extra_flops, extra_seconds, plan}, highest peak first; the step
-    analysed as `analysis` says. `lossy`: also `lever_points` under "levers", on the device
+    """The curve's plain data: the original's modelled peak (as written) and, per planner,
+    points of {budget, peak_bytes, modelled ("as written"), budget_met (null without a
+    budget: the lowest point; an exact point may miss its budget where no plan meets it),
+    extra_flops, extra_seconds, plan}, highest peak first; the step analysed as `analysis`
+    says. `lossy`: also `lever_points` under "levers", on the device
     `device_profile` names (as `levers.fit` takes it)."""
     stage = progress or (lambda text: None)
     rate = devices.profile(profile).fp32_flops
@@ -61,8 +63,9 @@ def curve(model: Model, points: int = POINTS, profile: str = "default",
             return None
         original = result.peak_before
         flops = sum(getattr(r, "extra_flops", 0) for r in result.results.values())
-        return {"budget": budget, "peak_bytes": result.peak_after, "extra_flops": flops,
-                "extra_seconds": flops / rate, "modified": result.changed,
+        return {"budget": budget, "peak_bytes": result.peak_after, "modelled": "as written",
+                "budget_met": None if budget is None else result.peak_after <= budget,
+                "extra_flops": flops, "extra_seconds": flops / rate, "modified": result.changed,
                 "plan": plan_mod.plan_of(result, model.graph)}
 
     lowest = point("estimate", None)
@@ -84,10 +87,12 @@ def curve(model: Model, points: int = POINTS, profile: str = "default",
 def lever_points(model: Model, points: int, profile: str | None,
                  progress: Callable[[str], None], analysis: AnalysisOptions | None = None,
                  as_run: bool = True) -> list[dict]:
-    """Points of {budget, peak_bytes, budget_met, levers, step_time, extra_seconds, plan}:
-    `levers.fit` with every lever allowed, first under a budget of one byte (the lowest peak
-    any set reaches, the least lossy near it), then at `points` budgets evenly between the
-    original's peak as run and that one; highest budget first, the lowest last (budget None)."""
+    """Points of {budget, peak_bytes, modelled (as run, unless `as_run` is false), budget_met,
+    levers, step_time, extra_seconds, plan}: `levers.fit` with every lever allowed, first
+    under a budget of one byte (the lowest peak any set reaches, the least lossy near it), then
+    at `points` budgets evenly between the original's peak and that one; highest budget first,
+    the lowest last (budget None). Budgets and peaks are of the step as run; a plan's pipeline
+    holds the budget recomputation planned to, which is of the step as written."""
     from .levers import fit, label, step_seconds
 
     device = devices.profile(profile or "default")
@@ -102,7 +107,8 @@ def lever_points(model: Model, points: int, profile: str | None,
                             seconds=step_seconds(model.graph, result.analyses[0], device))
         row = next(row for row in result.levers if row["chosen"])
         return {"budget": budget, "peak_bytes": result.predicted_peaks[1],
-                "budget_met": budget is not None and row["budget_met"], "levers": label(row),
+                "modelled": "as run" if as_run else "as written",
+                "budget_met": None if budget is None else row["budget_met"], "levers": label(row),
                 "step_time": row["step_time"],
                 "extra_seconds": round(row["step_seconds"] - original["seconds"], 6),
                 "modified": result.changed, "plan": plan_mod.plan_of(result, model.graph)}
