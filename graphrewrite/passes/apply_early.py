@@ -18,9 +18,9 @@ from (a slot's write leads to its parameter's, which reads the slot after it). A
 `IdentityN` over every gradient is bypassed first, as Grappler does. Where a stage's update depends
 on a later gradient (clipping by the global norm: every update reads the norm of all gradients) a
 wait would be a cycle and is not added. Only the order changes: bitwise. The waits are kept where
-the step as TensorFlow runs it (`step.as_run`) needs no more memory with them: a GAN's step, whose
-two optimizers' backward passes the memory model interleaves, modelled 0.72x without them and 0.95x
-with them.
+the step as TensorFlow runs it (`step.as_run`) needs no more memory with them, within the model's
+error (`WITHIN`): a GAN's step, whose two optimizers' backward passes the memory model interleaves,
+modelled 0.72x without them and 0.95x with them.
 """
 
 from __future__ import annotations
@@ -38,10 +38,15 @@ from ..core.tensor_ref import CONTROL, TensorRef
 from .base import PassOptions, PassResult
 from .pads import GROUPED_OPS
 
+# How far the waits may raise the modelled peak as run and be kept: the model's mean error over
+# 60 measured steps (2.9%). Two TF2 MLPs and a TF2 GPT decoder built outside the repo modelled
+# 1.7-2.1% higher with them and measured 1-8% lower (an MLP: 220 against 240 MiB).
+WITHIN = 0.03
+
 log = logging.getLogger(__name__)
 
 __all__ = ["ApplyEarlyOptions", "ApplyEarlyResult", "update_of", "stages", "bypass_identities",
-           "run"]
+           "run", "WITHIN"]
 
 MANY = "*"  # a node leading to the updates of several parameters: the backward pass
 
@@ -158,7 +163,7 @@ def run(graph: Graph, analysis: step.Analysis, options: ApplyEarlyOptions, model
         started = [(g, step.start_as_run(model, g, analysis)) for g in (original, graph)]
         before, after = (report and report.allocated_peak() for report in
                          (step.as_run(model, g, analysis, s) for g, s in started))
-        if before is not None and after is not None and after > before:
+        if before is not None and after is not None and after > before * (1 + WITHIN):
             log.info("apply_early: the waits raise the peak as run (%d -> %d bytes): not kept",
                      before, after)
             return ApplyEarlyResult(original, False, note="updates left to run when ready: "
