@@ -133,10 +133,10 @@ def _pool(sources: list[str], release, workers: int, cheap, seconds) -> list[str
     last runs next on the same thread when no cheap one is waiting, and the rest are pushed on
     the front of that thread's queue (Eigen's pool: a thread takes its own newest first, and an
     idle thread steals another's oldest). A thread thus finishes one chain before starting
-    another. Timed, a long matrix product on one thread lets the
-    other run many small kernels meanwhile: in turns instead (one kernel each), a deep MLP's
-    optimizer updates fell ever further behind its backward pass, and the weight gradients
-    waiting for them were modelled held (+34% on a TF2 MLP with Adam). A `ShapeN` a
+    another. Timed, a long matrix product on one thread lets the other run many small kernels
+    meanwhile: in turns instead (one kernel each), a deep MLP's optimizer updates fell ever
+    further behind its backward pass, and the weight gradients waiting for them were modelled
+    held (+34% on a TF2 MLP with Adam). A `ShapeN` a
     convolution's gradient reads its input by runs as that input is made: queued instead, it
     held every forward activation of a rewritten DenseNet step (modelled 337 MiB, measured
     187). The order returned is the order nodes start in."""

@@ -18,9 +18,9 @@ from (a slot's write leads to its parameter's, which reads the slot after it). A
 `IdentityN` over every gradient is bypassed first, as Grappler does. Where a stage's update depends
 on a later gradient (clipping by the global norm: every update reads the norm of all gradients) a
 wait would be a cycle and is not added; a step training a convolution gets none
-(`FILTER_GRADIENTS`). Only the order changes: bitwise. The waits are kept where
-the step as TensorFlow runs it (`step.as_run`) needs no more memory with them, within the model's
-error (`WITHIN`): a GAN's step, whose two optimizers' backward passes the memory model interleaves,
+(`FILTER_GRADIENTS`). Only the order changes: bitwise. The waits are kept where the step as
+TensorFlow runs it (`step.as_run`) needs no more memory with them, within the model's error
+(`WITHIN`): a GAN's step, whose two optimizers' backward passes the memory model interleaves,
 modelled 0.72x without them and 0.95x with them.
 """
 
@@ -41,8 +41,8 @@ from .pads import GROUPED_OPS
 
 # A step training a convolution gets no waits: its weights are small beside its activations, so
 # an early update frees little, and on two TF2 CNN steps the waits measured 8-17% higher
-# (ResNet-50: 443 -> 481 MiB; MobileNetV2: 367 -> 430; without the waits on kernels' updates
-# alone, modelled higher still), on TF1 CNNs and a U-Net no lower.
+# (ResNet-50: 443 -> 481 MiB; MobileNetV2: 367 -> 430, and leaving out only the waits around
+# its kernels' updates modelled higher still), on TF1 CNNs and a U-Net no lower.
 FILTER_GRADIENTS = frozenset({"Conv2DBackpropFilter", "DepthwiseConv2dNativeBackpropFilter",
                               "Conv3DBackpropFilterV2"})
 
