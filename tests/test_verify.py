@@ -560,3 +560,16 @@ def test_a_centered_rmsprops_seeded_state_starts_at_zero_when_it_made_nans(tmp_p
                             isolated=False)
     facts = outcome.to_json()
     assert outcome.match and facts["not_finite"] == [], facts["not_finite"][:3]
+
+
+def test_a_rewrite_whose_loss_barely_falls_did_not_learn_as_the_original_did():
+    """h31's lean diet: its loss stayed at ln 10 after the first steps (2.3267 -> 2.3027) while
+    the original's fell to 2.2502; within 2.3% at the end, and it "fell", but it did not learn."""
+    lean = [2.3273, 2.3262, 2.3268, 2.3265] + [2.3024] * 42 + [2.3026, 2.3027, 2.3026, 2.3029]
+    original = [2.3270, 2.3255, 2.3265, 2.3254] + [2.29] * 42 + [2.26, 2.25, 2.24, 2.25]
+    trends = {"original": verify.loss_trend(original, 4), "rewritten": verify.loss_trend(lean, 4)}
+    assert trends["rewritten"]["fell"] and not verify.learned_as_well(trends)
+    trends["rewritten"] = verify.loss_trend(original[:-4] + [2.28, 2.27, 2.27, 2.28], 4)
+    assert verify.learned_as_well(trends)
+    trends["original"] = verify.loss_trend([2.3] * 50, 4)  # nothing to learn: nothing asked
+    assert verify.learned_as_well(trends)

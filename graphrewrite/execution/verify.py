@@ -36,12 +36,17 @@ from . import measure, mismatch
 __all__ = ["VARIABLE_PREFIX", "Comparison", "VerifyResult", "VerifyOptions", "load_feeds", "load_data",
            "data_batches", "verify", "without_saver", "training_schedule", "loss_trend",
            "training_start", "LEARNING_RATE", "SCALE_READERS", "own_variables", "compare",
-           "not_finite", "state_at_zero", "GPU_ONLY_OPS"]
+           "not_finite", "state_at_zero", "GPU_ONLY_OPS", "LEARNED",
+           "learned_as_well"]
 
 log = logging.getLogger(__name__)
 
 
 VARIABLE_PREFIX = "variable:"
+# With --batches, how far the rewritten loss must fall, as a share of the original's fall: a
+# lean diet that left a TF2 MLP's loss at ln 10 (2.3267 -> 2.3027 while the original fell to
+# 2.2502) "fell" and ended within 2.3% of it.
+LEARNED = 0.5
 
 
 @dataclass
@@ -421,8 +426,8 @@ def _verify_steps(original, rewritten, options: VerifyOptions, shapes, given, in
     curves["compared"] = {"what": "end" if key else "final", "original": a, "rewritten": b,
                           "atol": atol}
     match = bool(np.isfinite(b) and abs(a - b) <= atol + rtol * abs(a))
-    if batches and trends["original"]["fell"] and not trends["rewritten"]["fell"]:
-        match = False  # on a set it can learn, the rewritten graph did not
+    if batches and not learned_as_well(trends):
+        match = False  # on a set it can learn, the rewritten graph did not (or barely)
     if not match and not rtol and not atol and np.isfinite(b):
         log.warning("verify: ${steps} compares the final losses exactly (%.6g and %.6g), as "
                     "${rtol} 0 says; a lossy rewrite rounds otherwise: give the tolerance it "
@@ -441,6 +446,14 @@ def _verify_steps(original, rewritten, options: VerifyOptions, shapes, given, in
                     trends["original"]["start"], trends["original"]["end"])
     return VerifyResult(match, [], first, second, fetches, steps, "", curves,
                         peak_runs=peak_runs)
+
+
+def learned_as_well(trends: dict) -> bool:
+    """Whether the rewritten loss fell at least `LEARNED` as far as the original's, where the
+    original's fell (`loss_trend`s of both)."""
+    original, rewritten = trends["original"], trends["rewritten"]
+    return not original["fell"] or (rewritten["fell"] and rewritten["start"] - rewritten["end"]
+                                    >= LEARNED * (original["start"] - original["end"]))
 
 
 def loss_trend(curve: list[float], batches: int) -> dict:
