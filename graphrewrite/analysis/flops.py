@@ -11,7 +11,7 @@ from ..core.graph import Graph
 from ..core.tensor_ref import TensorRef
 from .shapes import Shapes
 
-__all__ = ["ZERO_COST", "node_flops", "total_flops"]
+__all__ = ["ZERO_COST", "node_flops", "node_traffic", "total_flops"]
 
 ZERO_COST = frozenset({
     "Const", "Placeholder", "PlaceholderWithDefault", "Identity", "IdentityN", "NoOp", "Reshape",
@@ -51,6 +51,11 @@ def node_flops(graph: Graph, shapes: Shapes, name: str) -> int:
         x = inputs[0]
         return 0 if x is None else (10 if "Grad" in op else 5) * math.prod(x)
     return 0 if out is None else math.prod(out)
+
+
+def node_traffic(graph: Graph, shapes: Shapes, name: str) -> int:
+    """Bytes one execution of `name` reads and writes: its data inputs and its outputs."""
+    return sum(shapes.nbytes(r) or 0 for r in graph.data_inputs(name) + shapes.outputs(name))
 
 
 def total_flops(graph: Graph, shapes: Shapes, nodes=None) -> int:

@@ -340,9 +340,8 @@ def _saver_node(graph: Graph, name: str) -> bool:
 
 def cpu_seconds(graph: Graph, shapes: Shapes, name: str) -> float:
     """A node's modelled time on the CPU (`CPU_FLOPS`, `CPU_BANDWIDTH`)."""
-    traffic = sum(shapes.nbytes(r) or 0 for r in graph.data_inputs(name) + shapes.outputs(name))
     return CPU_KERNEL_SECONDS + max(flops.node_flops(graph, shapes, name) / CPU_FLOPS,
-                                    traffic / CPU_BANDWIDTH)
+                                    flops.node_traffic(graph, shapes, name) / CPU_BANDWIDTH)
 
 
 def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,

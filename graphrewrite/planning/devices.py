@@ -97,10 +97,6 @@ def node_times(graph, shapes, order: list[str], device: DeviceProfile) -> dict[s
     and writes. Their sum is the step's modelled time (kernels one after another)."""
     from ..analysis import flops  # not at import: the CLI lists the profiles without TensorFlow
 
-    seconds = {}
-    for name in order:
-        traffic = sum(shapes.nbytes(r) or 0
-                      for r in graph.data_inputs(name) + shapes.outputs(name))
-        seconds[name] = device.node_seconds(graph.op(name),
-                                            flops.node_flops(graph, shapes, name), traffic)
-    return seconds
+    return {name: device.node_seconds(graph.op(name), flops.node_flops(graph, shapes, name),
+                                      flops.node_traffic(graph, shapes, name))
+            for name in order}
