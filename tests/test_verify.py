@@ -562,6 +562,37 @@ def test_a_centered_rmsprops_seeded_state_starts_at_zero_when_it_made_nans(tmp_p
     assert outcome.match and facts["not_finite"] == [], facts["not_finite"][:3]
 
 
+def test_a_step_that_overflows_from_seeded_weights_starts_as_training_would(tmp_path):
+    """A VAE built outside the repo matched bitwise on NaNs: its seeded learning rate (up to
+    0.1) overflowed `exp(log_var)`. Where slots at zero do not help, the weights, slots and
+    learning rate start as `--steps` starts them; here three positive seeded layers of 1024
+    make `exp` of about 2000, inf, and Glorot-uniform kernels keep it finite."""
+    import tensorflow as tf
+
+    model = tf.keras.Sequential([tf.keras.layers.Dense(1024, activation="relu"),
+                                 tf.keras.layers.Dense(1024, activation="relu"),
+                                 tf.keras.layers.Dense(1)])
+    model.build((32, 1024))
+    optimizer = tf.keras.optimizers.Adam(1e-3)
+    optimizer.build(model.trainable_variables)
+
+    @tf.function(input_signature=[tf.TensorSpec([32, 1024], tf.float32, name="x")])
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.exp(model(x)))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    path = tmp_path / "overflow.pb"
+    path.write_bytes(step.get_concrete_function().graph.as_graph_def(
+        add_shapes=True).SerializeToString())
+    outcome = verify.verify(io.load(path), io.load(path), verify.VerifyOptions(runs=0),
+                            isolated=False)
+    facts = outcome.to_json()
+    assert outcome.match and facts["not_finite"] == [], facts["not_finite"][:3]
+
+
 def test_a_rewrite_whose_loss_barely_falls_did_not_learn_as_the_original_did():
     """h31's lean diet: its loss stayed at ln 10 after the first steps (2.3267 -> 2.3027) while
     the original's fell to 2.2502; within 2.3% at the end, and it "fell", but it did not learn."""

@@ -287,13 +287,7 @@ def verify(original: Model, rewritten: Model, options: VerifyOptions | None = No
     stage("running the original")
     first = run(original.runnable(), inputs, fetches, 0)
     if not _finite(first):
-        started = state_at_zero(original, inputs, set(given), fetches)
-        if started is not inputs:
-            again = run(original.runnable(), started, fetches, 0)
-            if _finite(again):  # its seeded slots were no state training reaches
-                log.info("verify: the original's step made NaN or inf from seeded optimizer "
-                         "state; its slots start at zero, as training starts them")
-                inputs, first = started, again
+        inputs, first = _finite_start(original, inputs, first, set(given), fetches, run)
     stage("running the rewritten")
     own = own_variables(rewritten, inputs, seed)
     second = run(rewritten.runnable(), own, fetches, 0)
@@ -607,6 +601,28 @@ def state_at_zero(model: Model, inputs: dict, given: set, fetches: list[str]) ->
         if isinstance(value, np.ndarray) and value.dtype.kind == "f" and value.size > 1:
             out[name] = np.zeros_like(value)
     return out if any(out[k] is not inputs[k] for k in out) else inputs
+
+
+def _finite_start(original: Model, inputs: dict, first, given: set, fetches: list[str], run):
+    """The inputs and run of the original's first finite start: its seeded values, or (a
+    TF2 step's) its slots at zero, as training starts them (a seeded centered RMSprop's mean
+    square), or also its kernels Glorot-uniform and its learning rate at LEARNING_RATE, as
+    `--steps` starts them (a seeded rate up to 0.1 overflowed a VAE's `exp(log_var)`, built
+    outside the repo, and its NaNs compared equal)."""
+    starts = ((lambda: state_at_zero(original, inputs, given, fetches),
+               "its slots start at zero, as training starts them"),
+              (lambda: training_start(original, inputs, given),
+               f"its slots start at zero, its kernels Glorot-uniform and its learning rate at "
+               f"{LEARNING_RATE:g}, as --steps starts them"))
+    for start, how in starts:
+        started = start()
+        if started is inputs:
+            continue
+        again = run(original.runnable(), started, fetches, 0)
+        if _finite(again):  # its seeded values were no state training reaches
+            log.info("verify: the original's step made NaN or inf from seeded values; %s", how)
+            return started, again
+    return inputs, first
 
 
 def _first_cause(message: str) -> str:
