@@ -6,7 +6,10 @@ import numpy as np
 import pytest
 from tensorflow.core.framework import attr_value_pb2
 
+from graphrewrite.analysis import bind
+from graphrewrite.analysis.shapes import infer
 from graphrewrite.core import io
+from graphrewrite.core.errors import GraphRewriteError
 from graphrewrite.execution import verify
 from graphrewrite.pipeline import run as pipeline
 
@@ -604,3 +607,41 @@ def test_a_rewrite_whose_loss_barely_falls_did_not_learn_as_the_original_did():
     assert verify.learned_as_well(trends)
     trends["original"] = verify.loss_trend([2.3] * 50, 4)  # nothing to learn: nothing asked
     assert verify.learned_as_well(trends)
+
+
+def test_a_variable_only_gathered_and_scattered_by_rows_asks_for_its_value(tmp_path):
+    """A Keras Embedding trained by Keras's Adagrad (built outside the repo): the table and its
+    accumulator are read and written only by rows under the sparse gradient, so no shape in
+    the export holds the vocabulary size, and the advice to export with shapes could not help.
+    verify now names the row ops and asks for the value; given it, the step runs."""
+    import tensorflow as tf
+
+    table = tf.Variable(tf.zeros([50, 8]), name="table")
+    optimizer = tf.keras.optimizers.Adagrad(0.1)
+    optimizer.build([table])
+
+    @tf.function(input_signature=[tf.TensorSpec([4], tf.int32, name="ids")])
+    def step(ids):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.square(tf.gather(table, ids) - 1.0))
+        optimizer.apply_gradients([(tape.gradient(loss, table), table)])
+        return loss
+
+    path = tmp_path / "embedding.pb"
+    path.write_bytes(step.get_concrete_function().graph.as_graph_def(
+        add_shapes=True).SerializeToString())
+    model = io.load(path)
+    with pytest.raises(GraphRewriteError, match="only a few rows at a time.*--feed") as raised:
+        verify.verify(model, model, verify.VerifyOptions(runs=0), isolated=False)
+    assert "add_shapes" not in str(raised.value)
+    shapes = infer(model.graph)
+    feeds = {}
+    for name in bind.resource_placeholders(model.graph):  # the table and its accumulator
+        try:
+            bind.value_spec(model.graph, shapes, name)
+        except GraphRewriteError:
+            feeds[name] = np.zeros([50, 8], np.float32)
+    assert len(feeds) == 2
+    outcome = verify.verify(model, model, verify.VerifyOptions(runs=0, feeds=feeds),
+                            isolated=False)
+    assert outcome.match

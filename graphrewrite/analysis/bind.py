@@ -34,7 +34,7 @@ from . import loops
 __all__ = ["PLACEHOLDERS", "HANDLE_FORWARDERS", "VALUE_ARGS", "SCALE", "EXPORT_HINT", "BIND_SCOPE",
            "INT16_MAX", "ValueSpec", "is_resource_placeholder", "resource_placeholders",
            "ITERATOR_OPS", "iterators",
-           "value_spec", "export_hint", "seeded_value", "dieted", "seeded_values", "diet_mark",
+           "value_spec", "export_hint", "ROW_OPS", "seeded_value", "dieted", "seeded_values", "diet_mark",
            "users", "DENSE_WRITES", "BRANCHES", "CALLS", "through_forwarders", "Bound",
            "resource_placeholder_names", "fed_copy", "bind", "INDEX_FORWARDERS", "index_limit"]
 
@@ -43,6 +43,11 @@ log = logging.getLogger(__name__)
 PLACEHOLDERS = ("Placeholder", "PlaceholderV2")
 # Ops that pass a handle through unchanged: the readers behind them read the same variable
 # (`Switch`: a functional `If` as Grappler lowers it), and which of their outputs do.
+# Ops that read or write a variable's rows by index: none of them records its row count.
+ROW_OPS = ("ResourceGather", "ResourceGatherNd", "ResourceScatterAdd", "ResourceScatterSub",
+           "ResourceScatterUpdate", "ResourceScatterMul", "ResourceScatterDiv",
+           "ResourceScatterMin", "ResourceScatterMax", "ResourceScatterNdAdd",
+           "ResourceScatterNdUpdate")
 HANDLE_FORWARDERS = {"Identity": (0,), "IdentityN": None, "Switch": (0, 1), "Enter": (0,)}
 # Input argument of a writer that holds a value of the variable's shape.
 VALUE_ARGS = ("value", "grad", "delta")
@@ -123,12 +128,19 @@ def value_spec(graph: Graph, shapes, name: str) -> ValueSpec:
         return ValueSpec(dtype, shape)
     what = "value shape" if dtype is not None else "dtype and value shape"
     raise GraphRewriteError(f"the {what} of captured variable '{name}' (a resource placeholder) "
-                            f"is not recorded on its readers; {export_hint(graph)}")
+                            f"is not recorded on its readers; {export_hint(graph, name)}")
 
 
-def export_hint(graph: Graph) -> str:
+def export_hint(graph: Graph, name: str | None = None) -> str:
     """What to do about a variable whose shape no reader records: export with shapes, unless
-    the graph was exported so (advice that was followed already misleads)."""
+    the graph was exported so (advice that was followed already misleads). A variable only
+    gathered and scattered by rows (an embedding and its slot under a sparse gradient) records
+    no row count in any export: its value must be given."""
+    ops = sorted({graph.op(user) for user, _ in users(graph, name)}) if name else []
+    if ops and all(op in ROW_OPS or op.startswith("ResourceSparseApply") for op in ops):
+        return (f"it is read and written only a few rows at a time ({', '.join(ops)}), so no "
+                "shape in the graph holds its row count: give verify its value with --feed "
+                f"{name}=FILE.npy")
     if any("_output_shapes" in graph.node_def(n).attr for n in graph.nodes()):
         return ("the export recorded shapes (add_shapes=True), but none of this variable's "
                 "readers shows its value (please report the op that reads it)")

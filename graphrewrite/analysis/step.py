@@ -222,7 +222,7 @@ def analyse(model: Model, graph: Graph | None = None, options: AnalysisOptions |
     blind = parameters.unknown_variables(graph, shapes)
     if blind:
         log.warning("%d captured variables have no recorded value shape and count 0 bytes "
-                    "(e.g. %s); %s", len(blind), blind[0], bind.export_hint(graph))
+                    "(e.g. %s); %s", len(blind), blind[0], bind.export_hint(graph, blind[0]))
     by_data = _sized_by_data(graph, shapes, report.unknown)
     if by_data:
         log.info("%d tensors have a size only the data decides (e.g. %s) and count 0 bytes",
