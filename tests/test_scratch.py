@@ -89,6 +89,29 @@ def test_a_convolutions_two_gradients_hold_their_scratch_at_once_until_one_waits
     assert apart.allocated_peak() < together.allocated_peak()
 
 
+def test_a_weights_gradient_still_running_holds_its_scratch_beside_the_layer_befores():
+    """A weights' gradient runs longer than its input's (`memory.CPU_OP_FLOPS`), so on the
+    CPU executor's two threads it is still running when the layer before starts its own: a
+    Keras CNN built outside the repo measured 24% over the model that held each gradient's
+    scratch only beside its twin's."""
+    with tf.Graph().as_default() as g:
+        x = tf.compat.v1.placeholder(tf.float32, (8, 64, 64, 16), name="x")
+        w1, w2 = (tf.constant(np.full(shape, 0.1, np.float32), name=n)
+                  for shape, n in (((3, 3, 16, 64), "w1"), ((3, 3, 64, 64), "w2")))
+        y = tf.nn.conv2d(tf.nn.relu(tf.nn.conv2d(x, w1, 1, "SAME")), w2, 1, "SAME")
+        for grad, name in zip(tf.gradients(tf.reduce_sum(y), [x, w1, w2]), ("dx", "d1", "d2")):
+            tf.identity(grad, name=name)
+    graph = Graph.from_graph_def(g.as_graph_def())
+    found = shapes.infer(graph)
+    report = memory.simulate(graph, found, ["dx", "d1", "d2"], "cpu", executor=True)
+    filters = {graph.data_inputs(n)[0].node: n for n in graph.nodes()
+               if graph.op(n) == "Conv2DBackpropFilter"}  # by the activation each reads
+    first, second = filters["x"], next(n for a, n in filters.items() if a != "x")
+    held = {report.order[step]: s for step, s in report.scratch.items()
+            if isinstance(s, tuple)}
+    assert scratch.kernel_bytes("cpu", graph, found, second) in held[first][1:]
+
+
 ATTENTION = (8, 128, 8, 64)  # batch, positions, heads, head size: each 2 MiB in float32
 
 

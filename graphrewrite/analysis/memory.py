@@ -63,7 +63,7 @@ __all__ = ["DEVICE", "HOST", "ALIAS_OPS", "FORWARDING_OPS", "FORWARDED_INPUT", "
            "FEED_OPS", "ACCELERATOR_MARKERS", "HOST_OUTPUT_OPS", "HOST_BANDWIDTH", "STATE", "FEED",
            "STEP", "UPDATE_OPS", "UPDATE_PREFIX", "ADOPT_OPS", "Buffer", "Move", "MemoryReport",
            "replay", "placement", "cpu_is_host", "simulate", "REUSING_OPS", "CPU_WORKERS",
-           "CPU_FLOPS", "CPU_BANDWIDTH", "CPU_KERNEL_SECONDS", "cpu_seconds"]
+           "CPU_FLOPS", "CPU_OP_FLOPS", "CPU_BANDWIDTH", "CPU_KERNEL_SECONDS", "cpu_seconds"]
 
 DEVICE, HOST = "device", "host"
 
@@ -113,6 +113,11 @@ CPU_WORKERS = 2
 # arithmetic and its memory traffic, plus a launch. Measured on that machine (Eigen, oneDNN off:
 # a 4096x1024x1024 MatMul and a 3x3 convolution 190-235 GFLOP/s, an Add of 16 MiB 8.6 GB/s).
 CPU_FLOPS, CPU_BANDWIDTH, CPU_KERNEL_SECONDS = 200e9, 8.6e9, 5e-6
+# Eigen's convolution gradients are slower than its products: against the same convolution
+# forward (3x3, batch 8-32, 12x12 to 56x56, 32-128 channels) the weights' gradient ran at
+# 0.34-0.78 of its rate (median 0.48; 0.3 in a traced Keras CNN step), the input's at
+# 0.41-0.89 (median 0.73; 0.5-0.77 traced). `fixtures/cpu_rates.py` measures both.
+CPU_OP_FLOPS = {"Conv2DBackpropFilter": 0.45 * CPU_FLOPS, "Conv2DBackpropInput": 0.65 * CPU_FLOPS}
 HOST_BANDWIDTH = 16e9  # bytes/s each way between host and device (Grappler's PCIe assumption)
 # What a buffer lives for: the whole session (constants, variables), one step (feeds, made
 # before it starts), or part of a step.
@@ -340,7 +345,8 @@ def _saver_node(graph: Graph, name: str) -> bool:
 
 def cpu_seconds(graph: Graph, shapes: Shapes, name: str) -> float:
     """A node's modelled time on the CPU (`CPU_FLOPS`, `CPU_BANDWIDTH`)."""
-    return CPU_KERNEL_SECONDS + max(flops.node_flops(graph, shapes, name) / CPU_FLOPS,
+    rate = CPU_OP_FLOPS.get(graph.op(name), CPU_FLOPS)
+    return CPU_KERNEL_SECONDS + max(flops.node_flops(graph, shapes, name) / rate,
                                     flops.node_traffic(graph, shapes, name) / CPU_BANDWIDTH)
 
 
@@ -359,9 +365,10 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
     host_split = cpu_is_host(graph)
     kind = device or ("gpu" if host_split else "cpu")
     bypassed = bypassed_identities(graph, graph.nodes(), fetches)
+    times: dict[str, tuple[float, float]] = {}  # the CPU executor's modelled (start, end)
     order = schedule(graph, fetches, bypassed,
                      workers=CPU_WORKERS if executor and kind == "cpu" else 1,
-                     seconds=lambda name: cpu_seconds(graph, shapes, name))
+                     seconds=lambda name: cpu_seconds(graph, shapes, name), times=times)
     untaken, unmade = split.untaken(graph)
     if untaken:  # the side of a v1 cond its known predicate never takes: never run (but a
         # constant's kernel holds its value from the session's first step, taken or not)
@@ -446,7 +453,7 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
     overlap, pileup = looped.overlap, looped.pileup
     own_scratch = {name: scratch.kernel_bytes(kind, graph, shapes, name)
                    for name, op in op_of.items() if op in kernel_scratch}
-    held_alongside = scratch.alongside(graph, order, own_scratch)
+    held_alongside = scratch.alongside(graph, order, own_scratch, times or None)
     for step, name in enumerate(order):
         op = op_of[name]
         place = place_of[name]

@@ -46,10 +46,11 @@ def bypassed_identities(graph: Graph, names, fetches) -> dict[str, list[TensorRe
 
 def schedule(graph: Graph, fetches: list[str],
              bypassed: dict[str, list[TensorRef]] | None = None, workers: int = 1,
-             seconds=None) -> list[str]:
+             seconds=None, times: dict | None = None) -> list[str]:
     """Executor-like order, sources in file order. One worker: ready nodes first come first
     served, as the executor runs inexpensive kernels (every GPU kernel) inline. More: the CPU
-    executor's thread pool (`_pool`), a node taking `seconds(name)` there (default: one each).
+    executor's thread pool (`_pool`), a node taking `seconds(name)` there (default: one each);
+    `times`, when given, gets each node's modelled (start, end) there.
     A reader of a `bypassed` IdentityN is ready when the IdentityN's input is."""
     needed = needed_nodes(graph, fetches)
     order_index = {n: i for i, n in enumerate(graph.nodes())}
@@ -112,7 +113,7 @@ def schedule(graph: Graph, fetches: list[str],
         return _in_order(sources, release)
     op_of = graph.ops(needed)
     return _pool(sources, release, workers, {n for n in needed if op_of[n] in INLINE_OPS},
-                 seconds or (lambda name: 1.0))
+                 seconds or (lambda name: 1.0), {} if times is None else times)
 
 
 def _in_order(sources: list[str], release) -> list[str]:
@@ -124,7 +125,8 @@ def _in_order(sources: list[str], release) -> list[str]:
     return order
 
 
-def _pool(sources: list[str], release, workers: int, cheap, seconds) -> list[str]:
+def _pool(sources: list[str], release, workers: int, cheap, seconds,
+          times: dict) -> list[str]:
     """TensorFlow's CPU executor on `workers` inter-op threads, in modelled time: a node takes
     `seconds(name)` (its arithmetic or its memory traffic on this CPU), the `cheap` ones
     (`INLINE_OPS`) none. Of the nodes one makes ready (when it ends), the cheap ones run next on
@@ -139,7 +141,7 @@ def _pool(sources: list[str], release, workers: int, cheap, seconds) -> list[str
     held (+34% on a TF2 MLP with Adam). A `ShapeN` a
     convolution's gradient reads its input by runs as that input is made: queued instead, it
     held every forward activation of a rewritten DenseNet step (modelled 337 MiB, measured
-    187). The order returned is the order nodes start in."""
+    187). The order returned is the order nodes start in; `times` gets (start, end) of each."""
     queues = [deque() for _ in range(workers)]  # front: newest
     injected = deque(sources)  # pushed by the caller: taken oldest first
     inline: list[deque] = [deque() for _ in range(workers)]
@@ -179,7 +181,8 @@ def _pool(sources: list[str], release, workers: int, cheap, seconds) -> list[str
                 continue
             name = victim.pop()
         order.append(name)
-        heapq.heappush(events, (now + (0.0 if name in cheap else seconds(name)), tie, worker,
-                                name))
+        end = now + (0.0 if name in cheap else seconds(name))
+        times[name] = (now, end)
+        heapq.heappush(events, (end, tie, worker, name))
         tie += 1
     return order
