@@ -11,10 +11,10 @@ model code instead) bring that to a little over 2 bytes:
   gradient, so no float32 copy of a weight lives from its forward use to its backward one;
 - its optimizer update becomes the diet update: Adam's second moment is kept factored for 2-D
   weights and convolution kernels (a row and a column accumulator over (kh*kw*cin, cout),
-  Adafactor's rank-1 estimate `r c / mean(c)`), full otherwise; the first moment is dropped
+  SM3's cover `min(r, c)`, never below the whole moment), full otherwise; the first moment is
+  dropped
   (beta1 = 0, Adam's step then clipped as Adafactor's; momentum optimizers step with
-  `lr / (1 - momentum)`, momentum's
-  steady-state step) unless `momentum=keep` (float32, in its own slot) or `momentum=bfloat16`
+  `lr / (1 - momentum)`, momentum's steady-state step) unless `momentum=keep` (float32, in its own slot) or `momentum=bfloat16`
   (a new 16-bit slot, rounded to nearest); the new value is quantized with stochastic
   rounding (a random op: unbiased, so updates smaller than one quantum still move the weight
   on average; recomputation never copies random ops) or to nearest;

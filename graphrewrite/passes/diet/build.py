@@ -82,9 +82,11 @@ class Builder:
     def unary(self, op: str, a: TensorRef, name: str | None = None) -> TensorRef:
         return self.op(name or op.lower(), op, [a], T=type_attr(types_pb2.DT_FLOAT))
 
-    def mean(self, name: str, value: TensorRef, axes, axes_name: str, keep: bool) -> TensorRef:
+    def mean(self, name: str, value: TensorRef, axes, axes_name: str, keep: bool,
+             op: str = "Mean") -> TensorRef:
+        """A reduction over `axes`: `op` Mean, or Max."""
         axes = self.const(axes_name, axes, np.int32)
-        return self.op(name, "Mean", [value, axes], T=type_attr(types_pb2.DT_FLOAT),
+        return self.op(name, op, [value, axes], T=type_attr(types_pb2.DT_FLOAT),
                        Tidx=type_attr(types_pb2.DT_INT32), keep_dims=bool_attr(keep))
 
     def reshape(self, name: str, value: TensorRef, shape, shape_name: str) -> TensorRef:
