@@ -119,18 +119,23 @@ def test_verify_feed_override(tmp_path):
     assert bad.exit_code == 2 and "cannot read" in bad.stderr
 
 
-def test_sparse_placeholders_are_fed_valid_sparse_tensors(tmp_path):
+@pytest.mark.parametrize("declared", [(32, None), None])
+def test_sparse_placeholders_are_fed_valid_sparse_tensors(tmp_path, declared):
     """A Wide & Deep model's `sparse_placeholder` ids: three placeholders each, how many entries
     is data, and the ids must be row-major (`SparseSegmentMean`) inside a dense shape whose
     default holds -1 (`SparseReshape`). verify made none of that and exited 2; six `--feed`
-    arrays were the way. Now each three is fed one sparse tensor of the dense inputs' batch."""
+    arrays were the way. Now each three is fed one sparse tensor of the dense inputs' batch.
+    Declared without a shape (built outside the repo), the indices are `[?, ?]` and the dense
+    shape `[?]`, told from the values by the sparse op that reads it; neither votes on the
+    batch (the dense shape's length 2 had made the batch 2)."""
     import tensorflow as tf
 
     with tf.Graph().as_default() as g:
         tf.compat.v1.set_random_seed(0)
-        wide = tf.compat.v1.sparse_placeholder(tf.int64, [32, None], name="wide")
-        deep = tf.compat.v1.sparse_placeholder(tf.int64, [32, None], name="deep")
-        dense = tf.compat.v1.placeholder(tf.float32, [32, 4], name="dense")
+        wide = tf.compat.v1.sparse_placeholder(tf.int64, declared, name="wide")
+        deep = tf.compat.v1.sparse_placeholder(tf.int64, declared, name="deep")
+        dense = tf.compat.v1.placeholder(tf.float32, [32 if declared else None, 4],
+                                         name="dense")
         table = tf.compat.v1.get_variable("table", [100, 8])
         looked = [tf.nn.safe_embedding_lookup_sparse(table, wide, combiner="sum"),
                   tf.nn.embedding_lookup_sparse(table, deep, None, combiner="mean")]
@@ -138,7 +143,8 @@ def test_sparse_placeholders_are_fed_valid_sparse_tensors(tmp_path):
         tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
         path = tmp_path / "sparse.meta"
         tf.compat.v1.train.export_meta_graph(filename=str(path), graph=g)
-    shown = run_cli("verify", path, path, "--runs", "1", "--json")
+    given = () if declared else ("--input-shape", "dense:32,4")
+    shown = run_cli("verify", path, path, "--runs", "1", "--json", *given)
     assert shown.exit_code == 0, shown.stderr
     assert json.loads(shown.stdout)["match"]
 

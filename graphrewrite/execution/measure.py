@@ -505,7 +505,11 @@ def random_feeds(graph, shapes, seed: int = 0, int_high: int = 10,
     placeholders = [n for n in sorted(graph.nodes())
                     if graph.op(n) in ("Placeholder", "PlaceholderV2") and n not in given
                     and n not in feeds and (needed is None or n in needed)]
-    batch = _shared_batch(shapes, placeholders)
+    from .sparse_feeds import sparse_members
+
+    # a sparse tensor's dense shape is its rank long, its values as many as its entries
+    batch = _shared_batch(shapes, [n for n in placeholders if n not in sparse_members(
+        graph, shapes, set(given) | set(feeds))])
     targets = _targets(graph, shapes)
     unneeded = set() if needed is None else set(graph.nodes()) - needed
     feeds.update(sparse_feeds(graph, shapes, np.random.RandomState(seed + 1), int_high,

@@ -1,7 +1,9 @@
 """Seeded sparse tensors for the placeholders `tf.compat.v1.sparse_placeholder` makes.
 
 A sparse placeholder is three: indices (int64, `[?, rank]`), values (`[?]`) and a dense shape
-(int64, `[rank]`; a `PlaceholderWithDefault` holding -1 where the declared shape was unknown).
+(int64, `[rank]`; a `PlaceholderWithDefault` holding -1 where the declared shape was unknown;
+declared with no shape at all, `[?, ?]` indices and a `[?]` dense shape, told from the values
+by the sparse op that reads it as one, rank RANK).
 How many entries they hold is data, and they must agree: as many values as index rows, indices
 ordered row-major and inside the dense shape (`SparseSegmentMean` refuses unordered segment
 ids, `SparseReshape` a -1). Nothing in the graph ties the three together but the ops that read
@@ -18,11 +20,19 @@ import numpy as np
 
 from ..core.tensor_ref import TensorRef
 
-__all__ = ["sparse_feeds", "COLUMNS"]
+__all__ = ["sparse_feeds", "sparse_members", "COLUMNS", "RANK", "DENSE_SHAPE_SLOTS"]
 
 log = logging.getLogger(__name__)
 
 COLUMNS = 2  # entries per row where the dense shape leaves the width unknown
+RANK = 2  # a sparse tensor's rank where nothing records it: a batch of id lists
+# Where the sparse ops take a dense shape: a `sparse_placeholder` declared without a shape has
+# one of unknown length, which only its readers tell from a sparse tensor's values.
+DENSE_SHAPE_SLOTS = {"SparseReshape": 1, "SparseToDense": 1, "SparseFillEmptyRows": 2,
+                     "SparseTensorDenseMatMul": 2, "SparseReorder": 2, "SparseTensorDenseAdd": 2,
+                     "SparseReduceSum": 2, "SparseReduceMax": 2, "SparseSlice": 2,
+                     "SerializeSparse": 2, "SparseSoftmax": 2, "SparseDenseCwiseMul": 2,
+                     "SparseDenseCwiseAdd": 2, "SparseDenseCwiseDiv": 2}
 REACH = 8  # how many ops downstream two placeholders may meet
 
 
@@ -40,22 +50,7 @@ def sparse_feeds(graph, shapes, rng: np.random.RandomState, int_high: int,
         return (None, None) if found is None or found.shape is None else \
             (tf.dtypes.as_dtype(found.dtype), found.shape)
 
-    placeholders = [n for n in sorted(graph.nodes())
-                    if graph.op(n) in ("Placeholder", "PlaceholderV2", "PlaceholderWithDefault")
-                    and n not in skip]
-    indices, values, dense_shapes = [], [], []
-    for name in placeholders:
-        dtype, shape = info(name)
-        if shape is None:
-            continue
-        with_default = graph.op(name) == "PlaceholderWithDefault"
-        if not with_default and dtype == tf.int64 and len(shape) == 2 and shape[0] is None \
-                and shape[1] is not None:
-            indices.append(name)
-        elif not with_default and len(shape) == 1 and shape[0] is None:
-            values.append(name)
-        elif dtype == tf.int64 and len(shape) == 1 and shape[0] is not None:
-            dense_shapes.append(name)
+    indices, values, dense_shapes = _roles(graph, shapes, skip)
     if not indices:
         return {}
     reach = {name: _downstream(graph, name) for name in indices + values + dense_shapes}
@@ -65,7 +60,7 @@ def sparse_feeds(graph, shapes, rng: np.random.RandomState, int_high: int,
     for name in indices:
         if name not in value_of:
             continue  # no values read with it: not a sparse tensor this can make
-        rank = info(name)[1][1]
+        rank = info(name)[1][1] or _length(info, shape_of.get(name)) or RANK
         declared = _default(graph, shapes, shape_of.get(name))
         if declared is None or len(declared) != rank:
             declared = [-1] * rank
@@ -87,6 +82,64 @@ def sparse_feeds(graph, shapes, rng: np.random.RandomState, int_high: int,
             feeds[value] = rng.randint(0, high, count).astype(dtype)
         log.info("sparse placeholder %s: %d entries in a dense shape %s", name, count, dense)
     return feeds
+
+
+def sparse_members(graph, shapes, skip: set[str] = frozenset()) -> set[str]:
+    """The placeholders that look like part of a sparse tensor (indices, values, dense
+    shapes): their lengths are entry counts and ranks, no batch."""
+    indices, values, dense_shapes = _roles(graph, shapes, skip)
+    return set(indices + values + dense_shapes) if indices else set()
+
+
+def _roles(graph, shapes, skip: set[str]) -> tuple[list[str], list[str], list[str]]:
+    """The placeholders not in `skip` that may be a sparse tensor's indices (int64,
+    `[?, rank]`, the rank unknown too where the placeholder was declared without a shape),
+    values (`[?]`) and dense shapes (int64, `[rank]`, or `[?]` where a sparse op reads it
+    as one)."""
+    import tensorflow as tf
+
+    indices, values, dense_shapes = [], [], []
+    for name in sorted(graph.nodes()):
+        if graph.op(name) not in ("Placeholder", "PlaceholderV2", "PlaceholderWithDefault") \
+                or name in skip:
+            continue
+        found = shapes[TensorRef(name)]
+        if found is None or found.shape is None:
+            continue
+        dtype, shape = tf.dtypes.as_dtype(found.dtype), found.shape
+        with_default = graph.op(name) == "PlaceholderWithDefault"
+        if not with_default and dtype == tf.int64 and len(shape) == 2 and shape[0] is None:
+            indices.append(name)
+        elif dtype == tf.int64 and len(shape) == 1 and (shape[0] is not None
+                                                       or _read_as_dense_shape(graph, name)):
+            dense_shapes.append(name)
+        elif not with_default and len(shape) == 1 and shape[0] is None:
+            values.append(name)
+    return indices, values, dense_shapes
+
+
+def _read_as_dense_shape(graph, name: str) -> bool:
+    """Whether a sparse op takes `name` (through Identity and Cast) as its dense shape."""
+    todo, seen = [name], set()
+    while todo:
+        node = todo.pop()
+        for user, slot in graph.consumers(TensorRef(node)):
+            if user in seen or slot is None or slot < 0:
+                continue
+            seen.add(user)
+            if DENSE_SHAPE_SLOTS.get(graph.op(user)) == slot:
+                return True
+            if graph.op(user) in ("Identity", "Cast"):
+                todo.append(user)
+    return False
+
+
+def _length(info, name: str | None) -> int | None:
+    """The known length of a dense shape placeholder (its rank), if any."""
+    if name is None:
+        return None
+    shape = info(name)[1]
+    return shape[0] if shape else None
 
 
 def _downstream(graph, name: str) -> dict[str, int]:
