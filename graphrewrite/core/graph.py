@@ -239,6 +239,24 @@ class Graph:
         return sorted((v, d["slot"]) for v, keyed in readers.items() for d in keyed.values()
                       if d["port"] == ref.port)
 
+    def read_as(self, name: str, readers: dict[str, int | None],
+                through: tuple[str, ...] = ("Identity", "Cast")) -> bool:
+        """Whether an op of `readers` takes `name`'s values, directly or through `through`
+        ops, at the input slot it names (None: any)."""
+        todo, seen = [name], set()
+        while todo:
+            node = todo.pop()
+            for user, slot in self.consumers(TensorRef(node)):
+                if user in seen or slot is None or slot < 0:
+                    continue
+                seen.add(user)
+                op = self.op(user)
+                if op in readers and readers[op] in (None, slot):
+                    return True
+                if op in through:
+                    todo.append(user)
+        return False
+
     def _consumers_by_view(self, ref: TensorRef | str) -> list[tuple[str, int | None]]:
         if isinstance(ref, str):
             return sorted((v, d["slot"] if d["slot"] is not None else -1)

@@ -111,27 +111,11 @@ def _roles(graph, shapes, skip: set[str]) -> tuple[list[str], list[str], list[st
         if not with_default and dtype == tf.int64 and len(shape) == 2 and shape[0] is None:
             indices.append(name)
         elif dtype == tf.int64 and len(shape) == 1 and (shape[0] is not None
-                                                       or _read_as_dense_shape(graph, name)):
+                                                       or graph.read_as(name, DENSE_SHAPE_SLOTS)):
             dense_shapes.append(name)
         elif not with_default and len(shape) == 1 and shape[0] is None:
             values.append(name)
     return indices, values, dense_shapes
-
-
-def _read_as_dense_shape(graph, name: str) -> bool:
-    """Whether a sparse op takes `name` (through Identity and Cast) as its dense shape."""
-    todo, seen = [name], set()
-    while todo:
-        node = todo.pop()
-        for user, slot in graph.consumers(TensorRef(node)):
-            if user in seen or slot is None or slot < 0:
-                continue
-            seen.add(user)
-            if DENSE_SHAPE_SLOTS.get(graph.op(user)) == slot:
-                return True
-            if graph.op(user) in ("Identity", "Cast"):
-                todo.append(user)
-    return False
 
 
 def _length(info, name: str | None) -> int | None:

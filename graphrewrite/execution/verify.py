@@ -516,19 +516,7 @@ def _initial_weight(graph, name: str, seeded: np.ndarray) -> np.ndarray:
 
 def _is_scale(graph, name: str) -> bool:
     """Whether a read of the variable (through Identity and Cast) is taken as a scale."""
-    todo, seen = [name], set()
-    while todo:
-        node = todo.pop()
-        for user, slot in graph.consumers(TensorRef(node)):
-            if user in seen or slot is None or slot < 0:
-                continue
-            seen.add(user)
-            op = graph.op(user)
-            if op in SCALE_READERS and SCALE_READERS[op] in (None, slot):
-                return True
-            if op in ("ReadVariableOp", "Identity", "Cast"):
-                todo.append(user)
-    return False
+    return graph.read_as(name, SCALE_READERS, ("ReadVariableOp", "Identity", "Cast"))
 
 
 def _learning_rates(graph, updates, captured: set, depth: int = 8) -> set[str]:
