@@ -541,6 +541,26 @@ def test_a_diets_variables_differ_by_their_values_not_by_infinity():
     assert close["variable:w"].equal  # 2.5 within 30% of 2.0
 
 
+def _keras_step(path, model, batch_shape: tuple, optimizer, of_output):
+    """A TF2 step exported to `path`: the mean of `of_output(model(x))` as the loss."""
+    import tensorflow as tf
+
+    model.build(batch_shape)
+    optimizer.build(model.trainable_variables)
+
+    @tf.function(input_signature=[tf.TensorSpec(batch_shape, tf.float32, name="x")])
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(of_output(model(x)))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    path.write_bytes(step.get_concrete_function().graph.as_graph_def(
+        add_shapes=True).SerializeToString())
+    return path
+
+
 def test_a_centered_rmsprops_seeded_state_starts_at_zero_when_it_made_nans(tmp_path):
     """A deep MLP with Keras's centered RMSprop (built outside the repo) matched bitwise on
     NaNs: verify seeds each slot on its own, and a mean square below its mean gradient's
@@ -550,21 +570,8 @@ def test_a_centered_rmsprops_seeded_state_starts_at_zero_when_it_made_nans(tmp_p
 
     model = tf.keras.Sequential([tf.keras.layers.Dense(64, activation="relu"),
                                  tf.keras.layers.Dense(4)])
-    model.build((32, 16))
-    optimizer = tf.keras.optimizers.RMSprop(1e-3, centered=True)
-    optimizer.build(model.trainable_variables)
-
-    @tf.function(input_signature=[tf.TensorSpec([32, 16], tf.float32, name="x")])
-    def step(x):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(tf.square(model(x)))
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
-    path = tmp_path / "centered.pb"
-    path.write_bytes(step.get_concrete_function().graph.as_graph_def(
-        add_shapes=True).SerializeToString())
+    path = _keras_step(tmp_path / "centered.pb", model, (32, 16),
+                       tf.keras.optimizers.RMSprop(1e-3, centered=True), tf.square)
     outcome = verify.verify(io.load(path), io.load(path), verify.VerifyOptions(runs=0),
                             isolated=False)
     facts = outcome.to_json()
@@ -581,21 +588,8 @@ def test_a_step_that_overflows_from_seeded_weights_starts_as_training_would(tmp_
     model = tf.keras.Sequential([tf.keras.layers.Dense(1024, activation="relu"),
                                  tf.keras.layers.Dense(1024, activation="relu"),
                                  tf.keras.layers.Dense(1)])
-    model.build((32, 1024))
-    optimizer = tf.keras.optimizers.Adam(1e-3)
-    optimizer.build(model.trainable_variables)
-
-    @tf.function(input_signature=[tf.TensorSpec([32, 1024], tf.float32, name="x")])
-    def step(x):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(tf.exp(model(x)))
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
-    path = tmp_path / "overflow.pb"
-    path.write_bytes(step.get_concrete_function().graph.as_graph_def(
-        add_shapes=True).SerializeToString())
+    path = _keras_step(tmp_path / "overflow.pb", model, (32, 1024),
+                       tf.keras.optimizers.Adam(1e-3), tf.exp)
     outcome = verify.verify(io.load(path), io.load(path), verify.VerifyOptions(runs=0),
                             isolated=False)
     facts = outcome.to_json()
