@@ -74,10 +74,10 @@ def _adam_writes(graph, variable):
 
 
 def _check_copies_dequantize_again(graph, original):
-    """Every recomputed MatMul of a dieted weight reads a copy of its weight's dequantization, made from the
-    forward pass's 16-bit read (a ref variable itself: then every write of the variable waits
-    for the copy), and each copy waits for the copies of what its original waits for (a gated
-    dequantization: the activation its reader multiplies)."""
+    """Every recomputed MatMul of a dieted weight reads a copy of its weight's dequantization,
+    made from the forward pass's 16-bit read (a ref variable itself: then every write of the
+    variable waits for the copy), and each copy waits for the copies of what its original waits
+    for (a gated dequantization: the activation its reader multiplies)."""
     copies = {n: names.copied_from(n) for n in graph.nodes() if names.copied_from(n)}
     copy_of = {o: c for c, o in copies.items()}
     matmuls = [c for c in copies if graph.op(c) == "MatMul"]

@@ -34,20 +34,21 @@ from . import loops
 __all__ = ["PLACEHOLDERS", "HANDLE_FORWARDERS", "VALUE_ARGS", "SCALE", "EXPORT_HINT", "BIND_SCOPE",
            "INT16_MAX", "ValueSpec", "is_resource_placeholder", "resource_placeholders",
            "ITERATOR_OPS", "iterators",
-           "value_spec", "export_hint", "ROW_OPS", "seeded_value", "dieted", "seeded_values", "diet_mark",
+           "value_spec", "export_hint", "ROW_OPS", "seeded_value", "dieted", "seeded_values",
+           "diet_mark",
            "users", "DENSE_WRITES", "BRANCHES", "CALLS", "through_forwarders", "Bound",
            "resource_placeholder_names", "fed_copy", "bind", "INDEX_FORWARDERS", "index_limit"]
 
 log = logging.getLogger(__name__)
 
 PLACEHOLDERS = ("Placeholder", "PlaceholderV2")
-# Ops that pass a handle through unchanged: the readers behind them read the same variable
-# (`Switch`: a functional `If` as Grappler lowers it), and which of their outputs do.
 # Ops that read or write a variable's rows by index: none of them records its row count.
 ROW_OPS = ("ResourceGather", "ResourceGatherNd", "ResourceScatterAdd", "ResourceScatterSub",
            "ResourceScatterUpdate", "ResourceScatterMul", "ResourceScatterDiv",
            "ResourceScatterMin", "ResourceScatterMax", "ResourceScatterNdAdd",
            "ResourceScatterNdUpdate")
+# Ops that pass a handle through unchanged: the readers behind them read the same variable
+# (`Switch`: a functional `If` as Grappler lowers it), and which of their outputs do.
 HANDLE_FORWARDERS = {"Identity": (0,), "IdentityN": None, "Switch": (0, 1), "Enter": (0,)}
 # Input argument of a writer that holds a value of the variable's shape.
 VALUE_ARGS = ("value", "grad", "delta")

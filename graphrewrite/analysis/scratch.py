@@ -44,8 +44,8 @@ Two kernels can hold their scratch at once (`alongside`): a convolution's two gr
 same incoming gradient and become ready together, and the executor runs them on two threads; so
 do the gradients of two branches. Measured here, the allocator's peak of a Keras CNN training step
 (`km_cnn_adam_bn`) was 59.6 MiB with them at once and 35.2 MiB with each input gradient made to
-wait for its weights' gradient (the `serialize` pass); the model says 60.2 and 35.7. On a GPU both take workspace as they start, on two
-threads alike (ESTIMATE, not measured).
+wait for its weights' gradient (the `serialize` pass); the model says 60.2 and 35.7. On a GPU
+both take workspace as they start, on two threads alike (ESTIMATE, not measured).
 """
 
 from __future__ import annotations

@@ -12,12 +12,12 @@ model code instead) bring that to a little over 2 bytes:
 - its optimizer update becomes the diet update: Adam's second moment is kept factored for 2-D
   weights and convolution kernels (a row and a column accumulator over (kh*kw*cin, cout),
   SM3's cover `min(r, c)`, never below the whole moment), full otherwise; the first moment is
-  dropped
-  (beta1 = 0, Adam's step then clipped as Adafactor's; momentum optimizers step with
-  `lr / (1 - momentum)`, momentum's steady-state step) unless `momentum=keep` (float32, in its own slot) or `momentum=bfloat16`
-  (a new 16-bit slot, rounded to nearest); the new value is quantized with stochastic
-  rounding (a random op: unbiased, so updates smaller than one quantum still move the weight
-  on average; recomputation never copies random ops) or to nearest;
+  dropped (beta1 = 0, Adam's step then clipped as Adafactor's; momentum optimizers step with
+  `lr / (1 - momentum)`, momentum's steady-state step) unless `momentum=keep` (float32, in its
+  own slot) or `momentum=bfloat16` (a new 16-bit slot, rounded to nearest); the new value is
+  quantized with stochastic rounding (a random op: unbiased, so updates smaller than one
+  quantum still move the weight on average; recomputation never copies random ops) or to
+  nearest;
 - slots no longer read are removed with their initializers and checkpoint entries; new slots
   are added to the Saver, to the `variables` collection (through `metagraph.sync`) and to the
   init ops that run their weight's initializer (`init`, whatever its name), so the graph's own
