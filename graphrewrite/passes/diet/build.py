@@ -82,11 +82,10 @@ class Builder:
     def unary(self, op: str, a: TensorRef, name: str | None = None) -> TensorRef:
         return self.op(name or op.lower(), op, [a], T=type_attr(types_pb2.DT_FLOAT))
 
-    def mean(self, name: str, value: TensorRef, axes, axes_name: str, keep: bool,
-             op: str = "Mean") -> TensorRef:
-        """A reduction over `axes`: `op` Mean, or Max."""
+    def max(self, name: str, value: TensorRef, axes, axes_name: str, keep: bool) -> TensorRef:
+        """The largest value over `axes`."""
         axes = self.const(axes_name, axes, np.int32)
-        return self.op(name, op, [value, axes], T=type_attr(types_pb2.DT_FLOAT),
+        return self.op(name, "Max", [value, axes], T=type_attr(types_pb2.DT_FLOAT),
                        Tidx=type_attr(types_pb2.DT_INT32), keep_dims=bool_attr(keep))
 
     def reshape(self, name: str, value: TensorRef, shape, shape_name: str) -> TensorRef:

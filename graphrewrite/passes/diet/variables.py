@@ -511,9 +511,9 @@ class Diet:
                          self._read_slot(b, cols, resource, "cols", (1, matrix[1])), "cover")
         second = b.binary("AddV2", b.binary("Mul", keep, cover, "cover_kept"),
                           b.binary("Mul", take, squared, "squared_taken"), "second")
-        writes = [self._write_slot(b, rows, b.mean("rows_max", second, 1, "axis_1", True, "Max"),
+        writes = [self._write_slot(b, rows, b.max("rows_max", second, 1, "axis_1", True),
                                    resource, "rows"),
-                  self._write_slot(b, cols, b.mean("cols_max", second, 0, "axis_0", True, "Max"),
+                  self._write_slot(b, cols, b.max("cols_max", second, 0, "axis_0", True),
                                    resource, "cols")]
         if len(shape) != 2:
             second = b.reshape("second_kernel", second, shape, "kernel_shape")
