@@ -137,6 +137,9 @@ def format_optimize(facts: dict) -> str:
         ("nodes", f"{facts['nodes_before']} -> {facts['nodes_after']} "
                   f"(+{facts['nodes_added']})"),
     ]
+    floor = facts["lossless_floor"]
+    if floor and floor["at"]:
+        rows.append(("lossless floor", _floor_text(floor)))
     if facts["budget_bytes"] is not None:
         rows.append(("budget", f"{format_bytes(facts['budget_bytes'])}: "
                                + ("met" if facts["budget_met"] else "not met (see the note)")))
@@ -246,6 +249,13 @@ def _diet_row(facts: dict) -> str:
     return "; ".join(done)
 
 
+def _floor_text(floor: dict) -> str:
+    """`lossless_floor` for people: what no recomputation or swap goes below, and why."""
+    return (f"{format_bytes(floor['bytes'])}: the variables and constants "
+            f"({format_bytes(floor['state_bytes'])}) beside {floor['at']}'s operands and "
+            "scratch; no recomputation or swap goes below it")
+
+
 def _peak_rows(facts: dict) -> list[tuple[str, str]]:
     """The headline peaks, those `verify` should measure (as run, after Grappler, when both
     steps were modelled so: the allocator's, kernel scratch included), then the peaks as
@@ -301,6 +311,7 @@ def format_summary(facts: dict) -> str:
                             f"{format_bytes(facts['live_peak_bytes'])} of live tensors; persistent "
                             f"{format_bytes(facts['persistent_bytes'])}, peak at "
                             f"{facts['peak_node']})"),
+            ("lossless floor", _floor_text(facts["lossless_floor"])),
             *([("loop pile-up", f"up to {format_bytes(facts['peak_bytes_bound'])} when a "
                                 "loop's iterations run ahead of the gradients it sums "
                                 "(parallel_iterations; a race between the executor's threads)")]

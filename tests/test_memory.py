@@ -35,6 +35,21 @@ def test_matmul_chain_holds_input_and_output_together():
     assert report.peak() == 4 * KIB
 
 
+def test_the_floor_is_the_state_beside_the_kernel_with_the_most_operands():
+    # x and w 1 KiB each, a and b 1 KiB each; the concat reads both and writes 2 KiB: 4 KiB
+    # of operands, the most of any kernel, beside the constants (w, and the concat's axis).
+    def graph():
+        x = placeholder(shape=(16, 16))
+        w = const("w", (16, 16))
+        a = tf.matmul(x, w, name="a")
+        b = tf.matmul(a, w, name="b")
+        tf.reduce_sum(tf.concat([a, b], 0, name="cat"), name="out")
+    report = simulate(build(graph), ["out"])
+    assert report.persistent_bytes["device"] >= KIB
+    assert report.floor() == (report.persistent_bytes["device"] + 4 * KIB, "cat")
+    assert report.floor()[0] <= report.allocated_peak()
+
+
 def test_value_kept_for_a_late_consumer_stays_live():
     # a = Neg(x) is read again by the last op: a, b=Exp(a)... cannot reuse a's buffer.
     def graph():

@@ -263,6 +263,7 @@ class _Peak:
     def __init__(self, peak, scratch=0):
         self.peak, self.order, self.scratch = peak, ["node"], {0: scratch}
         self.timeline = [peak - scratch]  # live tensors
+        self.persistent_bytes, self.widest = {}, (0, peak // 2)
 
     def allocated_peak(self):
         return self.peak
@@ -270,7 +271,7 @@ class _Peak:
     def allocated_timeline(self):
         return [self.peak]
 
-    allocated_peak_at = MemoryReport.allocated_peak_at
+    allocated_peak_at, floor = MemoryReport.allocated_peak_at, MemoryReport.floor
 
 
 @pytest.mark.parametrize("after, kept", [(900, True), (1000, True), (1100, True),

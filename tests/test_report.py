@@ -27,6 +27,7 @@ class Step:
         self.peak, self.order, self.scratch = peak, ["a", "conv_grad"], {1: scratch}
         self.accelerator = accelerator
         self.timeline = [peak // 2, peak - scratch - padding]  # live tensors
+        self.persistent_bytes, self.widest = {"device": peak // 4}, (1, peak // 4)
 
     def allocated_peak(self):
         return self.peak
@@ -34,7 +35,7 @@ class Step:
     def allocated_timeline(self):
         return [self.peak // 2, self.peak]
 
-    allocated_peak_at = MemoryReport.allocated_peak_at
+    allocated_peak_at, floor = MemoryReport.allocated_peak_at, MemoryReport.floor
 
 
 def result(as_run=(None, None), modified=True, written=(3 * MIB, 2 * MIB)):
@@ -177,6 +178,10 @@ def test_the_headline_of_a_cnn_is_its_step_as_run(tmp_path):
     text = run_cli("optimize", fixture_path("resnet_cnn"), "-o", tmp_path / "p.pb").stdout
     ratio = as_run["after"] / as_run["before"]
     assert f"({ratio:.2f}x, as run, after Grappler)" in text.splitlines()[2]
+    # what no rewrite goes below: under the rewrite's peak, over the variables it counts
+    floor = facts["lossless_floor"]
+    assert floor["state_bytes"] < floor["bytes"] <= as_run["after"]
+    assert floor["at"] in text and "no recomputation or swap goes below it" in text
 
 
 def _marked(kind, index):
@@ -289,6 +294,22 @@ def test_a_lever_the_budget_tried_is_not_named_as_one_that_goes_lower():
     note = report.optimize_report("in.pb", "out.pb", "graphdef", optimized)["note"]
     assert "budget 100.0 MiB not met (200.0 MiB modelled)" in note
     assert "--swap-checkpoints" in note and "diet" not in note
+
+
+@pytest.mark.parametrize("budget, below", [(10, True), (20, False)])
+def test_a_budget_under_the_lossless_floor_is_named_so(budget, below):
+    """U-Net h24's floor was 0.52x of its peak: the variables and Adam's slots (89 MiB) beside
+    a weights' gradient's operands and column buffer. A budget under it is missed by any
+    recomputation; the note says so and what the floor is made of."""
+    optimized = result(as_run=(36 * MIB, 35 * MIB))  # floor: 9 MiB of state + 9 of operands
+    optimized.budget, optimized.budget_of = budget * MIB, "predicted"
+    optimized.levers = [{"levers": ["diet"], "recompute": True}]  # diet tried
+    facts = report.optimize_report("in.pb", "out.pb", "graphdef", optimized)
+    assert facts["lossless_floor"] == {"bytes": 18 * MIB, "state_bytes": 9 * MIB,
+                                       "at": "conv_grad"}
+    assert ("under the lossless floor of 18.0 MiB: the variables and constants, 9.0 MiB, "
+            "beside conv_grad's operands" in facts["note"]) is below
+    assert f"budget {budget}.0 MiB not met (35.0 MiB modelled" in facts["note"]
 
 
 @pytest.mark.parametrize("lever, said", [("diet", True), ("diet(min_size=1048576)", True),

@@ -180,6 +180,9 @@ class MemoryReport:
     # step -> bytes more a loop's lagging sum can hold while its iterations run ahead of it
     # (`loops._lagging_sums`): counted only by `allocated_peak_bound`
     pileup: dict[int, tuple[int, ...]] = field(default_factory=dict)  # step -> allocations
+    # (step, bytes): the kernel whose operands (inputs and outputs, the variables' values
+    # aside) and own scratch are the most on the device, and those bytes (`floor`)
+    widest: tuple[int, int] = (-1, 0)
     _writes: _Writes | None = field(default=None, repr=False)  # what `moves` comes from
     _moves: list[Move] | None = field(default=None, repr=False)
     _allocated: dict = field(default_factory=dict, repr=False)
@@ -235,6 +238,16 @@ class MemoryReport:
             return None
         step = max(range(len(timeline)), key=timeline.__getitem__)
         return self.order[step], sum(_allocations(self.scratch.get(step, 0)))
+
+    def floor(self) -> tuple[int, str | None]:
+        """(bytes, node): what no recomputation or swap of this step's tensors goes below, in
+        bytes live at once: the constants and variables on the device beside the kernel whose
+        operands and own scratch are the most (every kernel runs with its inputs and outputs
+        on the device; a copy of it has the same). Without the variables' updates' copies
+        and the allocator's rounding: a bound, not a forecast."""
+        step, operands = self.widest
+        return (self.persistent_bytes.get(DEVICE, 0) + operands,
+                self.order[step] if step >= 0 else None)
 
     def _replay(self, place: str, timeline: dict[int, int] | None = None) -> int:
         """`replay` of this step's buffers at `place` through the allocator that place has: a
@@ -454,6 +467,7 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
     own_scratch = {name: scratch.kernel_bytes(kind, graph, shapes, name)
                    for name, op in op_of.items() if op in kernel_scratch}
     held_alongside = scratch.alongside(graph, order, own_scratch, times or None)
+    widest = (0, 1)  # (bytes, -step): the first of the widest kernels
     for step, name in enumerate(order):
         op = op_of[name]
         place = place_of[name]
@@ -473,6 +487,9 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
                 buffer.pinned |= name in fetched
                 add_output(ref, buffer)
         extra = own_scratch.get(name, 0) + (overlap.get(name, 0) if overlap else 0)
+        if place == DEVICE:
+            widest = max(widest, (_operand_bytes(inputs, made, buffer_of, looped, name)
+                                  + own_scratch.get(name, 0), -step))
         if name in held_alongside:
             scratch_at[step] = (extra,) + held_alongside[name]
         elif extra:
@@ -502,7 +519,7 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
                         {w: order[at] for w, (_, at) in peak.items()}, live_at_peak, persistent,
                         buffers, buffer_of, sum(shapes.nbytes(r) or 0 for r, _ in transfers),
                         sorted(set(unknown)), host_split if device is None else device == "gpu",
-                        scratch_at, timeline, pileup_at,
+                        scratch_at, timeline, pileup_at, (-widest[1], widest[0]),
                         _Writes({id(b) for b in buffers if b.owner.node in variable_sizes},
                                 {id(b) for b in buffers if b.owner.node in copied_on_read},
                                 graph, order, op_of, reads, outputs, buffer_of, shapes))
@@ -594,6 +611,18 @@ class _Writes:
                     found.append(Move(racing, variable, None, racing))
                 reads = []
         return sorted(found, key=lambda m: m.step)
+
+
+def _operand_bytes(inputs: list[TensorRef], made: list[TensorRef], buffer_of: dict,
+                   looped, name: str) -> int:
+    """Bytes of the step's buffers `name` reads and writes, each once: not the variables'
+    and constants' (counted apart) nor what a loop keeps from every iteration (its lists
+    and stacks, which the loop passes can free)."""
+    held = set(looped.held_by.get(name, ()))
+    operands = {id(b): b for b in (buffer_of.get(r) for r in (*inputs, *made)
+                                   if r not in held and r not in looped.sizes)
+                if b is not None and b.lifetime != STATE and b.pieces == 1}
+    return sum(b.size for b in operands.values())
 
 
 def _copied_on_read(graph: Graph, order: list[str], op_of: dict[str, str],

@@ -12,6 +12,7 @@ from ..passes.recompute import RecomputeResult
 from ..passes.swap import SwapResult
 from ..pipeline.grammar import parse_pipeline
 from ..pipeline.run import OptimizeResult
+from .summary import floor_facts
 
 __all__ = ["optimize_report", "explain"]
 
@@ -35,6 +36,7 @@ def optimize_report(source, output, fmt, result: OptimizeResult) -> dict:
         "peak_bytes_as_run": dict(zip(("before", "after"), result.run_peaks)),
         "peak_bytes_predicted": {**dict(zip(("before", "after", "model"), result.predicted_peaks)),
                                  "device": result.predicted_on},
+        "lossless_floor": _floor(result),
         "budget_bytes": result.budget,
         "budget_met": result.budget_met,
         "levers": result.levers,
@@ -86,6 +88,14 @@ def explain(result: OptimizeResult, original: Graph, name: str) -> str:
                 "recomputing (none, or only small ones: side outputs, scalars), or it is "
                 "backward itself)")
     return f"{name}: left alone ({_note(result) or 'mode ' + result.mode + ' rewrote nothing'})"
+
+
+def _floor(result: OptimizeResult) -> dict | None:
+    """The original's `floor_facts`, on the model `predicted_peaks` compares (as run where it
+    can: the kernels Grappler runs, their scratch as the allocator holds it)."""
+    report = result.run_reports[0] if result.predicted_peaks[2] == "as_run" else \
+        getattr(result.analyses[0], "memory", None)
+    return None if report is None else floor_facts(report)
 
 
 LITTLE = 0.05  # a saving under this share is worth explaining
@@ -194,7 +204,12 @@ def _levers(result: OptimizeResult) -> str:
         levers.append("16-bit parameters and optimizer state (--lossy with --budget, or "
                       "--mode diet)")
     peak = result.predicted_peaks[1] if result.budget_of == "predicted" else result.peak_after
-    return (f"budget {_mib(result.budget)} not met ({_mib(peak)} modelled)"
+    floor = _floor(result)
+    below = (f", under the lossless floor of {_mib(floor['bytes'])}: the variables and "
+             f"constants, {_mib(floor['state_bytes'])}, beside {floor['at']}'s operands and "
+             "scratch, which no recomputation or swap lowers"
+             if floor and floor["at"] and result.budget < floor["bytes"] else "")
+    return (f"budget {_mib(result.budget)} not met ({_mib(peak)} modelled{below})"
             + ("; levers not used here that go lower: " + "; ".join(levers) if levers else ""))
 
 

@@ -10,7 +10,7 @@ from ..core.io import Model
 from ..core.ops import FUNCTIONAL_CONTROL_OPS, PLACEHOLDER_OPS, V1_LOOP_OPS
 from ..core.text import dtype_name, format_shape
 
-__all__ = ["summarize", "memory_facts"]
+__all__ = ["summarize", "memory_facts", "floor_facts"]
 
 
 def summarize(model: Model, outputs: list[str]) -> dict:
@@ -59,6 +59,7 @@ def memory_facts(analysis: Analysis, top: int = 10, as_run=None) -> dict:
         "transfer_seconds": report.transfer_bytes / HOST_BANDWIDTH,
         "persistent_bytes": report.persistent_bytes.get(DEVICE, 0),
         "peak_node": report.peak_node.get(DEVICE, ""),
+        "lossless_floor": floor_facts(report),
         "live_at_peak": [{"tensor": str(ref), "bytes": size}
                          for ref, size in report.live_at_peak.get(DEVICE, [])[:top]],
         "forward_nodes": len(analysis.split.forward),
@@ -71,6 +72,14 @@ def memory_facts(analysis: Analysis, top: int = 10, as_run=None) -> dict:
         "sized_by_data": {"count": len(analysis.sized_by_data),
                           "examples": [str(r) for r in analysis.sized_by_data[:5]]},
     }
+
+
+def floor_facts(report) -> dict:
+    """`MemoryReport.floor` as plain data: the bytes no recomputation or swap goes below, the
+    constants' and variables' share of them, and the kernel whose operands and scratch are
+    the rest."""
+    total, node = report.floor()
+    return {"bytes": total, "state_bytes": report.persistent_bytes.get(DEVICE, 0), "at": node}
 
 
 def _placeholder(graph: Graph, name: str) -> dict:
