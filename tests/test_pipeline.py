@@ -226,7 +226,7 @@ def test_progress_is_told_each_stage_as_it_begins():
     seen = []
     pipeline.optimize(io.load(fixture_path("mlp")), "memory", as_run=False, progress=seen.append)
     assert seen == ["analysing the step", "pass inline", "pass loop_recompute", "pass rerun",
-                    "pass defer", "pass recompute", "pass serialize", "pass apply_early",
+                    "pass defer", "pass recompute", "pass serialize", "pass apply_early", "pass reads_first",
                     "checking that TensorFlow imports the rewritten graph"]
 
 

@@ -17,6 +17,7 @@ import json
 import sys
 from pathlib import Path
 
+import networkx as nx
 import pytest
 
 from conftest import run_cli
@@ -99,7 +100,7 @@ def test_the_matrix_covers_every_value_of_every_axis():
                                                      "logistic", "masked", "pre_ln",
                                                      "all_updates", "accum_cond",
                                                      "smoothing", "is_training", "unseeded",
-                                                     "jit"}
+                                                     "jit", "summaries"}
     tf1 = [c for c in cells_ if c.construction in recipes.TF1]
     assert {c.loss for c in tf1} == {"collection", "plain"}
     assert {c.train_op for c in tf1} == {"collection", "grouped", "none"}
@@ -182,6 +183,42 @@ def test_two_steps_are_bitwise_equal(name):
     facts = outcome.to_json()
     assert outcome.match, (facts["mismatched"][:5], facts["max_abs_diff"], facts["cause"])
     assert facts["variables_compared"] > 0 and facts["steps"] == 2
+
+
+@pytest.mark.tf
+def test_the_weights_summaries_read_them_before_their_updates():
+    """An Estimator-style step built outside the repo, its merged summary fetched beside the
+    train op: after `serialize` alone, one run in two read a weight's histogram after the
+    weight's `ResourceApplyAdam`. Each such read now comes before the weight's update."""
+    from graphrewrite.analysis import parameters
+    from graphrewrite.core import io
+
+    _, facts, out = rewritten("v1_cnn_adam_summaries")
+    graph = io.load(out).graph
+    weights = [v for v in parameters.variables(graph) if any(
+        graph.op(c) == "HistogramSummary" for r, _ in graph.consumers(v) for c, _ in
+        graph.consumers(r))]
+    assert weights and sorted(facts["reads_first"]) == sorted(
+        r for v in weights for r, _ in graph.consumers(v)
+        if any(graph.op(c) == "HistogramSummary" for c, _ in graph.consumers(r)))
+    for read in facts["reads_first"]:
+        var = graph.data_inputs(read)[0].node
+        update = next(c for c, _ in graph.consumers(var) if graph.op(c).startswith("Resource"
+                                                                                    "Apply"))
+        assert read in graph.control_inputs(update) or nx.has_path(graph.nx, read, update)
+
+
+@pytest.mark.tf
+def test_steps_follow_the_differentiated_loss_when_only_the_summary_reads_it():
+    """The same habit, the user fetching the train op and the merged summary only: verify
+    --steps asked for a loss with --outputs. It follows the loss the seed differentiates."""
+    entry, _, out = rewritten("v1_cnn_adam_summaries")
+    train_op, loss, merged = entry["outputs"]
+    shown = run_cli("verify", entry["path"], out, "--runs", "1", "--steps", "2", "--outputs",
+                    f"{train_op},{merged}", "--json")
+    assert shown.exit_code == 0, shown.stderr
+    facts = json.loads(shown.stdout)
+    assert facts["loss"] == f"{loss}:0" and facts["match"], facts
 
 
 @pytest.mark.tf

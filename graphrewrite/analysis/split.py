@@ -66,6 +66,13 @@ UPDATE_PREFIXES = ("Apply", "ResourceApply", "SparseApply", "ResourceSparseApply
 VARIABLE_WRITES = frozenset({"AssignVariableOp", "AssignSubVariableOp", "AssignAddVariableOp",
                              "Assign", "AssignSub", "AssignAdd"})
 # Ops through which a constant-valued tensor stays constant-valued even if fed a variable input.
+# Ops that report a value (as text, or to a summary) and compute none: a sink of these stands
+# for what it reports. An Estimator-style step's merged summary read the loss and the logits,
+# and was taken for the loss.
+REPORTING_OPS = frozenset({"ScalarSummary", "HistogramSummary", "ImageSummary", "AudioSummary",
+                           "AudioSummaryV2", "TensorSummary", "TensorSummaryV2", "MergeSummary",
+                           "WriteSummary", "WriteScalarSummary", "WriteHistogramSummary",
+                           "PrintV2", "StringFormat", "AsString", "Assert"})
 SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank", "OnesLike", "ZerosLike"})
 FED_OPS = frozenset({"Placeholder", "PlaceholderV2", "PlaceholderWithDefault", "IteratorGetNext"})
 SOURCE_INPUT_OPS = frozenset({"Placeholder", "PlaceholderV2", "PlaceholderWithDefault",
@@ -207,8 +214,9 @@ def split(graph: Graph, backward_scope: str | None = None) -> Split:
     # Each seed's loss from its own flow: a GAN's generator loss reads fewer activations than
     # the discriminator's, which depends on the generator's output too.
     flows = [reachable(full, [s]) for s in seeds] if len(seeds) > 1 else [flow]
+    candidates = {n for n in _reported(graph, outside) if n not in constant} - flow
     differentiated = (set(_mirrored(graph, seeds)) - flow) or set().union(
-        *(_differentiated(graph, data_full, f, outside) for f in flows))
+        *(_differentiated(graph, data_full, f, candidates) for f in flows))
     losses = differentiated | outside
     forward = reachable(full, (losses | _forward_value_inputs(graph)) - flow, upstream=True) - flow
     backward = set(graph.nodes()) - forward
@@ -629,6 +637,22 @@ def _const_all_ones(node) -> bool:
 
 
 _NO_TYPE = attr_value_pb2.AttrValue()  # read, never stored: `attr[key]` would add the key
+
+
+def _reported(graph: Graph, names: set[str]) -> set[str]:
+    """`names`, each reporting op among them (`REPORTING_OPS`) replaced by the values it
+    reports, through reporting ops before it (a merged summary's scalars and histograms)."""
+    found, todo, seen = set(), list(names), set(names)
+    while todo:
+        name = todo.pop()
+        if graph.op(name) not in REPORTING_OPS:
+            found.add(name)
+            continue
+        for ref in graph.data_inputs(name):
+            if ref.node not in seen:
+                seen.add(ref.node)
+                todo.append(ref.node)
+    return found
 
 
 def _differentiated(graph: Graph, data: nx.DiGraph, flow: set[str], sinks: set[str]) -> set[str]:

@@ -627,16 +627,13 @@ def _loss_output(model: Model, fetches: list[str], shapes) -> str:
     minimizes: an estimator's total loss, not the cross entropy its `losses` collection
     holds) or that it passes on, else one computed from it (Keras's `train_step` returns its
     loss tracker's mean, beside an accuracy), else the first fetched float scalar, with a
-    warning."""
-    scalars = []
-    for name in fetches:
-        ref = TensorRef.parse(name)
-        info = shapes[ref]
-        if info is not None and info.shape == () and dtypes.is_floating(info.dtype):
-            scalars.append(str(ref) if ":" in name else f"{ref.node}:0")
-    if not scalars:
-        raise GraphRewriteError("${steps} needs a scalar float loss among the fetched outputs "
-                                "(give it with ${fetches})")
+    warning. Where nothing fetched is either, the differentiated scalar itself, unfetched (an
+    Estimator-style step fetches its train op and merged summary, the loss only through it)."""
+    def scalar(name: str) -> bool:
+        info = shapes[TensorRef.parse(name)]
+        return info is not None and info.shape == () and dtypes.is_floating(info.dtype)
+
+    scalars = [name if ":" in name else f"{name}:0" for name in fetches if scalar(name)]
     minimized = set(split_mod.split(model.graph).differentiated)
     # What a minimized Identity passes on (the zoo's `minimize(tf.identity(loss))`).
     minimized |= {loops.through(model.graph, TensorRef(n), ("Identity", "Snapshot")).node
@@ -646,6 +643,14 @@ def _loss_output(model: Model, fetches: list[str], shapes) -> str:
         chosen = next((s for s in scalars if TensorRef.parse(s).node in among), None)
         if chosen is not None:
             return chosen
+    unfetched = sorted(n for n in minimized if scalar(n))
+    if unfetched:
+        log.info("verify: ${steps} follows the loss the gradient seeds differentiate, '%s', "
+                 "which the step does not fetch", unfetched[0])
+        return f"{unfetched[0]}:0"
+    if not scalars:
+        raise GraphRewriteError("${steps} needs a scalar float loss among the fetched outputs "
+                                "(give it with ${fetches})")
     log.warning("verify: ${steps} follows '%s', the first scalar fetched, as the loss: nothing "
                 "fetched is computed from the loss the gradient seeds differentiate; give the "
                 "loss with ${fetches}", scalars[0])

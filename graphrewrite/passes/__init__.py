@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from . import (accumulate, apply_early, chunk_loss, defer, diet, inline, loop_recompute, recompute,
-               relax_assign, rerun, serialize, swap)
+from . import (accumulate, apply_early, chunk_loss, defer, diet, inline, loop_recompute,
+               reads_first, recompute, relax_assign, rerun, serialize, swap)
 
 __all__ = ["Pass", "PASSES"]
 
@@ -35,4 +35,6 @@ PASSES = {
     "serialize": Pass(serialize.SerializeOptions, serialize.run, serialize.SerializeResult),
     "apply_early": Pass(apply_early.ApplyEarlyOptions, apply_early.run,
                         apply_early.ApplyEarlyResult),
+    "reads_first": Pass(reads_first.ReadsFirstOptions, reads_first.run,
+                        reads_first.ReadsFirstResult),
 }

@@ -323,7 +323,12 @@ def _run_passes(model: Model, steps: list, found, again: AnalysisOptions, stage,
     results: dict[str, PassResult] = {}
     made = []  # (pass, the passes before it, its output graph), for `importable.check`
     inlined_peak = None
-    for index, (name, pass_opts) in enumerate(steps):
+    # after any rewrite, reads racing the updates as the original's schedule ordered them
+    tail = [] if any(name == "reads_first" for name, _ in steps) else \
+        [("reads_first", PASSES["reads_first"].options())]
+    for index, (name, pass_opts) in enumerate(steps + tail):
+        if index == len(steps) and not made:
+            break
         before = [n for n, _ in steps[:index]]
         stage(f"pass {name}")
         try:
