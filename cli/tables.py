@@ -250,10 +250,11 @@ def _diet_row(facts: dict) -> str:
 
 
 def _floor_text(floor: dict) -> str:
-    """`lossless_floor` for people: what no recomputation or swap goes below, and why."""
+    """`lossless_floor` for people: what no lossless rewrite goes below, and why."""
     return (f"{format_bytes(floor['bytes'])}: the variables and constants "
             f"({format_bytes(floor['state_bytes'])}) beside {floor['at']}'s operands and "
-            "scratch; no recomputation or swap goes below it")
+            "scratch; no lossless rewrite (recomputation, swapping, running sums) "
+            "goes below it")
 
 
 def _peak_rows(facts: dict) -> list[tuple[str, str]]:
@@ -360,7 +361,8 @@ def format_summary(facts: dict) -> str:
 
 # Report keys listing nodes, as table rows: the key, then what each listed node is.
 NAMED_ROWS = (
-    ("accumulated", "AddN sums now add as their terms arrive"),
+    ("accumulated", "sums (AddN) now adding each term as it arrives"),
+    ("reads_first", "reads of variables now before their updates (nothing ordered them)"),
     ("rerun", "recurrent layers' forward passes run again before their backward passes"),
     ("inlined", "function calls holding the forward or backward pass"),
     ("deferred", "values needing no gradient computed when their gradient is ready"),

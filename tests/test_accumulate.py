@@ -30,10 +30,23 @@ def test_addn_becomes_a_chain_in_name_order_under_the_same_name():
     assert [str(r) for r in new.data_inputs(first)] == ["t0", "t1"]
     assert [str(r) for r in new.data_inputs(second)] == [first, "t2"]
     assert [str(r) for r in new.data_inputs("total")] == [second, "t3"]
-    guard = "total" + ACCUMULATE_GUARD_SUFFIX
-    assert new.op(guard) == "NoOp" and sorted(new.control_inputs(guard)) == [first, second]
+    for link in (first, second):  # each its own guard: no edge the others imply
+        guard = link + ACCUMULATE_GUARD_SUFFIX
+        assert new.op(guard) == "NoOp" and new.control_inputs(guard) == [link]
     assert new.data_inputs("out")[0].node == "total"
     assert new.check() == [] and graph.op("total") == "AddN"  # the input graph is untouched
+
+
+@pytest.mark.parametrize("share, changed", [(0.3, True), (0.5, False)])
+def test_mode_memory_accumulates_only_sums_whose_terms_hold_a_share_of_the_peak(share, changed):
+    """Four 1 KiB terms of a 10 KiB peak: 40% of it. Mode memory asks for a tenth (an unrolled
+    LSTM's weight gradient held 84%); a GAN's small sums, rewritten, changed Grappler's fusions."""
+    from types import SimpleNamespace
+
+    found = SimpleNamespace(memory=SimpleNamespace(peak=lambda: 10 * 1024),
+                            shapes=SimpleNamespace(nbytes=lambda ref: 1024))
+    result = accumulate.run(four_term_sum(), found, accumulate.AccumulateOptions(min_share=share))
+    assert result.modified is changed and result.note == ""
 
 
 def test_small_sums_are_left_alone():
@@ -79,4 +92,34 @@ def test_a_sum_of_twenty_is_bitwise_equal_in_the_kernels_groups(tmp_path):
     assert result.of(AccumulateResult).terms == 20
     io.save(model, result.graph, out)
     outcome = verify.verify(model, io.load(out), verify.VerifyOptions(runs=0), isolated=False)
+    assert outcome.match, outcome.max_abs_diff
+
+
+@pytest.mark.tf
+def test_a_sum_of_thirty_small_terms_stays_a_chain_through_grappler(tmp_path):
+    """An unrolled LSTM's bias gradient, 30 terms of 4 KiB: with one guard for the whole chain
+    Grappler's dependency optimizer dropped the edges each later link implies, AddOpsRewrite
+    folded the links it freed, and the sum differed by 2e-9."""
+    from graphrewrite.analysis import step as analysis
+    from graphrewrite.execution import verify
+
+    def fn():  # a bias used at 30 steps: its gradient an AddN of 30 BiasAddGrads
+        x = placeholder("x", [32, 256])
+        b = tf.constant(0.1, shape=[256], name="b")
+        h, losses = x, []
+        for step in range(30):
+            h = tf.tanh(tf.nn.bias_add(h * 0.9, b))
+            losses.append(tf.reduce_sum(h))
+        tf.identity(tf.gradients(tf.add_n(losses), b)[0], name="out")
+
+    path, out = tmp_path / "sum.pb", tmp_path / "sum_acc.pb"
+    path.write_bytes(build(fn).to_graph_def().SerializeToString())
+    model = io.load(path)
+    result = pipeline.optimize(model, "none", passes="accumulate")
+    io.save(model, result.graph, out)
+    rewritten = io.load(out)
+    found = analysis.analyse(rewritten)
+    grappled, _, _ = analysis.as_run_step(rewritten, rewritten.graph, found)
+    assert not [n for n in grappled.nodes() if "AddOpsRewrite" in n]
+    outcome = verify.verify(model, rewritten, verify.VerifyOptions(runs=0), isolated=False)
     assert outcome.match, outcome.max_abs_diff

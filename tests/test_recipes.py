@@ -100,7 +100,7 @@ def test_the_matrix_covers_every_value_of_every_axis():
                                                      "logistic", "masked", "pre_ln",
                                                      "all_updates", "accum_cond",
                                                      "smoothing", "is_training", "unseeded",
-                                                     "jit", "summaries"}
+                                                     "jit", "summaries", "static"}
     tf1 = [c for c in cells_ if c.construction in recipes.TF1]
     assert {c.loss for c in tf1} == {"collection", "plain"}
     assert {c.train_op for c in tf1} == {"collection", "grouped", "none"}
@@ -206,6 +206,16 @@ def test_the_weights_summaries_read_them_before_their_updates():
         update = next(c for c, _ in graph.consumers(var) if graph.op(c).startswith("Resource"
                                                                                     "Apply"))
         assert read in graph.control_inputs(update) or nx.has_path(graph.nx, read, update)
+
+
+@pytest.mark.tf
+def test_an_unrolled_lstms_weight_gradients_add_their_terms_as_they_arrive():
+    """A TF1 `static_rnn` LSTM built outside the repo (30 steps): each weight's gradient an AddN
+    of a term per step, held until the last, 90% of its peak; mode memory left it unchanged.
+    Each layer's kernel gradient is now a running sum (bitwise: `test_two_steps_are_bitwise_
+    equal`)."""
+    _, facts, _ = rewritten("v1_lstm_adam_static_clipvalue")
+    assert len(facts["accumulated"]) == 3, facts["note"]  # one kernel per layer
 
 
 @pytest.mark.tf

@@ -181,7 +181,7 @@ def test_the_headline_of_a_cnn_is_its_step_as_run(tmp_path):
     # what no rewrite goes below: under the rewrite's peak, over the variables it counts
     floor = facts["lossless_floor"]
     assert floor["state_bytes"] < floor["bytes"] <= as_run["after"]
-    assert floor["at"] in text and "no recomputation or swap goes below it" in text
+    assert floor["at"] in text and "no lossless rewrite (recomputation, swapping, running sums) goes below it" in text
 
 
 def _marked(kind, index):

@@ -125,6 +125,7 @@ STATE, FEED, STEP = "state", "feed", "step"
 # Variable writes that update in place, copying the variable first while a read of it is alive
 # (every resource input of a fused `ResourceApply*` kernel is such a write).
 UPDATE_OPS = frozenset({"AssignAddVariableOp", "AssignSubVariableOp"})
+SUMMING_OPS = frozenset({"AddN", "AccumulateNV2"})  # sums of many terms (`_operand_bytes`)
 UPDATE_PREFIX = "ResourceApply"
 ADOPT_OPS = frozenset({"AssignVariableOp"})  # the variable takes the value's buffer
 # Ops that put the variable of their first input (every resource input: `ResourceSparseApply*`)
@@ -240,11 +241,12 @@ class MemoryReport:
         return self.order[step], sum(_allocations(self.scratch.get(step, 0)))
 
     def floor(self) -> tuple[int, str | None]:
-        """(bytes, node): what no recomputation or swap of this step's tensors goes below, in
-        bytes live at once: the constants and variables on the device beside the kernel whose
-        operands and own scratch are the most (every kernel runs with its inputs and outputs
-        on the device; a copy of it has the same). Without the variables' updates' copies
-        and the allocator's rounding: a bound, not a forecast."""
+        """(bytes, node): what no lossless rewrite of this step (recomputation, swapping,
+        running sums) goes below, in bytes live at once: the constants and variables on the
+        device beside the kernel whose operands and own scratch are the most (every kernel
+        runs with its inputs and outputs on the device; a copy of it has the same; a sum's
+        terms count two, as a running sum holds them). Without the variables' updates'
+        copies and the allocator's rounding: a bound, not a forecast."""
         step, operands = self.widest
         return (self.persistent_bytes.get(DEVICE, 0) + operands,
                 self.order[step] if step >= 0 else None)
@@ -488,7 +490,7 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
                 add_output(ref, buffer)
         extra = own_scratch.get(name, 0) + (overlap.get(name, 0) if overlap else 0)
         if place == DEVICE:
-            widest = max(widest, (_operand_bytes(inputs, made, buffer_of, looped, name)
+            widest = max(widest, (_operand_bytes(op, inputs, made, buffer_of, looped, name)
                                   + own_scratch.get(name, 0), -step))
         if name in held_alongside:
             scratch_at[step] = (extra,) + held_alongside[name]
@@ -613,16 +615,23 @@ class _Writes:
         return sorted(found, key=lambda m: m.step)
 
 
-def _operand_bytes(inputs: list[TensorRef], made: list[TensorRef], buffer_of: dict,
+def _operand_bytes(op: str, inputs: list[TensorRef], made: list[TensorRef], buffer_of: dict,
                    looped, name: str) -> int:
-    """Bytes of the step's buffers `name` reads and writes, each once: not the variables'
-    and constants' (counted apart) nor what a loop keeps from every iteration (its lists
-    and stacks, which the loop passes can free)."""
+    """Bytes of the step's buffers `name` (an `op`) reads and writes, each once: not the
+    variables' and constants' (counted apart) nor what a loop keeps from every iteration
+    (its lists and stacks, which the loop passes can free). Of a sum's terms only its two
+    largest: a running sum (the accumulate pass) holds no more."""
     held = set(looped.held_by.get(name, ()))
-    operands = {id(b): b for b in (buffer_of.get(r) for r in (*inputs, *made)
+
+    def buffers(refs) -> dict:
+        return {id(b): b for b in (buffer_of.get(r) for r in refs
                                    if r not in held and r not in looped.sizes)
                 if b is not None and b.lifetime != STATE and b.pieces == 1}
-    return sum(b.size for b in operands.values())
+
+    read = buffers(inputs)
+    written = sum(b.size for key, b in buffers(made).items() if key not in read)
+    sizes = sorted((b.size for b in read.values()), reverse=True)
+    return sum(sizes[:2] if op in SUMMING_OPS else sizes) + written
 
 
 def _copied_on_read(graph: Graph, order: list[str], op_of: dict[str, str],

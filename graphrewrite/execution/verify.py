@@ -645,8 +645,8 @@ def _loss_output(model: Model, fetches: list[str], shapes) -> str:
             return chosen
     unfetched = sorted(n for n in minimized if scalar(n))
     if unfetched:
-        log.info("verify: ${steps} follows the loss the gradient seeds differentiate, '%s', "
-                 "which the step does not fetch", unfetched[0])
+        log.warning("verify: ${steps} follows the loss the gradient seeds differentiate, "
+                    "'%s', which the step does not fetch", unfetched[0])
         return f"{unfetched[0]}:0"
     if not scalars:
         raise GraphRewriteError("${steps} needs a scalar float loss among the fetched outputs "

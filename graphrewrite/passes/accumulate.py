@@ -10,9 +10,11 @@ right on their own and that sum added to the total (`out += in1 + ... + in8`). S
 bitwise the same; a single chain of 20 terms (an unrolled LSTM's weight gradient) was not. The
 last link keeps the AddN's name: its readers are unchanged.
 
-A guard NoOp, which nothing fetches and so never runs, takes a control edge from every other
-link: Grappler's AddOpsRewrite skips nodes that drive a control dependency, so it does not fold
-the chain back into an AddN.
+Each link but the last drives a control edge into a guard NoOp of its own, which nothing
+fetches and so never runs: Grappler's AddOpsRewrite skips nodes that drive a control
+dependency, so it does not fold the chain back into an AddN. One guard for every link did not
+do: the dependency optimizer dropped the edges each later link implies, and AddOpsRewrite folded
+the freed links (an unrolled LSTM's bias gradient, 30 terms, then differed by 2e-9).
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ KERNEL_WIDTH = 8  # inputs TensorFlow's AddN kernel sums in one expression
 @dataclass(frozen=True)
 class AccumulateOptions(PassOptions):
     min_inputs: int = 3  # a sum of two holds nothing back
+    # only sums whose terms hold at least this share of the modelled peak (mode memory: those
+    # that matter, an unrolled LSTM's weight gradient; a GAN's small sums changed how Grappler
+    # fused the step, a capsule network's rounded differently)
+    min_share: float = 0.0
 
     def __post_init__(self):
         object.__setattr__(self, "min_inputs", max(2, self.min_inputs))
@@ -52,9 +58,13 @@ def run(graph: Graph, analysis: Analysis, options: AccumulateOptions, model=None
     """Replace every AddN/AccumulateNV2 with at least `min_inputs` inputs by a running sum."""
     sums = [n for n in graph.nodes() if graph.op(n) in SUMMING_OPS
             and len(graph.data_inputs(n)) >= options.min_inputs]
-    if not sums:
-        return AccumulateResult(graph, False, note="no AddN or AccumulateNV2 with "
-                                                   f"{options.min_inputs}+ inputs")
+    if options.min_share and analysis is not None:
+        least = options.min_share * analysis.memory.peak()
+        sums = [n for n in sums if sum(analysis.shapes.nbytes(r) or 0
+                                       for r in graph.data_inputs(n)) >= least]
+    if not sums:  # in mode memory (a share asked for) the usual case: nothing to say
+        return AccumulateResult(graph, False, note="" if options.min_share else
+                                f"no AddN or AccumulateNV2 with {options.min_inputs}+ inputs")
     terms = sum(len(graph.data_inputs(n)) for n in sums)
     graph = graph.copy()
     for name in sums:
@@ -102,5 +112,6 @@ def _chain(graph: Graph, name: str) -> None:
     if not links:
         return
     keep = {"_grappler_do_not_remove": attr_value_pb2.AttrValue(b=True)}
-    graph.add_node(graph.unique_name(name + ACCUMULATE_GUARD_SUFFIX), "NoOp",
-                   [TensorRef(link, CONTROL) for link in links], keep, node.device)
+    for link in links:
+        graph.add_node(graph.unique_name(link + ACCUMULATE_GUARD_SUFFIX), "NoOp",
+                       [TensorRef(link, CONTROL)], keep, node.device)

@@ -5,7 +5,8 @@ __all__ = ["MODES", "MODE_HELP"]
 
 MODES: dict[str, str] = {
     "none": "",
-    "memory": "inline loop_recompute rerun defer recompute(policy=memory) serialize apply_early",
+    "memory": "inline loop_recompute rerun defer accumulate(min_share=0.1) "
+              "recompute(policy=memory) serialize apply_early",
     "speed": "inline defer recompute(policy=speed)",
     "collection": "inline recompute(policy=collection)",
     "manual": "recompute(policy=manual) swap(policy=manual)",
@@ -17,7 +18,9 @@ MODE_HELP = {
     "memory": "keep ~sqrt(N) bottleneck activations, recompute the rest (most memory saved); "
               "optimizer arithmetic on the parameters alone waits for its gradient (defer); a "
               "recurrent layer's step values computed again in its gradient loop (loop_recompute) "
-              "and its forward pass run again before its backward pass (rerun); the "
+              "and its forward pass run again before its backward pass (rerun); a sum of "
+              "gradient terms holding a tenth of the peak adds each as it arrives "
+              "(accumulate); the "
               "convolution gradients run one at a time (serialize: their scratch is not "
               "held at once); each parameter's update runs before the backward pass goes on "
               "(apply_early, kept where the peak as run does not rise)",

@@ -218,7 +218,7 @@ def optimize(model: Model, mode: str, analysis: AnalysisOptions | None = None,
         but = "and" if lowers == "raises" else "but"
         reverted = (f"the rewrite {lowers} the step as written ({peak_before / 2**20:.1f} -> "
                     f"{written / 2**20:.1f} MiB) {but} raises it as TensorFlow runs it "
-                    f"({before / 2**20:.1f} -> {after / 2**20:.1f} MiB after Grappler): "
+                    f"({_mib_apart(before, after)} MiB after Grappler): "
                     "graph left unchanged (--passes runs the same passes and keeps their "
                     "rewrite)")
         kept = _checked_alone(model, steps, results, (original, run_steps[0], peak_before),
@@ -245,6 +245,15 @@ def optimize(model: Model, mode: str, analysis: AnalysisOptions | None = None,
     if plan is not None:
         plan_mod.check_followed(plan, result, model.graph)
     return result
+
+
+def _mib_apart(before: int, after: int) -> str:
+    """"before -> after" in MiB, with the decimals that tell them apart (an unrolled LSTM's
+    rise read "44.7 -> 44.7")."""
+    digits = 1
+    while digits < 4 and f"{before / 2**20:.{digits}f}" == f"{after / 2**20:.{digits}f}":
+        digits += 1
+    return f"{before / 2**20:.{digits}f} -> {after / 2**20:.{digits}f}"
 
 
 def _checked_alone(model: Model, steps: list, results: dict, original_steps: tuple, analysis,

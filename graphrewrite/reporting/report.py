@@ -207,7 +207,7 @@ def _levers(result: OptimizeResult) -> str:
     floor = _floor(result)
     below = (f", under the lossless floor of {_mib(floor['bytes'])}: the variables and "
              f"constants, {_mib(floor['state_bytes'])}, beside {floor['at']}'s operands and "
-             "scratch, which no recomputation or swap lowers"
+             "scratch, which no lossless rewrite lowers"
              if floor and floor["at"] and result.budget < floor["bytes"] else "")
     return (f"budget {_mib(result.budget)} not met ({_mib(peak)} modelled{below})"
             + ("; levers not used here that go lower: " + "; ".join(levers) if levers else ""))

@@ -75,7 +75,7 @@ def memory_facts(analysis: Analysis, top: int = 10, as_run=None) -> dict:
 
 
 def floor_facts(report) -> dict:
-    """`MemoryReport.floor` as plain data: the bytes no recomputation or swap goes below, the
+    """`MemoryReport.floor` as plain data: the bytes no lossless rewrite goes below, the
     constants' and variables' share of them, and the kernel whose operands and scratch are
     the rest."""
     total, node = report.floor()
