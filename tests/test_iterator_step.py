@@ -77,6 +77,7 @@ def looped(tmp_path_factory):
 
 def test_an_iterator_a_loop_reads_is_no_variable_and_the_note_names_the_loop(looped):
     from graphrewrite.passes.recompute import RecomputeResult
+    from graphrewrite.passes.serialize import SerializeResult
     from graphrewrite.pipeline import run as pipeline
 
     graph = looped.graph
@@ -84,7 +85,8 @@ def test_an_iterator_a_loop_reads_is_no_variable_and_the_note_names_the_loop(loo
     assert len(handles) == 1 and not handles & set(bind.resource_placeholders(graph))
     loop = next(n for n in graph.nodes() if graph.op(n) in ("While", "StatelessWhile"))
     result = pipeline.optimize(looped, "memory", as_run=False)
-    assert not result.changed
+    assert result.of(SerializeResult).serial_loops == [loop]  # its steps one at a time, alone
+    assert [name for name, r in result.results.items() if r.modified] == ["serialize"]
     note = result.of(RecomputeResult).note
     assert f"inside loop '{loop}'" in note and "model.train_step" in note, note
     with pytest.raises(GraphRewriteError, match="tf.data iterator"):

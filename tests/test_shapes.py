@@ -322,3 +322,19 @@ def test_a_node_grappler_made_under_an_old_name_gets_its_own_shape(monkeypatch, 
     assert as_run[TensorRef("mul_1")].shape == ()
     assert as_run[TensorRef("out")].shape == (7, 16, 64)
     assert report.peak() >= 2 * 7 * 16 * 64 * 4
+
+
+@pytest.mark.parametrize("stop, rows", [(1, 4), (2, 8), (None, None)])
+def test_a_slice_whose_bounds_move_together_is_as_long_as_their_distance(stop, rows):
+    """Gradient accumulation's `x[i * mb:(i + 1) * mb]` in a `tf.range` loop: TensorFlow leaves
+    the micro-batch's size unknown, and with it the loop body (a CNN step of four micro-batches
+    modelled 13 MiB of 81 measured). The bounds move together: the slice is mb long."""
+    def graph():
+        x = tf.compat.v1.placeholder(tf.float32, [16, 32], name="x")
+        i = tf.compat.v1.placeholder(tf.int32, [], name="i")
+        j = tf.compat.v1.placeholder(tf.int32, [], name="j")
+        end = (i + stop) * 4 if stop else j * 4  # j: bounds that do not move together
+        tf.matmul(x[i * 4:end], tf.ones([32, 8]), name="y")
+    inferred = shapes.infer(build(graph))
+    assert inferred[TensorRef("strided_slice")].shape == (rows, 32)
+    assert inferred[TensorRef("y")].shape == (rows, 8)

@@ -139,7 +139,8 @@ def no_backward_pass(graph: Graph) -> str:
     if loops:
         return (f"no backward pass in the step itself: it runs inside loop '{loops[0]}', over "
                 "training steps (as Keras's steps_per_execution writes model.train_function) "
-                "or over micro-batches whose gradients it accumulates; graphrewrite plans a "
+                "or over micro-batches whose gradients it accumulates; mode memory runs it one "
+                "iteration at a time, but graphrewrite plans a "
                 "step's own forward and backward passes, not a loop body's: export one step "
                 "(a tf.function over tensors calling model.train_step((x, y))), or unroll the "
                 "loop with a Python for")

@@ -18,6 +18,14 @@ topological, so they make no cycle. An edge already there is not added again. A
 layout pass (TensorFlow's default on x86 CPUs) merges the two only when their control inputs are
 the same, and merged they sum the bias gradient in another order (a gradient-accumulation CNN
 built outside the repo lost bitwise equality there).
+
+A functional loop holding the step's backward pass (micro-batches whose gradients it sums, as a
+`tf.range` loop in a `tf.function` writes it; training steps, as `steps_per_execution` does)
+runs one iteration at a time (`parallel_iterations` 1): the iterations are independent but for
+the sums they carry, which add in iteration order either way, and up to ten of them ran at once,
+each holding its forward and backward pass (an MLP step of four micro-batches: 71.9 -> 53.1 MiB
+measured, bitwise, the same step time; a CNN one built outside the repo 0.94x). The memory model
+runs a loop's iterations one at a time already: it saw that step at 55.9 MiB either way.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import networkx as nx
+from tensorflow.core.framework import attr_value_pb2
 
 from ..analysis import scratch
 from ..analysis import split as split_mod
@@ -46,11 +55,35 @@ class SerializeOptions(PassOptions):
 @dataclass
 class SerializeResult(PassResult):
     serialized: list[tuple[str, str]] = field(default_factory=list)  # (first, then)
+    serial_loops: list[str] = field(default_factory=list)  # now one iteration at a time
 
 
 def run(graph: Graph, analysis: Analysis, options: SerializeOptions, model=None):
     """Make each convolution gradient in the gradient flow wait for the one the memory model
-    schedules before it."""
+    schedules before it, and each loop holding a backward pass run one iteration at a time."""
+    # the whole backward pass in a loop (no seed outside it): not an RNN's gradient loop
+    loops = [] if analysis.split.seeds else _training_loops(graph)
+    if loops:
+        graph = graph.copy()
+        for name in loops:
+            graph.set_attr(name, "parallel_iterations", attr_value_pb2.AttrValue(i=1))
+    result = _convolutions(graph, analysis)
+    result.serial_loops = loops
+    result.modified |= bool(loops)
+    return result
+
+
+def _training_loops(graph: Graph) -> list[str]:
+    """Functional loops whose body holds gradient ops and may run iterations at once (with no
+    gradient seed outside them: the step's backward pass)."""
+    backward = split_mod.backward_functions(graph.shell.library)
+    return sorted(n for n in graph.nodes() if graph.op(n) in ("While", "StatelessWhile")
+                  and graph.node_def(n).attr["body"].func.name in backward
+                  and graph.node_def(n).attr["parallel_iterations"].i != 1)
+
+
+def _convolutions(graph: Graph, analysis: Analysis) -> SerializeResult:
+    """The convolution gradients' part of `run`."""
     flow = analysis.split.gradient_flow
     ops = graph.ops(analysis.memory.order)
     kernels = [name for name in analysis.memory.order
