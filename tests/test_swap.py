@@ -337,3 +337,13 @@ def test_a_v1_cond_branchs_tensors_swap_but_never_trigger(tmp_path):
     io.save(model, graph, path)
     outcome = verify.verify(model, io.load(path), verify.VerifyOptions(runs=1), isolated=False)
     assert outcome.match and outcome.max_abs_diff == 0.0
+
+
+def test_nothing_swapped_says_why():
+    """An Estimator-style step built outside the repo was told "nothing to swap" alone. The
+    tape fixture's two candidates, swapped, do not lower its peak: the note says so and what
+    holds the peak."""
+    result = pipeline.optimize(io.load(fixture_path("tape_tf2")), "swap", as_run=False)
+    note = result.of(SwapResult).note
+    assert not result.of(SwapResult).swapped
+    assert note.startswith("nothing to swap: swapping all 2 activations") and "%" in note, note

@@ -44,6 +44,7 @@ from ..core.tensor_ref import TensorRef
 from ..planning.budget import parse_budget
 from ..planning.context import GRAPH_INPUT_OPS, VARIABLE_READ_OPS, Context
 from ..planning.devices import DeviceProfile, node_times, profile
+from ..planning.peak import why_so_little
 from .base import PassOptions, PassResult, counted
 from .pads import can_gate, keep_apart, pad_readers
 
@@ -112,6 +113,7 @@ def run(graph: Graph, analysis: Analysis, options: SwapOptions, model=None):
                           device_profile=device.name)
     ctx = Context.build(graph, analysis)
     timing = _Timing.build(ctx, device, options.bandwidth)
+    why = "nothing to swap"
     if options.policy == "manual" or options.tensors:
         chosen, skipped = _requested(ctx, timing, options.tensors)
     elif not analysis.split.seeds:
@@ -119,9 +121,9 @@ def run(graph: Graph, analysis: Analysis, options: SwapOptions, model=None):
     else:
         candidates, skipped = _candidates(ctx, timing)
         chosen = _search(ctx, candidates, options)
+        why = _nothing_to_swap(ctx, candidates, skipped)
     if not chosen:
-        return SwapResult(graph, False, note="nothing to swap", skipped=skipped,
-                          device_profile=device.name)
+        return SwapResult(graph, False, note=why, skipped=skipped, device_profile=device.name)
     new_graph, shapes, pads = _apply(ctx, chosen, options.form)
     if options.form == "grappler":
         log.warning("swap form 'grappler': _CopyFromGpuToHost/_CopyFromHostToGpu have GPU "
@@ -161,6 +163,22 @@ def _search(ctx: Context, candidates: list[Swap], options: SwapOptions) -> list[
         else:
             low = middle + 1
     return candidates[:high]
+
+
+def _nothing_to_swap(ctx: Context, candidates: list[Swap], skipped: dict) -> str:
+    """Why the search swapped nothing, in terms a user acts on (an Estimator-style step built
+    outside the repo was told "nothing to swap" alone)."""
+    if candidates:
+        return (f"nothing to swap: swapping all {len(candidates)} activations whose transfer "
+                "can hide does not lower the modelled peak; " + why_so_little(ctx,
+                                                                             ctx.analysis.memory))
+    waiting = {reason: refs for reason, refs in skipped.items() if reason not in (
+        "constant", "graph input", "variable read")}
+    if not waiting:
+        return "nothing to swap: the backward pass reads no activation"
+    reason, refs = max(waiting.items(), key=lambda item: len(item[1]))
+    return (f"nothing to swap: of the activations the backward pass reads, {len(refs)} are "
+            f"not swapped because: {reason} (e.g. {refs[0]})")
 
 
 def _candidates(ctx: Context, timing: "_Timing") -> tuple[list[Swap], dict]:
