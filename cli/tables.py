@@ -342,6 +342,12 @@ def format_summary(facts: dict) -> str:
             rows.append(("sized by data", f"{by_data['count']} tensors count 0 bytes: only "
                                           "their values decide their size (e.g. "
                                           f"{', '.join(by_data['examples'][:3])})"))
+        estimated = facts["estimated_sizes"]
+        if estimated["count"]:
+            rows.append(("estimated", f"{estimated['count']} Where ops splitting one tensor by "
+                                      "its values sized at an even share, and what they feed "
+                                      f"(e.g. {', '.join(estimated['examples'][:3])}): the "
+                                      "data decides"))
     if facts.get("largest_batch"):
         rows.append(("largest batch", _fit_row(facts["largest_batch"])))
     if facts["train_op"]:

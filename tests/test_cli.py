@@ -17,7 +17,7 @@ INSPECT_KEYS = ["file", "format", "nodes", "ops", "inputs", "outputs", "train_op
                 "functions", "control_flow", "variables", "warnings", "inlined_calls", "peak_bytes",
                 "live_peak_bytes", "peak_bytes_as_written", "peak_bytes_bound", "modelled_as", "modelled_on", "host_peak_bytes", "bytes_moved", "transfer_seconds", "persistent_bytes", "peak_node", "lossless_floor", "live_at_peak",
                 "forward_nodes", "backward_nodes", "gradient_seeds", "flops", "fetches",
-                "unknown_shapes", "sized_by_data", "trainable_parameters", "bytes_per_parameter",
+                "unknown_shapes", "sized_by_data", "estimated_sizes", "trainable_parameters", "bytes_per_parameter",
                 "bytes_per_parameter_2d"]
 
 

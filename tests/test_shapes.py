@@ -338,3 +338,21 @@ def test_a_slice_whose_bounds_move_together_is_as_long_as_their_distance(stop, r
     inferred = shapes.infer(build(graph))
     assert inferred[TensorRef("strided_slice")].shape == (rows, 32)
     assert inferred[TensorRef("y")].shape == (rows, 8)
+
+
+def test_wheres_splitting_one_tensor_by_value_are_sized_at_an_even_share():
+    """A mixture of experts' dispatch, `tf.where(tf.equal(expert, e))` for each of 4 experts:
+    their rows add up to at most the tokens; each is estimated at a quarter (a top-2-of-4 MLP
+    built outside the repo modelled 69.9 MiB with them counted as nothing, 123.7 measured).
+    A lone test of another tensor stays unknown."""
+    def graph():
+        expert = tf.compat.v1.placeholder(tf.int32, [64], name="expert")
+        other = tf.compat.v1.placeholder(tf.int32, [64], name="other")
+        h = tf.compat.v1.placeholder(tf.float32, [64, 32], name="h")
+        for e in range(4):
+            tf.gather(h, tf.where(tf.equal(expert, e))[:, 0], name=f"tokens_{e}")
+        tf.gather(h, tf.where(tf.equal(other, 1))[:, 0], name="lone")
+    inferred = shapes.infer(build(graph))
+    assert [inferred[TensorRef(f"tokens_{e}")].shape for e in range(4)] == [(16, 32)] * 4
+    assert inferred[TensorRef("lone")].shape == (None, 32)
+    assert sorted(inferred.estimated) == ["Where", "Where_1", "Where_2", "Where_3"]

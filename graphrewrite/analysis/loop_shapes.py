@@ -23,7 +23,7 @@ _ROWS = ("TensorArrayScatterV3", "TensorListFromTensor")
 # Readers of one element, inferred again with it at the shape written.
 _READ = ("StackPopV2", "TensorArrayReadV3", "TensorListGetItem", "TensorListPopBack")
 
-__all__ = ["refine_shapes"]
+__all__ = ["refine_shapes", "reinfer"]
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +83,19 @@ def _cut_loops(graph_def, nodes, varying: set[str], elements: dict):
     for name in popped:
         _placeholder(trial.node.add(name=name + "/_element"), *elements[name])
     return trial
+
+
+def reinfer(graph_def, inferred: dict, stand_ins: dict, infer) -> None:
+    """Infer again with each node of `stand_ins` (name -> (dtype, shape)) a placeholder of that
+    shape (its control inputs kept), and fill in what `inferred` left unknown from it."""
+    trial = copy.deepcopy(graph_def)
+    for node in trial.node:
+        if node.name in stand_ins:
+            kept = [i for i in node.input if i.startswith("^")]
+            del node.input[:]
+            node.input.extend(kept)
+            _placeholder(node, *stand_ins[node.name])
+    _merge_into(inferred, infer(trial))
 
 
 def _placeholder(node, dtype: int, shape: tuple) -> None:

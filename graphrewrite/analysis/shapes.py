@@ -26,7 +26,7 @@ from ..core import dtypes, ops, tf_import
 from ..core.errors import GraphRewriteError
 from ..core.graph import Graph
 from ..core.tensor_ref import TensorRef
-from . import loop_shapes, slice_shapes
+from . import loop_shapes, partition_shapes, slice_shapes
 
 __all__ = ["KERNEL_SIZED", "SAME_SHAPE_OPS", "MAX_CUT", "TensorInfo", "Shapes", "parse_input_shape",
            "infer", "record", "tensorflow_shapes", "imported", "c_imported"]
@@ -75,6 +75,8 @@ class Shapes:
     """Every output tensor of a graph with what is known of it."""
 
     tensors: dict[TensorRef, TensorInfo] = field(default_factory=dict)
+    # nodes whose size is an estimate, not known (`partition_shapes`: a Where's even share)
+    estimated: list[str] = field(default_factory=list)
 
     def __post_init__(self):
         # node -> its output refs, built from `tensors` in one pass and rebuilt when `tensors`
@@ -178,6 +180,7 @@ def infer(graph: Graph, input_shapes: dict[str, tuple] | None = None,
     inference.log(level)
     inferred = inference.shapes
     slice_shapes.refine_shapes(graph_def, inferred, tensorflow_shapes)
+    shapes.estimated = partition_shapes.refine_shapes(graph_def, inferred, tensorflow_shapes)
     loop_shapes.refine_shapes(graph_def, inferred, tensorflow_shapes)
     for node in graph_def.node:
         recorded = [_from_proto(s) for s in node.attr["_output_shapes"].list.shape] \

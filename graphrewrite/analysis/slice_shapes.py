@@ -13,9 +13,9 @@ its shape.
 
 from __future__ import annotations
 
-import copy
-
 from tensorflow.python.framework import tensor_util
+
+from . import loop_shapes
 
 __all__ = ["refine_shapes"]
 
@@ -33,29 +33,8 @@ def refine_shapes(graph_def, inferred: dict, infer) -> None:
             shape = _sliced(nodes, inferred, node)
             if shape is not None:
                 sized[node.name] = (inferred[node.name][0][0], shape)
-    if not sized:
-        return
-    trial = copy.deepcopy(graph_def)
-    for node in trial.node:
-        if node.name in sized:
-            kept = [i for i in node.input if i.startswith("^")]
-            del node.input[:]
-            node.input.extend(kept)
-            dtype, shape = sized[node.name]
-            node.op = "Placeholder"
-            node.ClearField("attr")
-            node.attr["dtype"].type = dtype
-            for dim in shape:
-                node.attr["shape"].shape.dim.add(size=dim)
-    refined = infer(trial)
-    for name, outputs in inferred.items():  # what inference left unknown, where both agree
-        better = refined.get(name, [])
-        for port, (dtype, shape) in enumerate(outputs):
-            if port < len(better) and better[port][1] is not None and (
-                    shape is None or None in shape and len(shape) == len(better[port][1])):
-                new = better[port][1]
-                outputs[port] = (dtype, new if shape is None else tuple(
-                    b if a is None else a for a, b in zip(shape, new)))
+    if sized:
+        loop_shapes.reinfer(graph_def, inferred, sized, infer)
 
 
 def _sliced(nodes, inferred, node) -> tuple | None:

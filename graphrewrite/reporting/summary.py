@@ -71,6 +71,8 @@ def memory_facts(analysis: Analysis, top: int = 10, as_run=None) -> dict:
                            "hint": analysis.unknown_hint},
         "sized_by_data": {"count": len(analysis.sized_by_data),
                           "examples": [str(r) for r in analysis.sized_by_data[:5]]},
+        "estimated_sizes": {"count": len(analysis.shapes.estimated),
+                            "examples": analysis.shapes.estimated[:5]},
     }
 
 
