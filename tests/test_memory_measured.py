@@ -138,8 +138,8 @@ def test_a_micro_batch_loop_runs_one_iteration_at_a_time_as_modelled(tmp_path):
     result = pipeline.optimize(model, "memory")
     assert result.of(SerializeResult).serial_loops == ["while"]
     io.save(model, result.graph, tmp_path / "serial.pb")
-    outcome = verify.verify(model, io.load(tmp_path / "serial.pb"), verify.VerifyOptions(runs=1),
-                            isolated=False)
+    outcome = verify.verify(model, io.load(tmp_path / "serial.pb"), verify.VerifyOptions(runs=1))
+    # (in fresh processes: beside the rest of the suite one process's allocator peak was 0.85x)
     measured = outcome.peak_runs["rewritten"][0]
     assert outcome.match and measured < 0.85 * outcome.peak_runs["original"][0]
     assert 0.85 * measured <= modelled <= 1.15 * measured, (modelled, measured)

@@ -64,15 +64,24 @@ def _sliced(nodes, inferred, node) -> tuple | None:
     return tuple(shape) if shape != list(outputs[0][1]) else None
 
 
-def _vector(nodes, text: str, depth: int = 0) -> list[Affine] | None:
-    """The 1-D integer tensor `text` as one affine value per element, or None."""
+def _visit(nodes, text: str, depth: int):
+    """(node, its data inputs, its value if a constant) of `text`; None past MAX_DEPTH."""
     node = nodes.get(_name(text))
     if node is None or depth > MAX_DEPTH:
         return None
     data = [i for i in node.input if not i.startswith("^")]
-    if node.op == "Const":
-        values = tensor_util.MakeNdarray(node.attr["value"].tensor)
-        return [((), int(v)) for v in values.reshape(-1)] if values.ndim == 1 else None
+    value = tensor_util.MakeNdarray(node.attr["value"].tensor) if node.op == "Const" else None
+    return node, data, value
+
+
+def _vector(nodes, text: str, depth: int = 0) -> list[Affine] | None:
+    """The 1-D integer tensor `text` as one affine value per element, or None."""
+    visited = _visit(nodes, text, depth)
+    if visited is None:
+        return None
+    node, data, value = visited
+    if value is not None:
+        return [((), int(v)) for v in value.reshape(-1)] if value.ndim == 1 else None
     if node.op == "ExpandDims":
         value = _scalar(nodes, data[0], depth + 1)
         return None if value is None else [value]
@@ -86,13 +95,12 @@ def _vector(nodes, text: str, depth: int = 0) -> list[Affine] | None:
 
 def _scalar(nodes, text: str, depth: int) -> Affine | None:
     """The integer scalar `text` as an affine value of the unknown scalars it is built from."""
-    node = nodes.get(_name(text))
-    if node is None or depth > MAX_DEPTH:
+    visited = _visit(nodes, text, depth)
+    if visited is None:
         return None
-    data = [i for i in node.input if not i.startswith("^")]
-    if node.op == "Const":
-        values = tensor_util.MakeNdarray(node.attr["value"].tensor)
-        return ((), int(values)) if values.ndim == 0 and values.dtype.kind in "iu" else None
+    node, data, value = visited
+    if value is not None:
+        return ((), int(value)) if value.ndim == 0 and value.dtype.kind in "iu" else None
     if node.op == "Identity":
         return _scalar(nodes, data[0], depth + 1)
     if node.op in ("Add", "AddV2", "Sub", "Mul"):
