@@ -71,16 +71,18 @@ def order(graph: Graph, fetches: list[str]) -> list[str]:
     for var, (_, reads) in touches.items():
         if not writes[var]:
             continue
-        after = reachable(graph.nx, writes[var])  # what the updates come before
         # A resource read is a snapshot (an update while it is held copies the variable); a
         # ref's Identity is the variable's own buffer, read when its readers run.
         readers = {h for r in reads for h in _holders(graph, r)} \
             if graph.op(var) in REF_VARIABLES else set(reads)
-        for reader in sorted(readers):
-            if reader in feeding or reader not in needed or reader in after \
-                    or reader in framed or in_cond_branch(graph, reader):
-                continue
-            if any(graph.add_control(reader, write) for write in writes[var]):
+        racing = sorted(r for r in readers if r in needed and r not in feeding
+                        and r not in framed and not in_cond_branch(graph, r))
+        if not racing:  # the usual case: every read feeds an update
+            continue
+        after = reachable(graph.nx, writes[var])  # what the updates come before
+        for reader in racing:
+            if reader not in after and any(graph.add_control(reader, write)
+                                           for write in writes[var]):
                 ordered.append(reader)
     return sorted(set(ordered))
 
