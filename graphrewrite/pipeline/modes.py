@@ -20,10 +20,10 @@ MODE_HELP = {
               "recurrent layer's step values computed again in its gradient loop (loop_recompute) "
               "and its forward pass run again before its backward pass (rerun); a sum of "
               "gradient terms holding a tenth of the peak adds each as it arrives "
-              "(accumulate); the "
-              "convolution gradients run one at a time (serialize: their scratch is not "
-              "held at once); each parameter's update runs before the backward pass goes on "
-              "(apply_early, kept where the peak as run does not rise)",
+              "(accumulate); the convolution gradients run one at a time (serialize: their "
+              "scratch is not held at once; so do a loop of micro-batches' iterations); each "
+              "parameter's update runs before the backward pass goes on (apply_early, kept "
+              "where the peak as run does not rise)",
     "speed": "keep outputs of MatMul/Conv/Einsum, recompute cheap ops (least slowdown); defer",
     "collection": "keep what --checkpoints selects (or the 'checkpoints' collection)",
     "manual": "recompute what _recompute_hint marks, swap what _swap_to_host marks (or --swap)",
