@@ -47,6 +47,7 @@ assigned to it).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import chain
 
@@ -181,9 +182,11 @@ class MemoryReport:
     # step -> bytes more a loop's lagging sum can hold while its iterations run ahead of it
     # (`loops._lagging_sums`): counted only by `allocated_peak_bound`
     pileup: dict[int, tuple[int, ...]] = field(default_factory=dict)  # step -> allocations
-    # (step, bytes): the kernel whose operands (inputs and outputs, the variables' values
-    # aside) and own scratch are the most on the device, and those bytes (`floor`)
-    widest: tuple[int, int] = (-1, 0)
+    # () -> (step, bytes): the kernel whose operands (inputs and outputs, the variables'
+    # values aside) and own scratch are the most on the device, and those bytes (`floor`),
+    # worked out when first asked: the planners simulate many steps and never ask
+    _widest_of: Callable[[], tuple[int, int]] | None = field(default=None, repr=False)
+    _widest: tuple[int, int] | None = field(default=None, repr=False)
     _writes: _Writes | None = field(default=None, repr=False)  # what `moves` comes from
     _moves: list[Move] | None = field(default=None, repr=False)
     _allocated: dict = field(default_factory=dict, repr=False)
@@ -239,6 +242,13 @@ class MemoryReport:
             return None
         step = max(range(len(timeline)), key=timeline.__getitem__)
         return self.order[step], sum(_allocations(self.scratch.get(step, 0)))
+
+    @property
+    def widest(self) -> tuple[int, int]:
+        """(step, bytes) of `_widest_of`, once; (-1, 0) without it."""
+        if self._widest is None:
+            self._widest = self._widest_of() if self._widest_of is not None else (-1, 0)
+        return self._widest
 
     def floor(self) -> tuple[int, str | None]:
         """(bytes, node): what no lossless rewrite of this step (recomputation, swapping,
@@ -469,7 +479,6 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
     own_scratch = {name: scratch.kernel_bytes(kind, graph, shapes, name)
                    for name, op in op_of.items() if op in kernel_scratch}
     held_alongside = scratch.alongside(graph, order, own_scratch, times or None)
-    widest = (0, 1)  # (bytes, -step): the first of the widest kernels
     for step, name in enumerate(order):
         op = op_of[name]
         place = place_of[name]
@@ -489,9 +498,6 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
                 buffer.pinned |= name in fetched
                 add_output(ref, buffer)
         extra = own_scratch.get(name, 0) + (overlap.get(name, 0) if overlap else 0)
-        if place == DEVICE:
-            widest = max(widest, (_operand_bytes(op, inputs, made, buffer_of, looped, name)
-                                  + own_scratch.get(name, 0), -step))
         if name in held_alongside:
             scratch_at[step] = (extra,) + held_alongside[name]
         elif extra:
@@ -517,12 +523,22 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
                        if b.place == where and b.start <= at and (b.end is None or b.end >= at)),
                       key=lambda item: (-item[1], item[0]))
         for where, (_, at) in peak.items()}
+    def widest() -> tuple[int, int]:
+        found = (0, 1)  # (bytes, -step): the first of the widest kernels
+        for step, name in enumerate(order):
+            if place_of[name] == DEVICE:
+                inputs = [r for r in reads[name] if r in buffer_of]
+                found = max(found, (_operand_bytes(op_of[name], inputs, outputs[name],
+                                                   buffer_of, looped, name)
+                                    + own_scratch.get(name, 0), -step))
+        return -found[1], found[0]
+
     return MemoryReport(order, {w: v for w, (v, _) in peak.items()},
                         {w: order[at] for w, (_, at) in peak.items()}, live_at_peak, persistent,
                         buffers, buffer_of, sum(shapes.nbytes(r) or 0 for r, _ in transfers),
                         sorted(set(unknown)), host_split if device is None else device == "gpu",
-                        scratch_at, timeline, pileup_at, (-widest[1], widest[0]),
-                        _Writes({id(b) for b in buffers if b.owner.node in variable_sizes},
+                        scratch_at, timeline, pileup_at, widest,
+                        _writes=_Writes({id(b) for b in buffers if b.owner.node in variable_sizes},
                                 {id(b) for b in buffers if b.owner.node in copied_on_read},
                                 graph, order, op_of, reads, outputs, buffer_of, shapes))
 
