@@ -49,6 +49,20 @@ def test_mode_memory_accumulates_only_sums_whose_terms_hold_a_share_of_the_peak(
     assert result.modified is changed and result.note == ""
 
 
+def test_a_sum_of_sums_is_left_alone():
+    """Grappler's AddOpsRewrite folds `AddN(AddN(a, b), c, d)` into one AddN of the four leaves
+    in name order; a chain over the outer sum's own terms adds in another order (a WGAN-GP
+    step built outside the repo: its critic's kernel gradient differed by 2e-4)."""
+    def fn():
+        a, b, c, d = (tf.tanh(placeholder(f"x{i}"), name=f"t{i}") for i in range(4))
+        inner = tf.math.add_n([a, d], name="inner")
+        tf.identity(tf.math.add_n([inner, b, c], name="total"), name="out")
+        tf.identity(tf.math.add_n([a, b, c], name="alone"), name="out2")
+
+    result = accumulate.run(build(fn), None, accumulate.AccumulateOptions(min_inputs=2))
+    assert result.accumulated == ["alone"]
+
+
 def test_small_sums_are_left_alone():
     result = accumulate.run(four_term_sum(), None, accumulate.AccumulateOptions(min_inputs=5))
     assert not result.modified and "5+ inputs" in result.note

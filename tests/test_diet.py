@@ -561,12 +561,13 @@ def test_verify_steps_compares_loss_curves_and_inspect_counts_bytes(graphs, tmp_
 
 
 def _keras_step(optimizer: str, lr: float, hidden: int = HIDDEN, schedule: bool = True,
-                shrink_after: bool = False):
+                shrink_after: bool = False, ema: bool = False):
     """A TF2 training step (GradientTape + a Keras optimizer's apply_gradients) over a 2-layer
     MLP, its GraphDef exported as `concrete.graph.as_graph_def(add_shapes=True)`; returns
     (tf.function, its input signature, the model, the GraphDef). `schedule=False` keeps the
     rate a float, which Keras holds in a captured variable; `shrink_after` writes every weight
-    once more after the update (`w -= w * 1e-4`, a hand-made decay)."""
+    once more after the update (`w -= w * 1e-4`, a hand-made decay); `ema` keeps an
+    exponential moving average of the weights, updated in the step."""
     import tensorflow as tf
 
     tf.keras.utils.set_random_seed(5)
@@ -588,9 +589,13 @@ def _keras_step(optimizer: str, lr: float, hidden: int = HIDDEN, schedule: bool 
                 tf.keras.optimizers.SGD(lr, momentum=0.9, jit_compile=False)),
             "sgd": lambda: tf.keras.optimizers.SGD(lr, jit_compile=False),
             "adamw": lambda: tf.keras.optimizers.AdamW(lr, jit_compile=False),
+            "lion": lambda: tf.keras.optimizers.Lion(lr, jit_compile=False),
             "rmsprop": lambda: tf.keras.optimizers.RMSprop(lr, jit_compile=False)}
     optimizer = make[optimizer]()
     optimizer.build(model.trainable_variables)
+    average = tf.train.ExponentialMovingAverage(0.999) if ema else None
+    if ema:
+        average.apply(model.trainable_variables)  # its shadow variables, made eagerly
     signature = [tf.TensorSpec([BATCH, FEATURES], tf.float32, name="x"),
                  tf.TensorSpec([BATCH], tf.int32, name="labels")]
 
@@ -604,6 +609,8 @@ def _keras_step(optimizer: str, lr: float, hidden: int = HIDDEN, schedule: bool 
         if shrink_after:
             for weight in model.trainable_variables:
                 weight.assign_sub(weight * 1e-4)
+        if ema:
+            average.apply(model.trainable_variables)
         return loss
 
     graph_def = step.get_concrete_function().graph.as_graph_def(add_shapes=True)
@@ -634,7 +641,7 @@ def _tf2_losses(model, steps):
 @pytest.mark.parametrize("optimizer,lr,slots", [
     ("adam", 2e-3, ("diet_rows", "diet_cols")), ("adamw", 2e-3, ("diet_rows", "diet_cols")),
     ("rmsprop", 1e-3, ("diet_rows", "diet_cols")), ("momentum", 0.05, ()), ("sgd", 0.5, ()),
-    ("nesterov", 0.05, ()), ("adagrad", 0.05, ())])
+    ("nesterov", 0.05, ()), ("adagrad", 0.05, ()), ("lion", 2e-3, ())])
 def test_tf2_keras_steps_are_dieted_and_train_like_the_original(tmp_path, optimizer, lr, slots):
     from graphrewrite.analysis import bind
     from graphrewrite.analysis.state import parameter_facts
@@ -653,7 +660,7 @@ def test_tf2_keras_steps_are_dieted_and_train_like_the_original(tmp_path, optimi
     removed = [n for n in bind.resource_placeholders(original.graph) if n not in graph]
     # Keras 2.15 SGD keeps m with momentum 0
     assert len(removed) == {"adam": 2, "adamw": 2, "rmsprop": 1, "momentum": 1, "sgd": 1,
-                            "nesterov": 1, "adagrad": 0}[optimizer]
+                            "nesterov": 1, "adagrad": 0, "lion": 1}[optimizer]
     if optimizer == "adamw":  # the decay's own write is gone, folded into the 16-bit update
         writes = [u for u, slot in graph.consumers(kernel) if slot == 0
                   and graph.op(u).startswith("Assign")]
@@ -939,6 +946,21 @@ def test_updates_inside_a_loss_scale_cond_are_named_as_why_nothing_was_dieted(tm
 
 
 @pytest.mark.tf
+def test_an_ema_of_the_weights_is_named_as_a_moving_average(tmp_path, caplog):
+    """The shadows of a weight EMA updated in the step were warned of as updates of a form
+    diet does not read, naming Adam and Adagrad (a ConvNeXt step built outside the repo)."""
+    *_, graph_def = _keras_step("adam", 1e-3, ema=True)
+    (tmp_path / "step.pb").write_bytes(graph_def.SerializeToString())
+    with caplog.at_level("WARNING", logger="graphrewrite.passes.diet"):
+        result = pipeline.optimize(io.load(tmp_path / "step.pb"), "diet")
+    kept = result.results["diet"].kept_float
+    averages = [v for reason, names in kept.items() if "moving average" in reason for v in names]
+    assert len(averages) == 1 and len(result.results["diet"].dieted) == 1, kept  # the kernel's
+    said = [r.getMessage() for r in caplog.records if "stay float32" in r.getMessage()]
+    assert said and "moving average" in said[0] and "Adagrad" not in said[0], said
+
+
+@pytest.mark.tf
 def test_a_variable_kept_float32_is_listed_once(tmp_path):
     """A weight written twice, its update and then a decay of the program's own: refused for
     the one and unread for the other, it was listed under both reasons (a ViT's 27 weights
@@ -1127,7 +1149,7 @@ def test_a_bfloat16_first_moment_replaces_the_float32_one_and_trains_as_kept(gra
 
 @pytest.mark.tf
 @pytest.mark.parametrize("optimizer,lr", [("adam", 2e-3), ("momentum", 0.05),
-                                         ("nesterov", 0.05)])
+                                         ("nesterov", 0.05), ("lion", 2e-3)])
 def test_tf2_keras_steps_take_a_bfloat16_first_moment(tmp_path, optimizer, lr):
     from graphrewrite.analysis import bind
 

@@ -13,7 +13,8 @@ optimizers in a TF2 step decompose the same update into reads, arithmetic and
 - RMSprop: `v = rho v + (1 - rho) g^2`, then `var += -(lr g) rsqrt(v' + epsilon)`; with
   momentum, `mom = momentum mom + (lr g) rsqrt(v' + epsilon)`, then `var += -mom'`;
 - Adagrad: `acc += g * g`, then `var -= (lr g) / sqrt(acc' + epsilon)`;
-- SGD: `var += -g lr`.
+- SGD: `var += -g lr`;
+- Lion: `var -= lr sign(m beta1 + g (1 - beta1))`, then `m = m beta2 + g (1 - beta2)`.
 
 Adam with a sparse gradient (an embedding's) decays its slots whole, adds the gradient's
 rows with `ResourceScatterAdd`, and then takes the same dense step, in both.
@@ -62,7 +63,7 @@ DECOMPOSED_WRITES = ("AssignAddVariableOp", "AssignSubVariableOp")
 @dataclass
 class Update:
     """One variable's optimizer update. `node` writes the variable; `kind` is adam, momentum,
-    rmsprop or sgd; `form` tf1 (a fused op), keras (decomposed) or
+    rmsprop, adagrad, lion or sgd; `form` tf1 (a fused op), keras (decomposed) or
     sparse (decomposed, a sparse gradient: `grad_values` and `grad_indices` are its rows,
     `grad` too); `slots` maps m, v, accum, ms or mom to the slot variable; `terms` maps
     operand names to tensors: for tf1 the fused op's inputs, for keras grad, lr, momentum,
@@ -195,8 +196,12 @@ def _keras_update(graph: Graph, write: str) -> Update | str:
     if delta is None:
         return f"{op} without a value"
     var = var.node
+    if op == "AssignSubVariableOp" and _moving_average(graph, var, delta):
+        return ("a moving average `x -= (x - value) (1 - decay)`, as of the weights' EMA or "
+                "batch-norm statistics: not an optimizer's update")
     if op == "AssignSubVariableOp":
-        return _keras_adagrad(graph, write, var, delta) or _keras_adam(graph, write, var, delta)
+        return (_keras_adagrad(graph, write, var, delta) or _keras_lion(graph, write, var, delta)
+                or _keras_adam(graph, write, var, delta))
     if op == "AssignAddVariableOp":
         found = _keras_rmsprop(graph, write, var, delta)
         if found is not None:
@@ -212,9 +217,17 @@ def _keras_update(graph: Graph, write: str) -> Update | str:
     return f"{op} of a form not read as a Keras optimizer's update (centered RMSprop, Nadam, ...)"
 
 
+def _moving_average(graph: Graph, var: str, delta: TensorRef) -> bool:
+    """`(read(var) - value) * factor` at `delta`: `assign_moving_average`'s step."""
+    difference = _split(graph, delta, ("Mul",), ("Sub",))
+    operands = difference and graph.data_inputs(difference[0].node)
+    return bool(operands) and len(operands) == 2 and _read_variable(graph, operands[0]) == var
+
+
 def _keras_adam(graph: Graph, write: str, var: str, delta: TensorRef) -> Update | str:
-    why = ("AssignSubVariableOp of a form not read as Keras's Adam or Adagrad update (diet "
-           "reads those, SGD's and RMSprop's; not Adamax's, Nadam's or a hand-written one)")
+    why = ("AssignSubVariableOp of a form not read as Keras's Adam, Adagrad or Lion update "
+           "(diet reads those, SGD's and RMSprop's; not Adamax's, Nadam's or a hand-written "
+           "one)")
     quotient = _inputs(graph, delta, "RealDiv")
     if not quotient:
         return why
@@ -399,6 +412,42 @@ def _momentum_terms(graph: Graph, value: TensorRef) -> tuple | None:
     if step is None or kept is None:
         return None
     return graph.data_inputs(step[0].node)[0], step[1], _read_variable(graph, kept[0]), kept[1]
+
+
+def _interpolation(graph: Graph, value: TensorRef) -> tuple | None:
+    """`read(slot) keep + x take` at `value`: (slot, keep, x, take)."""
+    total = _inputs(graph, value, "AddV2", "Add")
+    if not total or len(total) != 2:
+        return None
+    for kept, taken in (total, total[::-1]):
+        old = _split(graph, kept, ("Mul",), ("ReadVariableOp",))
+        new = _inputs(graph, taken, "Mul")
+        if old is None or not new or len(new) != 2 or _read_variable(graph, old[0]) is None:
+            continue
+        x, take = new if _constant(graph, new[1]) else new[::-1]
+        if _constant(graph, take) and not _constant(graph, x):
+            return _read_variable(graph, old[0]), old[1], x, take
+    return None
+
+
+def _keras_lion(graph: Graph, write: str, var: str, delta: TensorRef) -> Update | None:
+    """Keras's Lion: `var -= lr sign(m beta1 + g (1 - beta1))`, then `m = m beta2 + g (1 -
+    beta2)`, written whole (in a TF1 graph its initializer writes m too)."""
+    signed = _split(graph, delta, ("Mul",), ("Sign",))
+    mixed = signed and _interpolation(graph, graph.data_inputs(signed[0].node)[0])
+    if not mixed:
+        return None
+    m, beta1, grad, decay1 = mixed
+    own = [(u, *terms) for u, slot in graph.consumers(TensorRef(m))
+           if slot == 0 and graph.op(u) == "AssignVariableOp"
+           and (terms := _interpolation(graph, graph.data_inputs(u)[1]))
+           and terms[0] == m and terms[2] == grad]
+    if len(own) != 1:
+        return None
+    m_write, _, beta2, _, decay2 = own[0]
+    return Update(write, var, "lion", "keras", {"m": m}, {
+        "grad": grad, "lr": signed[1], "beta1": beta1, "decay1": decay1, "beta2": beta2,
+        "decay2": decay2, "increment": delta}, {"m": m_write})
 
 
 def _same(graph: Graph, a: TensorRef, b: TensorRef) -> bool:

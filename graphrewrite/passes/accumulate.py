@@ -15,6 +15,11 @@ fetches and so never runs: Grappler's AddOpsRewrite skips nodes that drive a con
 dependency, so it does not fold the chain back into an AddN. One guard for every link did not
 do: the dependency optimizer dropped the edges each later link implies, and AddOpsRewrite folded
 the freed links (an unrolled LSTM's bias gradient, 30 terms, then differed by 2e-9).
+
+A sum that is part of a tree of sums (a term another sum's alone, or its value read by one sum
+alone) stays: AddOpsRewrite folds the original's tree into one AddN of all its leaves, which a
+chain over the sum's own terms does not add in the same order (a WGAN-GP's critic kernel
+gradient, `AddN(AddN(...), a, b)`, differed by 2e-4 after two steps).
 """
 
 from __future__ import annotations
@@ -57,7 +62,7 @@ class AccumulateResult(PassResult):
 def run(graph: Graph, analysis: Analysis, options: AccumulateOptions, model=None):
     """Replace every AddN/AccumulateNV2 with at least `min_inputs` inputs by a running sum."""
     sums = [n for n in graph.nodes() if graph.op(n) in SUMMING_OPS
-            and len(graph.data_inputs(n)) >= options.min_inputs]
+            and len(graph.data_inputs(n)) >= options.min_inputs and not _in_a_tree(graph, n)]
     if options.min_share and analysis is not None:
         least = options.min_share * analysis.memory.peak()
         sums = [n for n in sums if sum(analysis.shapes.nbytes(r) or 0
@@ -78,6 +83,20 @@ def kernel_groups(count: int) -> list[int]:
     head = count % KERNEL_WIDTH
     head = min(count, head + KERNEL_WIDTH if head < 2 else head)
     return [head] + [KERNEL_WIDTH] * ((count - head) // KERNEL_WIDTH)
+
+
+def _in_a_tree(graph: Graph, name: str) -> bool:
+    """Whether the sum `name` is part of a tree of sums Grappler folds into one AddN."""
+    def only_reader(node: str) -> str | None:
+        readers = {u for u, slot in graph.consumers(TensorRef(node)) if slot is not None
+                   and slot >= 0}
+        return readers.pop() if len(readers) == 1 else None
+
+    adds = (*SUMMING_OPS, "AddV2", "Add")
+    reader = only_reader(name)
+    return (reader is not None and graph.op(reader) in adds) or any(
+        graph.op(r.node) in adds and only_reader(r.node) == name
+        for r in graph.data_inputs(name))
 
 
 def _chain(graph: Graph, name: str) -> None:

@@ -114,14 +114,20 @@ def run(graph: Graph, analysis: Analysis, options: DietOptions, model=None) -> D
         if reason:
             kept.setdefault(reason, []).append(update.var)
             continue
-        if optimizers.takes_sgd_momentum(graph, update):  # read before the rewrite
-            momentum_kinds[update.var] = {"rmsprop": "RMSProp's"}.get(update.kind, "SGD's")
+        if optimizers.takes_sgd_momentum(graph, update) or update.kind == "lion":
+            momentum_kinds[update.var] = {"rmsprop": "RMSProp's", "lion": "Lion's"}.get(
+                update.kind, "SGD's")  # read before the rewrite
         diet.rewrite(update)
     if momentum_kinds and options.momentum == "drop":
-        log.warning("diet: %d weights take momentum (%s), dropped: each then steps by lr / "
-                    "(1 - momentum), which at high rates can stop training (a CNN at lr 0.1, "
-                    "momentum 0.9 did); momentum=bfloat16 keeps it in 16 bits",
-                    len(momentum_kinds), " and ".join(sorted(set(momentum_kinds.values()))))
+        kinds = sorted(set(momentum_kinds.values()))
+        sgd_like = [k for k in kinds if k != "Lion's"]
+        effects = [" and ".join(sgd_like) + " then step by lr / (1 - momentum), which at high "
+                   "rates can stop training (a CNN at lr 0.1, momentum 0.9 did)"] if sgd_like else []
+        if "Lion's" in kinds:
+            effects.append("Lion's by lr sign(g) (signSGD)")
+        log.warning("diet: %d weights take momentum (%s), dropped: %s; momentum=bfloat16 "
+                    "keeps it in 16 bits", len(momentum_kinds), " and ".join(kinds),
+                    "; ".join(effects))
     for name in other_float_variables(graph, analysis.shapes, options, diet, slots,
                                        analysis.split.gradient_flow):
         kept.setdefault(diet.unread.get(name) or why_not(graph, name), []).append(name)

@@ -611,6 +611,29 @@ class Diet:
                         "rate")
         return b.binary("Mul", rate, grad, "step"), []
 
+    def _lion(self, b, update, shape, resource, var):
+        """Lion: steps of lr sign(beta1 m + (1 - beta1) g), then m = beta2 m + (1 - beta2) g.
+        Its momentum is its only state: kept (Keras's own), kept as bfloat16, or dropped,
+        which leaves steps of lr sign(g) (signSGD)."""
+        terms = update.terms
+        grad, lr = terms["grad"], terms["lr"]
+        if self.options.momentum == "keep":  # Keras's own m and its write stay
+            return terms["increment"], []
+        self._remove(update.slots["m"], shape)
+        if self.options.momentum == "drop":
+            return b.binary("Mul", lr, b.unary("Sign", grad, "direction"), "step"), []
+        stored = types_pb2.DT_BFLOAT16
+        slot = self._new_slot(var, "diet_momentum", shape, resource, stored)
+        old = b.cast(self._read_slot(b, slot, resource, "m", shape, stored), stored,
+                     types_pb2.DT_FLOAT, "m_old_float")
+        mixed = b.binary("AddV2", b.binary("Mul", terms["beta1"], old, "m_kept"),
+                         b.binary("Mul", terms["decay1"], grad, "grad_taken"), "mixed")
+        new = b.binary("AddV2", b.binary("Mul", terms["beta2"], old, "m_decayed"),
+                       b.binary("Mul", terms["decay2"], grad, "grad_added"), "m_new")
+        write = self._write_slot(b, slot, b.cast(new, types_pb2.DT_FLOAT, stored, "m_rounded"),
+                                 resource, "m", stored)
+        return b.binary("Mul", lr, b.unary("Sign", mixed, "direction"), "step"), [write]
+
     def _sgd(self, b, update, shape, resource, var):
         return b.binary("Mul", update.terms["lr"], update.terms["grad"], "step"), []
 
