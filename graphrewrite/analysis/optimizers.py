@@ -474,12 +474,13 @@ def _keras_momentum(graph: Graph, write: str, var: str, delta: TensorRef) -> Upd
 
 
 def takes_sgd_momentum(graph: Graph, update: Update) -> bool:
-    """Whether `update` keeps an SGD momentum: Momentum's, or RMSProp's other than a constant
-    0 (whose slot stays 0)."""
-    if update.kind == "rmsprop" and "mom" in update.slots:
-        value = constant_value(graph, None, update.terms["momentum"])
-        return value is None or float(value) != 0.0
-    return update.kind == "momentum"
+    """Whether `update` keeps an SGD momentum: Momentum's or RMSProp's, other than a constant
+    0 (whose slot stays 0: Keras's SGD without momentum keeps one)."""
+    if update.kind not in ("momentum", "rmsprop") or (update.kind == "rmsprop"
+                                                      and "mom" not in update.slots):
+        return False
+    value = constant_value(graph, None, update.terms["momentum"])
+    return value is None or float(value) != 0.0
 
 
 def slots_of(found: list[Update]) -> set[str]:

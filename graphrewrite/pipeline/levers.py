@@ -62,11 +62,11 @@ LOSSY_STEPS = ((("chunk_loss",),), *(((diet,), ("chunk_loss", diet)) for diet in
 
 
 def lossy_steps(graph) -> tuple:
-    """LOSSY_STEPS, without diet's lean default where a weight takes an SGD momentum update
-    (Momentum, or RMSProp with a momentum other than 0): dropped, momentum steps by
-    lr / (1 - momentum), the whole gradient at lr 0.1 and momentum 0.9, and a ResNet-like
-    CNN built outside the repo then stopped learning (loss 2.21 after 50 steps against the
-    original's 0.15) where its momentum in 16 bits learned."""
+    """LOSSY_STEPS, without diet's default where a weight takes an SGD momentum update
+    (Momentum, or RMSProp with a momentum other than 0): the default keeps that momentum in
+    bfloat16 (`diet.variables.momentum_for`), as `diet(momentum=bfloat16)` does, so it would be
+    priced twice. (Dropped, momentum steps by lr / (1 - momentum): a ResNet-like CNN built
+    outside the repo stopped learning, loss 2.21 after 50 steps against the original's 0.15.)"""
     if graph is None or not any(optimizers.takes_sgd_momentum(graph, u)
                                 for u in optimizers.updates(graph)):
         return LOSSY_STEPS

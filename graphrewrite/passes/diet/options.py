@@ -36,20 +36,22 @@ SLOT_USERS = ("ReadVariableOp", "Identity", "AssignVariableOp", "Assign", "VarIs
 class DietOptions(PassOptions):
     """format: int16 (fixed point, x scale) or bfloat16; scale: the int16 quantum; momentum:
     drop (beta1 = 0), keep the first moment, or keep it stored as bfloat16 (a new slot,
-    rounded to nearest); factored: a row and a column second-moment accumulator for 2-D
+    rounded to nearest); auto, Adam's dropped and any other kept as bfloat16
+    (`variables.momentum_for`); factored: a row and a column second-moment accumulator for 2-D
     weights; rounding: stochastic or nearest when the update is written;
     min_size: variables (and frozen constants) with fewer elements stay float32."""
 
     format: str = "int16"
     scale: float = DEFAULT_SCALE
-    momentum: str = "drop"
+    momentum: str = "auto"
     factored: bool = True
     rounding: str = "stochastic"
     min_size: int = 1024
     reads: str = "priced"
 
     def __post_init__(self):
-        for key, allowed in (("format", tuple(FORMATS)), ("momentum", ("drop", "keep", "bfloat16")),
+        for key, allowed in (("format", tuple(FORMATS)),
+                             ("momentum", ("auto", "drop", "keep", "bfloat16")),
                              ("rounding", ("stochastic", "nearest")),
                              ("reads", ("priced", "gated", "ungated"))):
             if getattr(self, key) not in allowed:
