@@ -167,7 +167,7 @@ def main(ctx, debug, verbose, quiet):
                    "options: e.g. 'recompute(policy=memory) accumulate relax_assign', "
                    "'recompute(policy=collection, checkpoints=\"op:Conv2D,scope:stem\")' "
                    "(quote a value holding a comma, space or parenthesis). Passes: recompute, "
-                   "swap, defer, accumulate, relax_assign, diet, chunk_loss (lossy). The "
+                   "swap, defer, accumulate, ungate, relax_assign, diet, chunk_loss (lossy). The "
                    "report's pipeline replays a run.")
 @click.option("--lossy", is_flag=True,
               help="Also use the levers that change the numbers: the loss's final projection "

@@ -370,6 +370,7 @@ NAMED_ROWS = (
     ("accumulated", "sums (AddN) now adding each term as it arrives"),
     ("reads_first", "reads of variables now before their updates (nothing ordered them)"),
     ("serial_loops", "loops of micro-batches or steps now one iteration at a time"),
+    ("ungated", "gates the updates waited behind for every gradient, taken out"),
     ("rerun", "recurrent layers' forward passes run again before their backward passes"),
     ("inlined", "function calls holding the forward or backward pass"),
     ("deferred", "values needing no gradient computed when their gradient is ready"),

@@ -176,8 +176,9 @@ def test_optimize_memory_reports_and_explains(tmp_path):
     assert result.exit_code == 0, result.stderr
     facts = json.loads(result.stdout)
     assert facts["mode"] == "memory"
-    assert facts["pipeline"] == ("inline loop_recompute rerun defer accumulate(min_share=0.1) "
-                                 "recompute(policy=memory) serialize apply_early")
+    assert facts["pipeline"] == ("inline ungate loop_recompute rerun defer "
+                                  "accumulate(min_share=0.1) recompute(policy=memory) "
+                                  "serialize apply_early")
     assert facts["peak_bytes"]["after"] < facts["peak_bytes"]["before"]
     as_run = facts["peak_bytes_as_run"]  # after Grappler, as inspect models the graphs
     assert 0 < as_run["after"] < as_run["before"]
@@ -221,7 +222,7 @@ def test_optimize_planner_is_written_into_the_pipeline_and_needs_a_recompute_pas
     assert search.exit_code == 0, search.stderr
     facts = json.loads(search.stdout)
     assert facts["pipeline"] == (
-        "inline loop_recompute rerun defer accumulate(min_share=0.1) "
+        "inline ungate loop_recompute rerun defer accumulate(min_share=0.1) "
         "recompute(policy=memory, planner=search) serialize apply_early")
     replayed = run_cli("optimize", fixture_path("mlp"), "-o", tmp_path / "p.pb", "--passes",
                        facts["pipeline"], "--json")

@@ -26,8 +26,9 @@ def replay(out, plan, name="replayed.pb"):
 
 def test_plan_holds_the_searched_decision(planned):
     _, plan = planned
-    assert plan["pipeline"] == ("inline loop_recompute rerun defer accumulate(min_share=0.1) "
-                                "recompute(policy=memory) serialize apply_early")
+    assert plan["pipeline"] == ("inline ungate loop_recompute rerun defer "
+                                "accumulate(min_share=0.1) recompute(policy=memory) "
+                                "serialize apply_early")
     assert plan["recompute"]["checkpoints"] and plan["recompute"]["recomputed"]
     assert not set(plan["recompute"]["checkpoints"]) & set(plan["recompute"]["recomputed"])
 

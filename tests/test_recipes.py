@@ -101,7 +101,7 @@ def test_the_matrix_covers_every_value_of_every_axis():
                                                      "all_updates", "accum_cond",
                                                      "smoothing", "is_training", "unseeded",
                                                      "jit", "summaries", "static",
-                                                     "gradient_penalty"}
+                                                     "gradient_penalty", "gate_graph"}
     tf1 = [c for c in cells_ if c.construction in recipes.TF1]
     assert {c.loss for c in tf1} == {"collection", "plain"}
     assert {c.train_op for c in tf1} == {"collection", "grouped", "none"}
@@ -217,6 +217,25 @@ def test_an_unrolled_lstms_weight_gradients_add_their_terms_as_they_arrive():
     equal`)."""
     _, facts, _ = rewritten("v1_lstm_adam_static_clipvalue")
     assert len(facts["accumulated"]) == 3, facts["note"]  # one kernel per layer
+
+
+@pytest.mark.tf
+def test_updates_behind_a_graph_gate_wait_for_their_own_gradient_only():
+    """`minimize(gate_gradients=GATE_GRAPH)` under `control_dependencies` on the batch norms'
+    updates: the gate, which waits for every gradient and those updates, is taken out of each
+    gradient's Identity; the updates' waits stay (a TF1 ResNet-50 built outside the repo:
+    0.89x measured in mode memory, 0.71x without the gate, bitwise)."""
+    from graphrewrite.core import io
+
+    entry, facts, out = rewritten("km_cnn_momentum_bn_gategraph")
+    [gate] = facts["ungated"]
+    original, graph = io.load(entry["path"]).graph, io.load(out).graph
+    waiting = [u for u, slot in original.consumers(gate) if slot == -1]
+    outside = {c for c in original.control_inputs(gate) if original.op(c).startswith("Assign")}
+    assert len(waiting) > 2 and outside, (waiting, outside)
+    for name in waiting:
+        assert gate not in graph.control_inputs(name)
+        assert outside <= set(graph.control_inputs(name)), name
 
 
 @pytest.mark.tf

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from . import (accumulate, apply_early, chunk_loss, defer, diet, inline, loop_recompute,
-               reads_first, recompute, relax_assign, rerun, serialize, swap)
+               reads_first, recompute, relax_assign, rerun, serialize, swap, ungate)
 
 __all__ = ["Pass", "PASSES"]
 
@@ -37,4 +37,5 @@ PASSES = {
                         apply_early.ApplyEarlyResult),
     "reads_first": Pass(reads_first.ReadsFirstOptions, reads_first.run,
                         reads_first.ReadsFirstResult),
+    "ungate": Pass(ungate.UngateOptions, ungate.run, ungate.UngateResult),
 }

@@ -53,8 +53,8 @@ WITHIN = 0.03
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ApplyEarlyOptions", "ApplyEarlyResult", "update_of", "stages", "bypass_identities",
-           "run", "WITHIN", "FILTER_GRADIENTS"]
+__all__ = ["ApplyEarlyOptions", "ApplyEarlyResult", "MANY", "variable_writes", "update_of",
+           "stages", "bypass_identities", "run", "WITHIN", "FILTER_GRADIENTS"]
 
 MANY = "*"  # a node leading to the updates of several parameters: the backward pass
 
@@ -70,7 +70,7 @@ class ApplyEarlyResult(PassResult):
     applied_early: list[str] = field(default_factory=list)
 
 
-def _writes(graph: Graph, names) -> dict[str, str]:
+def variable_writes(graph: Graph, names) -> dict[str, str]:
     """Each node in `names` that writes a variable (its first input), with that variable."""
     found = {}
     for name in names:
@@ -89,7 +89,7 @@ def _join(a, b):
 def update_of(graph: Graph, split, writes: dict[str, str]) -> dict[str, str]:
     """Each gradient-flow node leading to the writes of one parameter's update only: that
     parameter (a variable the loss is computed from; not a slot, nor Adam's `beta1_power`).
-    `MANY` for one leading to several. `writes`: the gradient flow's (`_writes`)."""
+    `MANY` for one leading to several. `writes`: the gradient flow's (`variable_writes`)."""
     flow = split.gradient_flow
     loss_inputs = graph.data_ancestors(split.differentiated or split.losses)
     written_parameters = set(writes.values()) & loss_inputs
@@ -110,7 +110,7 @@ def stages(graph: Graph, split, order: list[str]) -> list[tuple[list, list, list
     """The updates' stages in the order `order` computes them: each its parameters, their writes
     and the backward-pass tensors it starts from. Updates starting from a shared tensor are one
     stage."""
-    writes = _writes(graph, split.gradient_flow)
+    writes = variable_writes(graph, split.gradient_flow)
     owner = update_of(graph, split, writes)
     entries: dict[str, set[TensorRef]] = {}
     for name, param in owner.items():

@@ -5,7 +5,7 @@ __all__ = ["MODES", "MODE_HELP"]
 
 MODES: dict[str, str] = {
     "none": "",
-    "memory": "inline loop_recompute rerun defer accumulate(min_share=0.1) "
+    "memory": "inline ungate loop_recompute rerun defer accumulate(min_share=0.1) "
               "recompute(policy=memory) serialize apply_early",
     "speed": "inline defer recompute(policy=speed)",
     "collection": "inline recompute(policy=collection)",
@@ -16,14 +16,15 @@ MODES: dict[str, str] = {
 MODE_HELP = {
     "none": "load, check and save; nothing rewritten",
     "memory": "keep ~sqrt(N) bottleneck activations, recompute the rest (most memory saved); "
-              "optimizer arithmetic on the parameters alone waits for its gradient (defer); a "
-              "recurrent layer's step values computed again in its gradient loop (loop_recompute) "
-              "and its forward pass run again before its backward pass (rerun); a sum of "
-              "gradient terms holding a tenth of the peak adds each as it arrives "
-              "(accumulate); the convolution gradients run one at a time (serialize: their "
-              "scratch is not held at once; so do a loop of micro-batches' iterations); each "
-              "parameter's update runs before the backward pass goes on (apply_early, kept "
-              "where the peak as run does not rise)",
+              "updates no longer wait behind a gate for every gradient (ungate: GATE_GRAPH's "
+              "tuple, resource variables); optimizer arithmetic on the parameters alone waits "
+              "for its gradient (defer); a recurrent layer's step values computed again in its "
+              "gradient loop (loop_recompute) and its forward pass run again before its "
+              "backward pass (rerun); a sum of gradient terms holding a tenth of the peak adds "
+              "each as it arrives (accumulate); the convolution gradients run one at a time "
+              "(serialize: their scratch is not held at once; so do a loop of micro-batches' "
+              "iterations); each parameter's update runs before the backward pass goes on "
+              "(apply_early, kept where the peak as run does not rise)",
     "speed": "keep outputs of MatMul/Conv/Einsum, recompute cheap ops (least slowdown); defer",
     "collection": "keep what --checkpoints selects (or the 'checkpoints' collection)",
     "manual": "recompute what _recompute_hint marks, swap what _swap_to_host marks (or --swap)",

@@ -12,6 +12,7 @@ from ..analysis import optimizers, parameters, split
 from ..analysis.memory import DEVICE
 from ..analysis.memory import STATE as STATE_LIFETIME
 from ..core.names import DIET_ATTR
+from ..core.tensor_ref import TensorRef
 from .context import CALL_OPS, Context
 
 __all__ = ["composition", "why_so_little"]
@@ -77,9 +78,14 @@ def _what_holds_it(ctx: Context, report) -> str:
             return (f"at the modelled peak ({shares}) the variables hold it, which no "
                     f"recomputation lowers; diet already stores {dieted} variables in 16 bits")
         if variables and not updates:
+            written = sorted({ctx.graph.op(u) for v in variables
+                              for u, slot in ctx.graph.consumers(TensorRef(v)) if slot == 0
+                              and ("Apply" in ctx.graph.op(u) or "Scatter" in ctx.graph.op(u))})
+            by = f": they are written by {', '.join(written)}" if written else ""
             return (f"at the modelled peak ({shares}) the variables hold it, which no "
-                    "recomputation lowers, and --mode diet reads no update here (it rewrites "
-                    "Adam's and AdamW's, momentum's, RMSProp's, Adagrad's and SGD's)")
+                    f"recomputation lowers, and --mode diet reads no update here{by} (it "
+                    "rewrites the dense updates of Adam and AdamW, momentum, RMSProp, "
+                    "Adagrad, SGD and Lion, and Adam's sparse one)")
         return (f"at the modelled peak ({shares}) the variables hold it, which no "
                 f"recomputation lowers: {_diet(ctx, variables, updates)}")
     if top == BACKWARD:

@@ -122,7 +122,8 @@ def run(graph: Graph, analysis: Analysis, options: DietOptions, model=None) -> D
         kinds = sorted(set(momentum_kinds.values()))
         sgd_like = [k for k in kinds if k != "Lion's"]
         effects = [" and ".join(sgd_like) + " then step by lr / (1 - momentum), which at high "
-                   "rates can stop training (a CNN at lr 0.1, momentum 0.9 did)"] if sgd_like else []
+                   "rates can stop training (a CNN at lr 0.1, momentum 0.9 did)"
+                   ] if sgd_like else []
         if "Lion's" in kinds:
             effects.append("Lion's by lr sign(g) (signSGD)")
         log.warning("diet: %d weights take momentum (%s), dropped: %s; momentum=bfloat16 "
@@ -191,6 +192,9 @@ def other_float_variables(graph: Graph, shapes, options: DietOptions, diet: Diet
 
 def why_not(graph: Graph, var: str) -> str:
     ops_seen = sorted({graph.op(w) for w in writers(graph, var)})
+    if any("SparseApply" in o for o in ops_seen):
+        return ("updated by " + "/".join(ops_seen) + " (a sparse update of some rows: diet "
+                "reads dense updates, and Adam's sparse one)")
     if any(o.startswith(("AssignAdd", "AssignSub")) for o in ops_seen):
         return ("updated by " + "/".join(ops_seen) + " (a decomposed update of a form not "
                 "read as an optimizer's update: centered RMSprop, Nadam, a sparse momentum "

@@ -122,9 +122,9 @@ def writers(graph: Graph, var: str) -> list[str]:
     out = []
     for user, slot in graph.consumers(TensorRef(var)):
         op = graph.op(user)
-        if slot == 0 and (op in APPLY_OPS or op.startswith(("ResourceApply", "Apply",
-                                                            "AssignAdd", "AssignSub",
-                                                            "ResourceScatter", "Scatter"))):
+        if slot == 0 and (op in APPLY_OPS or op.startswith((
+                "ResourceApply", "Apply", "ResourceSparseApply", "SparseApply", "AssignAdd",
+                "AssignSub", "ResourceScatter", "Scatter"))):
             out.append(user)
     return out
 
