@@ -1,6 +1,9 @@
 """What holds the modelled peak, and the note that says why a rewrite saved little."""
 
 import dataclasses
+import sys
+
+import pytest
 
 from graphrewrite.analysis import optimizers
 from graphrewrite.analysis import step as analysis
@@ -10,7 +13,7 @@ from graphrewrite.passes import recompute
 from graphrewrite.planning import peak
 from graphrewrite.planning.context import Context
 
-from conftest import fixture_path
+from conftest import FIXTURES, fixture_path
 
 
 def context(name: str) -> Context:
@@ -60,6 +63,20 @@ def test_parameter_state_of_an_optimizer_diet_does_not_read_says_so(tmp_path):
     ctx, note = _note_if_state_held_the_peak(build(step), tmp_path)
     assert not optimizers.updates(ctx.graph)
     assert "diet reads no update here" in note and "diet stores" not in note
+    assert "written by ResourceApplyAdadelta" in note, note
+
+
+@pytest.mark.tf
+def test_parameter_state_updated_inside_a_loss_scale_cond_says_so(tmp_path):
+    """A mixed-precision Keras ResNet-50 under a LossScaleOptimizer (built outside the repo):
+    its updates run in an `If`'s branch, which diet does not read; the note named only the
+    optimizers diet reads."""
+    sys.path.insert(0, str(FIXTURES))
+    import recipes
+
+    entry = recipes.ensure("tf2_cnn_lso_bn")
+    _, note = _note_if_state_held_the_peak(io.load(entry["path"]).graph, tmp_path)
+    assert "written inside If" in note and "LossScaleOptimizer" in note, note
 
 
 def _note_if_state_held_the_peak(graph, tmp_path):

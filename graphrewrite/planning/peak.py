@@ -81,7 +81,12 @@ def _what_holds_it(ctx: Context, report) -> str:
             written = sorted({ctx.graph.op(u) for v in variables
                               for u, slot in ctx.graph.consumers(TensorRef(v)) if slot == 0
                               and ("Apply" in ctx.graph.op(u) or "Scatter" in ctx.graph.op(u))})
-            by = f": they are written by {', '.join(written)}" if written else ""
+            branches = sorted({ctx.graph.op(u) for v in variables
+                               for u, _ in ctx.graph.consumers(TensorRef(v))
+                               if ctx.graph.op(u) in ("If", "StatelessIf", "Case")})
+            by = f": they are written by {', '.join(written)}" if written else (
+                f": they are written inside {' or '.join(branches)} (a LossScaleOptimizer "
+                "applies its gradients in a cond), which diet does not read" if branches else "")
             return (f"at the modelled peak ({shares}) the variables hold it, which no "
                     f"recomputation lowers, and --mode diet reads no update here{by} (it "
                     "rewrites the dense updates of Adam and AdamW, momentum, RMSProp, "
