@@ -97,6 +97,21 @@ def test_an_addn_whose_buffer_reuse_races_is_named():
     assert mismatch.racing_sums(graph.as_graph_def()) == ["racing"]
 
 
+def test_an_original_whose_sums_race_is_named_when_its_runs_agree(monkeypatch):
+    """An MLP-Mixer built outside the repo: its LayerNorm gradients' AddNs race; its three runs
+    agreed by chance and Grappler was blamed for the rewrite's difference."""
+    graph = tf.Graph()
+    with graph.as_default():
+        a, b, c = (tf.compat.v1.placeholder(tf.float32, [8], name=n) for n in "abc")
+        shared = tf.identity(a * 2.0, name="shared")
+        tf.add_n([shared, b * 1.0, c * 1.0], name="racing")
+        tf.identity(shared, name="other_reader")
+    monkeypatch.setattr(mismatch.measure, "run_step", lambda *a, **k: "step")
+    cause = mismatch.diagnose(graph.as_graph_def(), graph.as_graph_def(), {}, {}, ["out"],
+                              lambda a, b: a == b, isolated=False)
+    assert cause.startswith(mismatch.SUM_ORDER_CAUSE) and "'racing'" in cause, cause
+
+
 def looped_draws(parallel_iterations):
     """A TF2 step's GraphDef: a while loop adding a seeded uniform draw each iteration."""
     @tf.function(input_signature=[tf.TensorSpec([64], tf.float32)])
