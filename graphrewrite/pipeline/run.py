@@ -218,8 +218,8 @@ def optimize(model: Model, mode: str, analysis: AnalysisOptions | None = None,
         lowers = ("lowers" if written < peak_before else "raises" if written > peak_before
                   else "does not lower")
         but = "and" if lowers == "raises" else "but"
-        reverted = (f"the rewrite {lowers} the step as written ({peak_before / 2**20:.1f} -> "
-                    f"{written / 2**20:.1f} MiB) {but} raises it as TensorFlow runs it "
+        reverted = (f"the rewrite {lowers} the step as written ({_mib_apart(peak_before, written)}"
+                    f" MiB) {but} raises it as TensorFlow runs it "
                     f"({_mib_apart(before, after)} MiB after Grappler): "
                     "graph left unchanged (--passes runs the same passes and keeps their "
                     "rewrite)")
