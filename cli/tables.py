@@ -239,7 +239,8 @@ def _fit_model(fit: dict) -> str:
 def _diet_row(facts: dict) -> str:
     """What the diet pass did: which values are 16-bit now, the slots it changed, the bytes."""
     done = [f"{len(facts[key])} {what} now 16-bit" for key, what in
-            (("dieted", "variables"), ("constants", "constants")) if facts[key]]
+            (("dieted", "variables"), ("read_only", "variables the step only reads"),
+             ("constants", "constants")) if facts.get(key)]
     if facts["slots_removed"] or facts["slots_added"]:
         done.append(f"optimizer slots -{len(facts['slots_removed'])} "
                     f"+{len(facts['slots_added'])}")

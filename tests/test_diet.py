@@ -51,7 +51,8 @@ def test_mode_and_help_name_the_options():
 
     assert MODES["diet"] == "diet"
     for option in ("format=int16|bfloat16", "momentum=auto|drop|keep|bfloat16", "factored=true",
-                   "rounding=stochastic|nearest", "min_size=1024", "scale="):
+                   "rounding=stochastic|nearest", "min_size=1024", "scale=",
+                   "read_only=true"):
         assert option in MODE_HELP["diet"]
     assert grammar.compose("diet", "diet recompute(policy=memory)") == \
         "diet recompute(policy=memory)"

@@ -128,6 +128,35 @@ def test_the_graphs_own_init_op_initialises_the_new_slots(tmp_path):
     assert np.isfinite(losses).all()
 
 
+def _frozen_base_model(tf):
+    """A frozen base layer (a variable out of `trainable_variables`, as a LoRA step's or a
+    teacher's), then a head that trains."""
+    x = tf.compat.v1.placeholder(tf.float32, [BATCH, 64], name="x")
+    labels = tf.compat.v1.placeholder(tf.int32, [BATCH], name="labels")
+    base = tf.compat.v1.get_variable("base", [64, 64], trainable=False, use_resource=True)
+    head = tf.compat.v1.get_variable("head", [64, 32], use_resource=True)
+    logits = tf.matmul(tf.nn.relu(tf.matmul(x, base)), head)
+    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=labels, logits=logits))
+
+
+@pytest.mark.tf
+def test_a_variable_the_step_only_reads_is_stored_in_16_bits(tmp_path):
+    """A LoRA step built outside the repo: its frozen base, the step's real state, stayed
+    float32 (diet rewrote the adapters' updates only). It is now stored in 16 bits, initialised
+    by the graph's own init op, and the step trains; `diet(read_only=false)` keeps it."""
+    loss = _export(tmp_path / "base.meta", _frozen_base_model)
+    facts, graph = _diet(tmp_path / "base.meta", tmp_path / "diet.meta")
+    assert facts.read_only == ["base"] and facts.dieted == ["head"], facts
+    assert graph.node_def("base").attr["dtype"].type == graph.node_def(
+        "head").attr["dtype"].type != 1  # 16-bit, as the trained kernel
+    missing, losses = _train_with_own_init(tmp_path / "diet.meta", loss, 5)
+    assert not missing and np.isfinite(losses).all() and losses[-1] < losses[0], losses
+    kept = pipeline.optimize(io.load(tmp_path / "base.meta"), "diet",
+                             composed="diet(read_only=false)", as_run=False)
+    assert not kept.results["diet"].read_only
+
+
 @pytest.mark.tf
 def test_a_gan_step_reading_the_discriminator_after_its_update_keeps_that_order(tmp_path):
     """The recipe cell `tf2_gan_adam` alternates its updates: the generator's forward pass

@@ -64,9 +64,12 @@ import numpy as np
 from tensorflow.core.framework import types_pb2
 
 from ...analysis import bind, optimizers, parameters
+from ...analysis.split import reachable
 from ...analysis.step import Analysis
 from ...core import dtypes
 from ...core.graph import Graph
+from ...core.tensor_ref import TensorRef
+from ..reads_first import WRITE_PREFIXES
 from .build import known_shape
 from .constants import diet_constants
 from .facts import placeholder_spec, writers
@@ -129,6 +132,10 @@ def run(graph: Graph, analysis: Analysis, options: DietOptions, model=None) -> D
         log.warning("diet: %d weights take momentum (%s), dropped: %s; momentum=bfloat16 "
                     "keeps it in 16 bits", len(momentum_kinds), " and ".join(kinds),
                     "; ".join(effects))
+    if options.read_only:
+        for name in read_only_variables(graph, analysis.fetches, set(diet.dieted) | slots):
+            if diet.read_only_refusal(name) is None:
+                diet.store_read_only(name)
     for name in other_float_variables(graph, analysis.shapes, options, diet, slots,
                                        analysis.split.gradient_flow):
         kept.setdefault(diet.unread.get(name) or why_not(graph, name), []).append(name)
@@ -145,7 +152,7 @@ def run(graph: Graph, analysis: Analysis, options: DietOptions, model=None) -> D
         log.warning("diet: %d variables stay float32: %s", sum(map(len, unexpected.values())),
                     "; ".join(f"{', '.join(v[:4])}{' ...' if len(v) > 4 else ''} ({r})"
                               for r, v in unexpected.items()))
-    if not diet.dieted:
+    if not diet.dieted and not diet.read_only:
         note = "diet: no variable with a supported optimizer update was rewritten"
         calls = sorted({graph.op(n) for n in graph.nodes()} & FUNCTIONAL_OPS)
         if not unexpected and calls:  # a LossScaleOptimizer's updates run in an If's branch
@@ -158,9 +165,25 @@ def run(graph: Graph, analysis: Analysis, options: DietOptions, model=None) -> D
     graph, choice = choose_reads(graph, {r: f for r, f in diet.forward_reads.items()
                                          if f in graph}, analysis, model, options.reads)
     return DietResult(graph, True, choice.shapes, dieted=diet.dieted,
+                      read_only=diet.read_only,
                       slots_removed=sorted(diet.removed), slots_added=diet.slots_added,
                       kept_float=kept, bytes_saved=diet.bytes_saved,
                       forward_reads=choice.kept, read_peaks=choice.peaks)
+
+
+def read_only_variables(graph: Graph, fetches: list[str], skip: set[str]) -> list[str]:
+    """Variables the fetched step reads and never writes (its writes are initializers or
+    restores, which it does not run), outside `skip`."""
+    stepped = reachable(graph.nx, fetches, upstream=True)
+    out = []
+    for name in parameters.variables(graph):
+        if name in skip:
+            continue
+        users = {u: graph.op(u) for u, slot in graph.consumers(TensorRef(name))
+                 if slot is not None and slot >= 0 and u in stepped}
+        if users and not any(op.startswith(WRITE_PREFIXES) for op in users.values()):
+            out.append(name)
+    return out
 
 
 def other_float_variables(graph: Graph, shapes, options: DietOptions, diet: Diet,

@@ -39,7 +39,9 @@ class DietOptions(PassOptions):
     rounded to nearest); auto, Adam's dropped and any other kept as bfloat16
     (`variables.momentum_for`); factored: a row and a column second-moment accumulator for 2-D
     weights; rounding: stochastic or nearest when the update is written;
-    min_size: variables (and frozen constants) with fewer elements stay float32."""
+    min_size: variables (and frozen constants) with fewer elements stay float32; read_only:
+    also the variables the step reads and never writes (a LoRA base, a teacher), rounded to
+    nearest once, where they are initialised or restored."""
 
     format: str = "int16"
     scale: float = DEFAULT_SCALE
@@ -48,6 +50,7 @@ class DietOptions(PassOptions):
     rounding: str = "stochastic"
     min_size: int = 1024
     reads: str = "priced"
+    read_only: bool = True
 
     def __post_init__(self):
         for key, allowed in (("format", tuple(FORMATS)),
@@ -67,6 +70,7 @@ class DietOptions(PassOptions):
 @dataclass
 class DietResult(PassResult):
     dieted: list[str] = field(default_factory=list)          # variables now 16-bit
+    read_only: list[str] = field(default_factory=list)  # variables the step only reads, 16-bit
     constants: list[str] = field(default_factory=list)       # frozen constants now 16-bit
     slots_removed: list[str] = field(default_factory=list)
     slots_added: list[str] = field(default_factory=list)

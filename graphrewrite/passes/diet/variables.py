@@ -34,6 +34,7 @@ class Diet:
         self.late_reads: list[str] = []      # backward reads of the variable being rewritten
         self.fmt = FORMATS[options.format]
         self.dieted: list[str] = []
+        self.read_only: list[str] = []       # variables the step only reads, now 16-bit
         self.removed: set[str] = set()       # slot variables to remove
         self.removed_shapes: dict[str, tuple] = {}  # their shapes (a placeholder has none)
         self.added: list[NewEntry] = []      # new slot variables a Saver keeps
@@ -80,17 +81,9 @@ class Diet:
             return f"written by {' and '.join(others)} besides its update ({op})"
         if graph.consumers(TensorRef(apply)):
             return "the update's output is read"
-        resource = captured or node.op == RESOURCE_VARIABLE
-        for user, slot in graph.consumers(TensorRef(var)):
-            user_op = graph.op(user)
-            if user in ours or slot is None or slot < 0:
-                continue
-            if resource and not (user_op in RESOURCE_READS + RESOURCE_QUERIES
-                                 or (user_op == "AssignVariableOp" and slot == 0)):
-                return f"its handle is also used by {user_op}"
-            if not resource and not (user_op in REF_READERS
-                                     or (user_op == "Assign" and slot == 0)):
-                return f"also used by {user_op}"
+        unread = self._other_users(var, ours)
+        if unread:
+            return unread
         for slot in update.slots.values():
             if captured != bind.is_resource_placeholder(graph.node_def(slot)) or (
                     not captured and graph.op(slot) not in (RESOURCE_VARIABLE, *REF_VARIABLES)):
@@ -107,7 +100,55 @@ class Diet:
                     return f"its optimizer slot {slot} is shared or read elsewhere"
         return None
 
+    def _other_users(self, var: str, ours: set) -> str | None:
+        """Why a user of `var` besides `ours` (its update) keeps it float32: one that is not a
+        read, a whole write (an initializer, a restore) or a query; else None."""
+        graph = self.graph
+        resource = bind.is_resource_placeholder(graph.node_def(var)) or \
+            graph.op(var) == RESOURCE_VARIABLE
+        for user, slot in graph.consumers(TensorRef(var)):
+            user_op = graph.op(user)
+            if user in ours or slot is None or slot < 0:
+                continue
+            if resource and not (user_op in RESOURCE_READS + RESOURCE_QUERIES
+                                 or (user_op == "AssignVariableOp" and slot == 0)):
+                return f"its handle is also used by {user_op}"
+            if not resource and not (user_op in REF_READERS
+                                     or (user_op == "Assign" and slot == 0)):
+                return f"also used by {user_op}"
+        return None
+
+    def read_only_refusal(self, var: str) -> str | None:
+        """Why `var`, which the step reads and never writes, must stay float32, or None."""
+        node = self.graph.node_def(var)
+        if node.op not in (RESOURCE_VARIABLE, *REF_VARIABLES) and \
+                not bind.is_resource_placeholder(node):
+            return f"a {node.op}, not a variable"
+        dtype, shape = self._spec(var)
+        if dtype != types_pb2.DT_FLOAT or shape is None or \
+                int(np.prod(shape)) < self.options.min_size:
+            return "not float32 of a known shape of min_size elements or more"
+        return self._other_users(var, set())
+
     # ---------------------------------------------------------------- rewriting
+
+    def store_read_only(self, var: str) -> None:
+        """Store `var`, which the step reads and never writes (a LoRA step's frozen base, a
+        distillation's teacher), in 16 bits, dequantized where read as an updated weight is.
+        Its initializer and restore round to nearest; nothing else writes it."""
+        graph = self.graph
+        node = graph.node_def(var)
+        captured = bind.is_resource_placeholder(node)
+        _, shape = self._spec(var)
+        self.late_reads, self.shape, self.apply = [], shape, None
+        self._mark(var, captured)
+        if captured or node.op == RESOURCE_VARIABLE:
+            self._rewrite_resource_users(var, None, shape)
+        else:
+            self._rewrite_ref_users(var, None, shape)
+        self.late_reads = []  # no update to order after them
+        self.read_only.append(var)
+        self.bytes_saved += int(np.prod(shape)) * 2
 
     def rewrite(self, update: optimizers.Update) -> None:
         graph, options = self.graph, self.options
@@ -129,10 +170,7 @@ class Diet:
         self.late_reads = []
         self.shape, self.apply = shape, apply
         self.momentum = momentum_for(graph, update, options.momentum)
-        if not captured:  # a captured variable's placeholder is a handle: its readers say int16
-            graph.set_attr(var, "dtype", type_attr(self.fmt))
-        mark = options.format + (f" {options.scale!r}" if options.format == "int16" else "")
-        graph.set_attr(var, DIET_ATTR, attr_value_pb2.AttrValue(s=mark.encode()))
+        self._mark(var, captured)
         for slot in update.slots.values():
             graph.set_attr(slot, SLOT_OF_ATTR, attr_value_pb2.AttrValue(s=var.encode()))
             self.slots_seen.add(slot)
@@ -175,6 +213,15 @@ class Diet:
         self._order_after_late_reads(apply)
         self.dieted.append(var)
         self.bytes_saved += int(np.prod(shape)) * 2
+
+    def _mark(self, var: str, captured: bool) -> None:
+        """The variable's 16-bit dtype and the diet mark (its format and scale), which whoever
+        binds or saves it reads."""
+        if not captured:  # a captured variable's placeholder is a handle: its readers say int16
+            self.graph.set_attr(var, "dtype", type_attr(self.fmt))
+        options = self.options
+        mark = options.format + (f" {options.scale!r}" if options.format == "int16" else "")
+        self.graph.set_attr(var, DIET_ATTR, attr_value_pb2.AttrValue(s=mark.encode()))
 
     def _dense_gradient(self, b: Builder, terms: dict, shape: tuple) -> TensorRef:
         """A sparse gradient's rows summed into a dense one (zero where no row is): the diet
