@@ -50,15 +50,20 @@ def gates(graph: Graph, analysis: Analysis) -> dict[str, list[str]]:
     """Each gate the updates wait behind (see the module's docstring): its NoOp and the
     Identities waiting for it."""
     flow = analysis.split.gradient_flow
-    writes = variable_writes(graph, flow)
-    owner = update_of(graph, analysis.split, writes)
-    found = {}
+    candidates = {}
     for name in graph.nodes():
         if graph.op(name) != "NoOp" or sum(c in flow for c in graph.control_inputs(name)) < 2:
             continue
         waiting = [u for u, slot in graph.consumers(name) if slot == -1]
-        if len(waiting) < 2 or any(graph.op(u) != "Identity" or owner.get(u) in (None, MANY)
-                                   for u in waiting):
+        if len(waiting) >= 2 and all(graph.op(u) == "Identity" for u in waiting):
+            candidates[name] = waiting
+    if not candidates:  # the usual case: the owners below walk the whole graph
+        return {}
+    writes = variable_writes(graph, flow)
+    owner = update_of(graph, analysis.split, writes)
+    found = {}
+    for name, waiting in candidates.items():
+        if any(owner.get(u) in (None, MANY) for u in waiting):
             continue
         if not all(_whole_gradient(graph, analysis.split, u, owner) for u in waiting):
             continue
