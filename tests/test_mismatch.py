@@ -86,26 +86,29 @@ def test_an_addn_whose_buffer_reuse_races_is_named():
     four inputs summed from the first buffer it could reuse (TensorFlow's AddN), found by
     comparing every tensor of 16 runs. Three inputs, one read elsewhere too: named; two
     inputs (the sum commutes), or none read elsewhere: not."""
+    graph = _racing_sum_graph()
+    with graph.as_default():
+        a, b, c = (graph.get_tensor_by_name(f"{n}:0") for n in "abc")
+        tf.add_n([a * 3.0, b * 3.0, c * 3.0], name="alone")
+        tf.add_n([graph.get_tensor_by_name("shared:0"), b], name="two")
+    assert mismatch.racing_sums(graph.as_graph_def()) == ["racing"]
+
+
+def _racing_sum_graph():
+    """AddN `racing` of three inputs, one of which (`shared`) another op reads too."""
     graph = tf.Graph()
     with graph.as_default():
         a, b, c = (tf.compat.v1.placeholder(tf.float32, [8], name=n) for n in "abc")
         shared = tf.identity(a * 2.0, name="shared")
         tf.add_n([shared, b * 1.0, c * 1.0], name="racing")
         tf.identity(shared, name="other_reader")
-        tf.add_n([a * 3.0, b * 3.0, c * 3.0], name="alone")
-        tf.add_n([shared, b], name="two")
-    assert mismatch.racing_sums(graph.as_graph_def()) == ["racing"]
+    return graph
 
 
 def test_an_original_whose_sums_race_is_named_when_its_runs_agree(monkeypatch):
     """An MLP-Mixer built outside the repo: its LayerNorm gradients' AddNs race; its three runs
     agreed by chance and Grappler was blamed for the rewrite's difference."""
-    graph = tf.Graph()
-    with graph.as_default():
-        a, b, c = (tf.compat.v1.placeholder(tf.float32, [8], name=n) for n in "abc")
-        shared = tf.identity(a * 2.0, name="shared")
-        tf.add_n([shared, b * 1.0, c * 1.0], name="racing")
-        tf.identity(shared, name="other_reader")
+    graph = _racing_sum_graph()
     monkeypatch.setattr(mismatch.measure, "run_step", lambda *a, **k: "step")
     cause = mismatch.diagnose(graph.as_graph_def(), graph.as_graph_def(), {}, {}, ["out"],
                               lambda a, b: a == b, isolated=False)
