@@ -16,7 +16,9 @@ A NoOp is taken for such a gate when it waits for two or more gradient-flow node
 Identity waiting for it passes a parameter's whole gradient on to that parameter's update alone
 (`apply_early.update_of`; on the way, no forward value but a variable's is read): `GATE_OP`'s
 per-op tuples, whose input gradient goes on through the backward pass, and a tuple ahead of a
-global-norm clip, which every update reads, stay.
+global-norm clip, which every update reads, stay. A per-op tuple whose entries are all whole
+gradients goes too (the zoo's TF1 transformer sums its token and position embeddings: their
+two updates waited for each other; bitwise, and measured the same).
 """
 
 from __future__ import annotations
