@@ -350,9 +350,9 @@ def _run_passes(model: Model, steps: list, found, again: AnalysisOptions, stage,
             raise
         except Exception as err:  # noqa: BLE001  (anything else is a bug in the pass)
             raise PassError(name, before, f"failed: {type(err).__name__}: {err}") from err
-        earlier = list(dict.fromkeys(n for n, _, _ in made if n != "inline"))
-        if name == "recompute" and not result.modified and result.note and earlier:
-            # its note is of the step the passes before it made, not of the original
+        earlier = name == "recompute" and not result.modified and result.note and list(
+            dict.fromkeys(n for n, _, _ in made if n != "inline"))
+        if earlier:  # recompute's note is of the step the passes before it made
             result.note = f"after {', '.join(earlier)} changed the step: {result.note}"
         unchanged = result.graph is graph and not result.modified  # checked when loaded
         problems = [] if unchanged else result.graph.check()

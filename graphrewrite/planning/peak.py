@@ -78,12 +78,11 @@ def _what_holds_it(ctx: Context, report) -> str:
             return (f"at the modelled peak ({shares}) the variables hold it, which no "
                     f"recomputation lowers; diet already stores {dieted} variables in 16 bits")
         if variables and not updates:
-            written = sorted({ctx.graph.op(u) for v in variables
-                              for u, slot in ctx.graph.consumers(TensorRef(v)) if slot == 0
-                              and ("Apply" in ctx.graph.op(u) or "Scatter" in ctx.graph.op(u))})
-            branches = sorted({ctx.graph.op(u) for v in variables
-                               for u, _ in ctx.graph.consumers(TensorRef(v))
-                               if ctx.graph.op(u) in ("If", "StatelessIf", "Case")})
+            users = {(ctx.graph.op(u), slot) for v in variables
+                     for u, slot in ctx.graph.consumers(TensorRef(v))}
+            written = sorted({op for op, slot in users
+                              if slot == 0 and ("Apply" in op or "Scatter" in op)})
+            branches = sorted({op for op, _ in users if op in ("If", "StatelessIf", "Case")})
             by = f": they are written by {', '.join(written)}" if written else (
                 f": they are written inside {' or '.join(branches)} (a LossScaleOptimizer "
                 "applies its gradients in a cond), which diet does not read" if branches else "")
