@@ -42,8 +42,8 @@ from ..core.tensor_ref import CONTROL, TensorRef
 
 __all__ = ["ENTER", "EXIT", "MERGE", "NEXT", "PASS_THROUGH", "ACCUMULATE", "READ", "RETURNED",
            "UNREAD", "TAKE", "POPPED", "FILLED_FROM", "DT_VARIANT", "ELEMENT_FLOOR", "LoopMemory",
-           "analyse", "SUMS", "parallel_iterations", "body_ends", "frame_of", "trip_counts",
-           "through", "list_fate", "FOLDED", "constant_value"]
+           "analyse", "SUMS", "parallel_iterations", "body_ends", "frame_of", "runs_per_step",
+           "trip_counts", "through", "list_fate", "FOLDED", "constant_value"]
 
 log = logging.getLogger(__name__)
 
@@ -284,6 +284,27 @@ def body_ends(graph: Graph, names) -> dict[str, list[str]]:
 
 def frame_of(graph: Graph) -> dict[str, str]:
     """node -> the name of the innermost v1 while-loop frame it runs in ("" outside loops)."""
+    return _frames(graph)[0]
+
+
+def runs_per_step(graph: Graph, shapes) -> dict[str, int]:
+    """node -> how many times it runs in a step: the trip counts of the frames around it
+    multiplied (a frame whose count nothing static says counts once)."""
+    frames, parent = _frames(graph)
+    trips = trip_counts(graph, shapes, frames)
+    totals: dict[str, int] = {"": 1}
+
+    def total(frame: str) -> int:
+        if frame not in totals:
+            totals[frame] = 1  # a frame its own ancestor cannot be, but never loop on one
+            totals[frame] = (trips.get(frame) or 1) * total(parent.get(frame, ""))
+        return totals[frame]
+
+    return {name: total(frame) for name, frame in frames.items()}
+
+
+def _frames(graph: Graph) -> tuple[dict[str, str], dict[str, str]]:
+    """`frame_of`, and each frame's enclosing frame."""
     frames: dict[str, str] = {}
     parent: dict[str, str] = {}
     for name in graph.topological_order():
@@ -298,7 +319,7 @@ def frame_of(graph: Graph) -> dict[str, str]:
             frames[name] = parent.get(outer, "")
         else:
             frames[name] = outer
-    return frames
+    return frames, parent
 
 
 def trip_counts(graph: Graph, shapes, frames: dict[str, str]) -> dict[str, int | None]:

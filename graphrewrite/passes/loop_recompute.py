@@ -3,7 +3,8 @@
 Each forward `While` whose lists a gradient `While` pops (`loop_copy`), and each v1 forward frame
 whose stacks a gradient frame pops (`loop_copy_v1`), is tried in turn; a try
 is kept where the step as TensorFlow runs it (after Grappler, with the calls' loops:
-`analysis.as_run`) needs less memory. It runs before `rerun`, whose second forward pass then
+`analysis.as_run`) needs less memory, by a larger share than the share of time it adds
+(`rerun.AsRun.better`). It runs before `rerun`, whose second forward pass then
 pushes only the values kept.
 
 The gradient loop of a pair left as it is runs one iteration at a time (`parallel_iterations`
@@ -25,7 +26,7 @@ from ..analysis.step import Analysis
 from ..core.graph import Graph
 from . import loop_copy, loop_copy_v1
 from .base import EXAMPLES, PassOptions, PassResult
-from .rerun import GAIN, peak_as_run
+from .rerun import as_run
 
 __all__ = ["LoopRecomputeOptions", "LoopRecomputeResult", "run"]
 
@@ -53,7 +54,7 @@ def run(graph: Graph, analysis: Analysis, options: LoopRecomputeOptions, model=N
         + loop_copy_v1.pairs(graph_def)
     if not pairs or model is None:
         return LoopRecomputeResult(graph, False)
-    best = peak_as_run(model, graph, analysis)
+    best = as_run(model, graph, analysis)
     kept, freed, copied, refused = [], 0, 0, []
     for pair in pairs:
         trial = (loop_copy_v1 if pair.v1 else loop_copy).recompute(graph_def, pair)
@@ -61,11 +62,11 @@ def run(graph: Graph, analysis: Analysis, options: LoopRecomputeOptions, model=N
             log.info("loop %s left alone: %s", pair.name(), trial)
             refused.append(f"{pair.name()}: {trial}")
             continue
-        peak = peak_as_run(model, Graph.from_graph_def(trial[0]), analysis)
-        log.info("loop %s: %d lists recomputed (%d nodes copied): modelled peak as run "
-                 "%s -> %s", pair.name(), *trial[1], best, peak)
-        if best and peak is not None and peak < best * (1 - GAIN):
-            graph_def, best = trial[0], peak
+        cost = as_run(model, Graph.from_graph_def(trial[0]), analysis)
+        log.info("loop %s: %d lists recomputed (%d nodes copied): as run %s -> %s",
+                 pair.name(), *trial[1], best, cost)
+        if best is not None and best.better(cost):
+            graph_def, best = trial[0], cost
             kept.append(pair.name())
             freed, copied = freed + trial[1][0], copied + trial[1][1]
     serial = [pair.name() for pair in pairs if pair.name() not in kept
@@ -73,7 +74,8 @@ def run(graph: Graph, analysis: Analysis, options: LoopRecomputeOptions, model=N
     note = ""
     if not kept:
         why = "; ".join(refused[:EXAMPLES]) if len(refused) == len(pairs) else \
-            "computing them again does not lower the step's peak as run"
+            "computing them again does not lower the step's peak as run by more than the " \
+            "share of time it adds"
         note = f"no gradient loop computes its step's values again ({why})"
     if not (kept or serial):
         return LoopRecomputeResult(graph, False, note=note)
