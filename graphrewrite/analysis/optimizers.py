@@ -39,7 +39,8 @@ from .loops import constant_value
 
 __all__ = ["ADAM", "MOMENTUM", "RMSPROP", "ADAGRAD", "ADAGRAD_V2", "SGD", "APPLY_OPS",
            "SLOT_ROLES", "DECOMPOSED_WRITES", "Update", "tf1_update", "keras_update",
-           "weight_decay", "takes_sgd_momentum", "slots_of", "updates"]
+           "weight_decay", "takes_sgd_momentum", "slots_of", "updates", "MOVING_AVERAGE",
+           "moving_average"]
 
 # Fused update ops, with the input position of each operand.
 ADAM = {"var": 0, "m": 1, "v": 2, "beta1_power": 3, "beta2_power": 4, "lr": 5, "beta1": 6,
@@ -197,8 +198,7 @@ def _keras_update(graph: Graph, write: str) -> Update | str:
         return f"{op} without a value"
     var = var.node
     if op == "AssignSubVariableOp" and _moving_average(graph, var, delta):
-        return ("a moving average `x -= (x - value) (1 - decay)`, as of the weights' EMA or "
-                "batch-norm statistics: not an optimizer's update")
+        return MOVING_AVERAGE
     if op == "AssignSubVariableOp":
         return (_keras_adagrad(graph, write, var, delta) or _keras_lion(graph, write, var, delta)
                 or _keras_adam(graph, write, var, delta))
@@ -215,6 +215,17 @@ def _keras_update(graph: Graph, write: str) -> Update | str:
             if _read_variable(graph, grad) is None:  # not `m += -m (1 - beta1)` (sparse Adam)
                 return Update(write, var, "sgd", "keras", terms={"grad": grad, "lr": found[1]})
     return f"{op} of a form not read as a Keras optimizer's update (centered RMSprop, Nadam, ...)"
+
+
+MOVING_AVERAGE = ("a moving average `x -= (x - value) (1 - decay)`, as of the weights' EMA or "
+                  "batch-norm statistics: not an optimizer's update")
+
+
+def moving_average(graph: Graph, write: str) -> bool:
+    """`write` is `assign_moving_average`'s: `x -= (x - value) (1 - decay)`."""
+    inputs = graph.data_inputs(write)
+    return graph.op(write) == "AssignSubVariableOp" and len(inputs) == 2 \
+        and _moving_average(graph, inputs[0].node, inputs[1])
 
 
 def _moving_average(graph: Graph, var: str, delta: TensorRef) -> bool:

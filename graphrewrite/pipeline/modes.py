@@ -31,9 +31,10 @@ MODE_HELP = {
     "swap": "move long-lived activations to host memory and back (--swap-form, --budget)",
     "diet": "16-bit variables dequantized where read (those the step only reads too), a lean "
             "Adam state (factored second moment, no first moment), other momentum (SGD's, "
-            "RMSProp's, Lion's) in bfloat16, stochastic rounding; frozen graphs: 16-bit "
+            "RMSProp's, Lion's) in bfloat16, stochastic rounding; other optimizers (Nadam, "
+            "Adamax, hand-written): weights 16-bit, their state bfloat16; frozen graphs: 16-bit "
             "constants. Lossy: check with verify --steps N --rtol R. Options: --passes "
             "'diet(format=int16|bfloat16, scale=0.000305, momentum=auto|drop|keep|bfloat16, "
             "factored=true, rounding=stochastic|nearest, min_size=1024, "
-            "reads=priced|gated|ungated, read_only=true)'",
+            "reads=priced|gated|ungated, read_only=true, generic=true)'",
 }

@@ -73,7 +73,8 @@ from ..reads_first import WRITE_PREFIXES
 from .build import known_shape
 from .constants import diet_constants
 from .facts import placeholder_spec, writers
-from .options import APPLY_OPS, RESOURCE_VARIABLE, SMALL, DietOptions, DietResult
+from .options import (APPLY_OPS, RESOURCE_READS, RESOURCE_VARIABLE, SMALL, DietOptions,
+                      DietResult)
 from .reads import choose_reads
 from .variables import Diet
 
@@ -136,9 +137,13 @@ def run(graph: Graph, analysis: Analysis, options: DietOptions, model=None) -> D
         for name in read_only_variables(graph, analysis.fetches, set(diet.dieted) | slots):
             if diet.read_only_refusal(name) is None:
                 diet.store_read_only(name)
-    for name in other_float_variables(graph, analysis.shapes, options, diet, slots,
-                                       analysis.split.gradient_flow):
-        kept.setdefault(diet.unread.get(name) or why_not(graph, name), []).append(name)
+    others = other_float_variables(graph, analysis.shapes, options, diet, slots,
+                                   analysis.split.gradient_flow)
+    if options.generic:
+        _store_written(graph, diet, others, analysis.split, kept)
+    else:
+        for name in others:
+            kept.setdefault(diet.unread.get(name) or why_not(graph, name), []).append(name)
     # A variable written twice (AdamW's decay beside its update) is listed under one reason.
     listed: set[str] = set()
     for reason in list(kept):
@@ -169,6 +174,23 @@ def run(graph: Graph, analysis: Analysis, options: DietOptions, model=None) -> D
                       slots_removed=sorted(diet.removed), slots_added=diet.slots_added,
                       kept_float=kept, bytes_saved=diet.bytes_saved,
                       forward_reads=choice.kept, read_peaks=choice.peaks)
+
+
+def _store_written(graph: Graph, diet: Diet, names: list[str], split, kept: dict) -> None:
+    """Diet's generic form for `names`, variables written from the gradient by updates it does
+    not read (`kept`: reason -> those that stay float32). A weight is one the loss is computed
+    from; the others are the optimizer's state."""
+    if not names:
+        return
+    loss_inputs = reachable(graph.nx, list(split.differentiated), upstream=True)
+    for name in names:
+        reason = diet.written_refusal(name, split.gradient_flow)
+        if reason:
+            kept.setdefault(reason, []).append(name)
+            continue
+        weight = any(u in loss_inputs for u, slot in graph.consumers(TensorRef(name))
+                     if slot == 0 and graph.op(u) in RESOURCE_READS)
+        diet.store_written(name, weight, split.gradient_flow)
 
 
 def read_only_variables(graph: Graph, fetches: list[str], skip: set[str]) -> list[str]:
@@ -208,7 +230,10 @@ def other_float_variables(graph: Graph, shapes, options: DietOptions, diet: Diet
             size = None if shape is None else int(np.prod(shape))
         if dtypes.base(dtype) != types_pb2.DT_FLOAT or size is None or size < options.min_size:
             continue
-        if any(r.node in flow for w in writers(graph, name) for r in graph.inputs(w)):
+        assigned = any(graph.op(u) == "AssignVariableOp" and slot == 0
+                       and graph.data_inputs(u)[1].node in flow
+                       for u, slot in graph.consumers(TensorRef(name)))  # Adamax's max
+        if assigned or any(r.node in flow for w in writers(graph, name) for r in graph.inputs(w)):
             out.append(name)
     return out
 

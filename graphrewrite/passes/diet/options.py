@@ -12,7 +12,7 @@ from ..base import PassOptions, PassResult, counted
 
 __all__ = ["DEFAULT_SCALE", "FORMATS", "SMALL", "APPLY_OPS", "RESOURCE_VARIABLE", "REF_VARIABLES",
            "RESOURCE_READS", "RESOURCE_QUERIES", "REF_READERS", "VIEW_OPS", "SLOT_USERS",
-           "DietOptions", "DietResult"]
+           "STEP_WRITES", "DietOptions", "DietResult"]
 
 DEFAULT_SCALE = 10.0 / bind.INT16_MAX  # the seed's: values in [-10, 10], quantum 3.05e-4
 FORMATS = {"int16": types_pb2.DT_INT16, "bfloat16": types_pb2.DT_BFLOAT16}
@@ -24,6 +24,8 @@ RESOURCE_VARIABLE, REF_VARIABLES = "VarHandleOp", ("VariableV2", "Variable")
 RESOURCE_READS = ("ReadVariableOp", "ResourceGather")
 RESOURCE_QUERIES = ("VarIsInitializedOp", "VariableShape")
 REF_READERS = ("Identity", "SaveV2", "IsVariableInitialized")
+# How an update of a form diet does not read may write a resource variable (`store_written`).
+STEP_WRITES = ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp")
 # Ops that pass a read value on unchanged (a view): a backward reader behind one gets a copy of
 # the view on its own late read.
 VIEW_OPS = ("Identity", "Reshape", "ExpandDims", "Squeeze", "Transpose", "Snapshot")
@@ -41,7 +43,10 @@ class DietOptions(PassOptions):
     weights; rounding: stochastic or nearest when the update is written;
     min_size: variables (and frozen constants) with fewer elements stay float32; read_only:
     also the variables the step reads and never writes (a LoRA base, a teacher), rounded to
-    nearest once, where they are initialised or restored."""
+    nearest once, where they are initialised or restored; generic: also the variables an update
+    of a form diet does not read writes from the gradient (Nadam, Adamax, a hand-written LAMB):
+    stored in 16 bits, the optimizer's own arithmetic in float32 where each is written, its
+    state as bfloat16 rounded stochastically."""
 
     format: str = "int16"
     scale: float = DEFAULT_SCALE
@@ -51,6 +56,7 @@ class DietOptions(PassOptions):
     min_size: int = 1024
     reads: str = "priced"
     read_only: bool = True
+    generic: bool = True
 
     def __post_init__(self):
         for key, allowed in (("format", tuple(FORMATS)),

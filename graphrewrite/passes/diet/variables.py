@@ -18,7 +18,8 @@ from .build import (PREFIX, SEED, Builder, bool_attr, dequantize, dequantize_att
 from .facts import (initial_value, initializer_groups, matrix_shape, record_shape,
                     shapes_attr, through_identity_n)
 from .options import (APPLY_OPS, FORMATS, REF_READERS, REF_VARIABLES, RESOURCE_QUERIES,
-                      RESOURCE_READS, RESOURCE_VARIABLE, SLOT_USERS, SMALL, VIEW_OPS, DietOptions)
+                      RESOURCE_READS, RESOURCE_VARIABLE, SLOT_USERS, SMALL, STEP_WRITES,
+                      VIEW_OPS, DietOptions)
 from .prune import prune, remove_variable
 from .saver import NewEntry
 from .saver import edit as edit_saver
@@ -118,6 +119,26 @@ class Diet:
                 return f"also used by {user_op}"
         return None
 
+    def written_refusal(self, var: str, flow: frozenset) -> str | None:
+        """Why `var`, which an update of a form diet does not read writes (`store_written`),
+        must stay float32, or None: a resource variable whose users are reads, queries, whole
+        writes, and increments from the gradient `flow`."""
+        graph = self.graph
+        node = graph.node_def(var)
+        if node.op != RESOURCE_VARIABLE and not bind.is_resource_placeholder(node):
+            return f"a {node.op}: diet reads only the updates of its optimizers there"
+        for user, slot in graph.consumers(TensorRef(var)):
+            user_op = graph.op(user)
+            if slot is None or slot < 0 or user_op in RESOURCE_READS + RESOURCE_QUERIES:
+                continue
+            if slot != 0 or user_op not in STEP_WRITES:
+                return f"its handle is also used by {user_op}"
+            if optimizers.moving_average(graph, user):
+                return optimizers.MOVING_AVERAGE
+            if user_op != "AssignVariableOp" and graph.data_inputs(user)[1].node not in flow:
+                return f"an {user_op} of a value not from the gradient"
+        return None
+
     def read_only_refusal(self, var: str) -> str | None:
         """Why `var`, which the step reads and never writes, must stay float32, or None."""
         node = self.graph.node_def(var)
@@ -143,11 +164,52 @@ class Diet:
         self.late_reads, self.shape, self.apply = [], shape, None
         self._mark(var, captured)
         if captured or node.op == RESOURCE_VARIABLE:
-            self._rewrite_resource_users(var, None, shape)
+            self._rewrite_resource_users(var, set(), shape)
         else:
             self._rewrite_ref_users(var, None, shape)
         self.late_reads = []  # no update to order after them
         self.read_only.append(var)
+        self.bytes_saved += int(np.prod(shape)) * 2
+
+    def store_written(self, var: str, weight: bool, flow: frozenset) -> None:
+        """Store `var`, written by an update of a form diet does not read (Keras's Nadam and
+        Adamax, a hand-written LAMB), in 16 bits: read dequantized as a dieted weight is, each
+        of the step's writes (those of a value from the gradient `flow`) worked out as the
+        optimizer does, in float32, and rounded as `rounding` says (an increment, `AssignAdd`
+        or `AssignSub`, becomes a read, the sum and a whole write). Its optimizer state (not a
+        `weight`) is kept as bfloat16 whatever the format, rounded stochastically: a second
+        moment lies far below int16's quantum, and its steps of 0.1% below bfloat16's."""
+        graph = self.graph
+        captured = bind.is_resource_placeholder(graph.node_def(var))
+        _, shape = self._spec(var)
+        steps = [u for u, slot in graph.consumers(TensorRef(var)) if slot == 0
+                 and graph.op(u) in STEP_WRITES and graph.data_inputs(u)[1].node in flow]
+        fmt = self.options.format if weight else "bfloat16"
+        kept, self.fmt = self.fmt, FORMATS[fmt]
+        self.late_reads, self.shape, self.apply = [], shape, None
+        self._mark(var, captured, fmt)
+        self._rewrite_resource_users(var, set(steps), shape)
+        late = self.late_reads
+        stochastic = self.options.rounding == "stochastic" or not weight
+        for write in steps:
+            handle, value = graph.data_inputs(write)[:2]
+            controls = [TensorRef(c, -1) for c in graph.control_inputs(write)]
+            b = Builder(graph, f"{write}/{PREFIX}", graph.node_def(write).device)
+            if graph.op(write) != "AssignVariableOp":  # the increment on the value read now
+                b.gate = TensorRef(value.node, -1)
+                current = self._read(b, var, True, shape)
+                for control in controls:  # after what the increment waited for
+                    graph.add_control(control.node, current.node)
+                value = b.binary("AddV2" if graph.op(write) == "AssignAddVariableOp" else "Sub",
+                                 current, value, "new_value")
+            b.gate = TensorRef(value.node, -1)
+            rounded = quantize(b, value, shape, self.fmt, self.options.scale, stochastic, SEED)
+            graph.redefine(write, "AssignVariableOp", [handle, rounded, *controls],
+                           {"dtype": type_attr(self.fmt)})
+            self.late_reads = list(late)
+            self._order_after_late_reads(write)
+        self.fmt = kept
+        self.dieted.append(var)
         self.bytes_saved += int(np.prod(shape)) * 2
 
     def rewrite(self, update: optimizers.Update) -> None:
@@ -175,7 +237,7 @@ class Diet:
             graph.set_attr(slot, SLOT_OF_ATTR, attr_value_pb2.AttrValue(s=var.encode()))
             self.slots_seen.add(slot)
         if resource:
-            self._rewrite_resource_users(var, apply, shape)
+            self._rewrite_resource_users(var, {apply}, shape)
         else:
             self._rewrite_ref_users(var, apply, shape)
         b = Builder(graph, f"{apply}/{PREFIX}", graph.node_def(apply).device)
@@ -214,13 +276,14 @@ class Diet:
         self.dieted.append(var)
         self.bytes_saved += int(np.prod(shape)) * 2
 
-    def _mark(self, var: str, captured: bool) -> None:
-        """The variable's 16-bit dtype and the diet mark (its format and scale), which whoever
-        binds or saves it reads."""
+    def _mark(self, var: str, captured: bool, fmt: str | None = None) -> None:
+        """The variable's 16-bit dtype and the diet mark (its format, the options' unless
+        `fmt`, and scale), which whoever binds or saves it reads."""
         if not captured:  # a captured variable's placeholder is a handle: its readers say int16
             self.graph.set_attr(var, "dtype", type_attr(self.fmt))
         options = self.options
-        mark = options.format + (f" {options.scale!r}" if options.format == "int16" else "")
+        fmt = fmt or options.format
+        mark = fmt + (f" {options.scale!r}" if fmt == "int16" else "")
         self.graph.set_attr(var, DIET_ATTR, attr_value_pb2.AttrValue(s=mark.encode()))
 
     def _dense_gradient(self, b: Builder, terms: dict, shape: tuple) -> TensorRef:
@@ -248,10 +311,12 @@ class Diet:
         op, args = dequantize(b, raw, self.fmt, self.options.scale)
         return b.op("current", op, args, **dequantize_attrs(self.fmt))
 
-    def _rewrite_resource_users(self, var: str, apply: str, shape: tuple) -> None:
+    def _rewrite_resource_users(self, var: str, updates: set[str], shape: tuple) -> None:
+        """Reads dequantize, whole writes (initializers, restores) quantize; `updates` are
+        rewritten by the caller."""
         graph = self.graph
         for user, slot in graph.consumers(TensorRef(var)):
-            if user == apply or slot < 0:
+            if user in updates or slot < 0:
                 continue
             op = graph.op(user)
             node = graph.node_def(user)
