@@ -185,8 +185,10 @@ def _store_written(graph: Graph, diet: Diet, names: list[str], split, kept: dict
     loss_inputs = reachable(graph.nx, list(split.differentiated), upstream=True)
     for name in names:
         reason = diet.written_refusal(name, split.gradient_flow)
-        if reason:
-            kept.setdefault(reason, []).append(name)
+        if reason:  # written by an op diet knows (a sparse update): why it does not read it
+            known = set(map(graph.op, writers(graph, name))) & set(reason.split())
+            kept.setdefault(diet.unread.get(name) or why_not(graph, name) if known else reason,
+                            []).append(name)
             continue
         weight = any(u in loss_inputs for u, slot in graph.consumers(TensorRef(name))
                      if slot == 0 and graph.op(u) in RESOURCE_READS)

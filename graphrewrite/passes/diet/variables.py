@@ -588,8 +588,10 @@ class Diet:
         mean_square = b.binary("Mul", b.unary("L2Loss", direction, "direction_half_square_sum"),
                                self._scalar(b, 2.0 / size, "two_over_size"),
                                "direction_mean_square")
-        rms = b.binary("RealDiv", b.binary("Mul", b.unary("Sqrt", mean_square, "direction_rms"),
-                                           rate, "step_rms"), lr, "step_rms_over_rate")
+        # 0 where the rate is (a warmup's first step): 0/0 made the weights NaN, which the
+        # 16-bit cast wrote as zeros (a BERT-like step built outside the repo)
+        rms = b.binary("DivNoNan", b.binary("Mul", b.unary("Sqrt", mean_square, "direction_rms"),
+                                            rate, "step_rms"), lr, "step_rms_over_rate")
         return b.binary("RealDiv", rate, b.binary("Maximum", rms, one, "over_one"),
                         "rate_clipped")
 
