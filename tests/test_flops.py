@@ -43,6 +43,22 @@ def test_conv2d_and_its_gradients_cost_the_same():
             assert flops.node_flops(graph, info, name) == expected, name
 
 
+def test_conv3d_and_its_gradients_cost_the_same():
+    """A video CNN's Conv3D was priced at one FLOP per output element."""
+    def fn():
+        x = const("x", (2, 4, 8, 8, 3))
+        w = const("w", (3, 3, 3, 3, 4))
+        y = tf.nn.conv3d(x, w, [1, 1, 1, 1, 1], "SAME", name="conv")
+        tf.compat.v1.gradients(tf.reduce_sum(y), [x, w])
+    graph = build(fn)
+    info = shapes.infer(graph)
+    expected = 2 * (2 * 4 * 8 * 8 * 4) * (3 * 3 * 3 * 3)
+    assert flops.node_flops(graph, info, "conv") == expected
+    gradients = [n for n in graph.nodes() if "Backprop" in graph.op(n)]
+    assert len(gradients) == 2 and all(flops.node_flops(graph, info, n) == expected
+                                       for n in gradients), gradients
+
+
 def test_einsum_and_elementwise():
     def fn():
         tf.einsum("bij,bjk->bik", const("a", (2, 3, 4)), const("b", (2, 4, 5)), name="e")

@@ -11,7 +11,7 @@ from ..core.graph import Graph
 from ..core.tensor_ref import TensorRef
 from .shapes import Shapes
 
-__all__ = ["ZERO_COST", "node_flops", "node_traffic", "total_flops"]
+__all__ = ["ZERO_COST", "CONVOLUTIONS", "node_flops", "node_traffic", "total_flops"]
 
 ZERO_COST = frozenset({
     "Const", "Placeholder", "PlaceholderWithDefault", "Identity", "IdentityN", "NoOp", "Reshape",
@@ -19,6 +19,13 @@ ZERO_COST = frozenset({
     "ReadVariableOp", "Enter", "Exit", "Merge", "Switch", "NextIteration", "LoopCond",
     "ZerosLike", "OnesLike", "Fill", "BroadcastGradientArgs", "Snapshot", "PreventGradient",
 })
+
+
+CONVOLUTIONS = frozenset({
+    "Conv2D", "_FusedConv2D", "DepthwiseConv2dNative", "Conv2DBackpropInput",
+    "Conv2DBackpropFilter", "DepthwiseConv2dNativeBackpropInput",
+    "DepthwiseConv2dNativeBackpropFilter", "Conv3D", "Conv3DBackpropInputV2",
+    "Conv3DBackpropFilterV2"})
 
 
 def node_flops(graph: Graph, shapes: Shapes, name: str) -> int:
@@ -42,8 +49,7 @@ def node_flops(graph: Graph, shapes: Shapes, name: str) -> int:
         adj = node.attr["adj_x"].b
         k = a[-2] if adj else a[-1]
         return 2 * math.prod(out) * k
-    if op in ("Conv2D", "DepthwiseConv2dNative", "Conv2DBackpropInput", "Conv2DBackpropFilter",
-              "DepthwiseConv2dNativeBackpropInput", "DepthwiseConv2dNativeBackpropFilter"):
+    if op in CONVOLUTIONS:
         return _conv_flops(op, inputs, out)
     if op == "Einsum":
         return _einsum_flops(node.attr["equation"].s.decode(), inputs)
@@ -70,20 +76,22 @@ def _dims(shapes: Shapes, ref: TensorRef) -> tuple | None:
 
 
 def _conv_flops(op: str, inputs, out) -> int:
-    """2 x (elements of the forward output) x (kernel h x w x in-channels; h x w if depthwise).
+    """2 x (elements of the forward output) x (the kernel's window x in-channels; the window
+    alone if depthwise), in 2-D and 3-D (a video CNN built outside the repo counted a 340
+    MFLOP convolution as 2 MFLOP, one per output element).
 
-    Conv2D(x, filter) -> y; BackpropInput(sizes, filter, dy); BackpropFilter(x, sizes, dy) -> filter.
+    Conv(x, filter) -> y; BackpropInput(sizes, filter, dy); BackpropFilter(x, sizes, dy) -> filter.
     """
-    if op.endswith("BackpropFilter"):
+    if "BackpropFilter" in op:
         filter_shape, forward_out = out, inputs[2]
-    elif op.endswith("BackpropInput"):
+    elif "BackpropInput" in op:
         filter_shape, forward_out = inputs[1], inputs[2]
     else:
         filter_shape, forward_out = inputs[1], out
-    if filter_shape is None or forward_out is None or len(filter_shape) != 4:
+    if filter_shape is None or forward_out is None or len(filter_shape) not in (4, 5):
         return 0
-    kh, kw, cin, _ = filter_shape
-    per_output = kh * kw if op.startswith("Depthwise") else kh * kw * cin
+    window = filter_shape[:-2]
+    per_output = math.prod(window) * (1 if op.startswith("Depthwise") else filter_shape[-2])
     return 2 * math.prod(forward_out) * per_output
 
 

@@ -144,8 +144,10 @@ def run(graph: Graph, analysis: Analysis, options: DietOptions, model=None) -> D
     else:
         for name in others:
             kept.setdefault(diet.unread.get(name) or why_not(graph, name), []).append(name)
-    # A variable written twice (AdamW's decay beside its update) is listed under one reason.
-    listed: set[str] = set()
+    # A variable written twice (AdamW's decay beside its update) is listed under one reason,
+    # and one refused as an update but stored by the generic form (SAM's perturbed weights)
+    # under none.
+    listed: set[str] = set(diet.dieted)
     for reason in list(kept):
         kept[reason] = sorted(set(kept[reason]) - listed)
         listed.update(kept[reason])
