@@ -115,6 +115,17 @@ def test_an_original_whose_sums_race_is_named_when_its_runs_agree(monkeypatch):
     assert cause.startswith(mismatch.SUM_ORDER_CAUSE) and "'racing'" in cause, cause
 
 
+def test_a_rewrite_that_repeats_the_originals_outputs_when_run_again_is_named(monkeypatch):
+    """A PointNet built outside the repo: its original gave three results in eleven runs (a
+    batch norm's gradient sum no other op reads), its three runs here agreed, and Grappler was
+    blamed; run again, the rewrite gave the original's outputs."""
+    runs = iter(["step", "step", "step", "step"])  # three of the original, one rewritten
+    monkeypatch.setattr(mismatch.measure, "run_step", lambda *a, **k: next(runs))
+    cause = mismatch.diagnose(tf.compat.v1.GraphDef(), tf.compat.v1.GraphDef(), {}, {}, ["out"],
+                              lambda a, b: a == b, isolated=False)
+    assert cause == mismatch.UNSTABLE_CAUSE
+
+
 def looped_draws(parallel_iterations):
     """A TF2 step's GraphDef: a while loop adding a seeded uniform draw each iteration."""
     @tf.function(input_signature=[tf.TensorSpec([64], tf.float32)])

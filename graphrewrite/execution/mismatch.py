@@ -29,7 +29,11 @@ three, by 2.8e-8 in the optimizer's updates; two runs that happened to agree onc
 diagnosis on to blame Grappler) cannot be matched bitwise by any rewrite. Where its runs agree
 but it has sums whose order is a race (`racing_sums`), that race is named: an MLP-Mixer built
 outside the repo, its LayerNorm gradients such sums, had its runs agree and Grappler blamed in
-one verify of three. Then it runs both
+one verify of three. Then it runs the rewritten graph once more: where it now repeats the
+original's outputs bitwise, the mismatch came from results that vary from run to run (a
+PointNet built outside the repo gave three results in eleven runs, from a batch norm's
+three-input gradient sum no other op reads, and its three runs here agreed: Grappler was
+blamed). Then it runs both
 graphs with the arithmetic optimizer off, then with Grappler off, and names the first
 configuration under which they agree bitwise; an empty cause means they differ whatever
 Grappler does (a real difference).
@@ -43,7 +47,7 @@ from collections import Counter
 from ..core import ops
 from . import measure
 
-__all__ = ["ORIGINAL_RUNS", "ORIGINAL_CAUSE", "RACING_CAUSE", "ARITHMETIC_CAUSE",
+__all__ = ["ORIGINAL_RUNS", "ORIGINAL_CAUSE", "RACING_CAUSE", "ARITHMETIC_CAUSE", "UNSTABLE_CAUSE",
            "GRAPPLER_CAUSE", "SUM_ORDER_CAUSE", "racing_draws", "racing_sums",
            "arithmetic_off_config", "grappler_off_config", "diagnose"]
 
@@ -67,6 +71,11 @@ ARITHMETIC_CAUSE = (
     "Mul/Add by their operands' names and control edges (MinimizeBroadcasts), which the rewrite "
     "changed, so the two graphs round differently (by an ulp, or where a product falls below "
     "the smallest normal float and is flushed to zero)")
+UNSTABLE_CAUSE = (
+    f"run again, the rewritten step repeated the original's outputs bitwise: the difference "
+    f"comes from results that vary from run to run although the original's {ORIGINAL_RUNS} "
+    f"runs here agreed (a sum whose order TensorFlow decides as the step runs is the usual "
+    f"reason): run verify again, or compare within --rtol/--atol")
 GRAPPLER_CAUSE = (
     "Grappler: with it off, both agree bitwise; it optimizes the two graphs differently (e.g. a "
     "fusion made in one and not the other)")
@@ -174,6 +183,9 @@ def diagnose(original, rewritten, feeds: dict, own: dict, fetches: list[str], ag
                  "runs here agreed: run verify again, or compare within --rtol/--atol")
         log.warning("verify: %s", cause)
         return cause
+    if agree(first, run(rewritten, own, fetches, 0)):
+        log.warning("verify: %s", UNSTABLE_CAUSE)
+        return UNSTABLE_CAUSE
     for cause, config in ((ARITHMETIC_CAUSE, arithmetic_off_config()),
                           (GRAPPLER_CAUSE, grappler_off_config())):
         first = run(original, feeds, fetches, 0, config)
