@@ -91,7 +91,8 @@ def test_the_matrix_covers_every_value_of_every_axis():
     assert {c.construction for c in cells_} == set(recipes.TF1 + recipes.TF2)
     assert {c.arch for c in cells_} == set(recipes.ARCHS)
     assert {c.optimizer for c in cells_} == {"sgd", "momentum", "nesterov", "adam", "adamw",
-                                             "rmsprop", "rmsprop_centered", "adagrad", "lso"}
+                                             "rmsprop", "rmsprop_centered", "adagrad", "lso",
+                                             "nadam"}
     assert {e for c in cells_ for e in c.extras} == {"clip_norm", "clip_value", "bn", "dropout",
                                                      "embed", "gelu_nobias", "swish",
                                                      "bidirectional", "ema", "phase",
