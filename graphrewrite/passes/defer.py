@@ -144,8 +144,10 @@ def _zeros_kept_from_folding(graph: Graph, name: str) -> None:
             b"\0"):
         return
     controls = [TensorRef(c, CONTROL) for c in graph.control_inputs(name)]
-    graph.redefine(name, "Empty", [dims, *controls],
-                   {"dtype": node.attr["T"], "init": attr_value_pb2.AttrValue(b=True)})
+    recorded = {key: node.attr[key] for key in ("_output_shapes",) if key in node.attr}
+    graph.redefine(name, "Empty", [dims, *controls],  # the Fill's recorded shape: its size
+                   {"dtype": node.attr["T"], "init": attr_value_pb2.AttrValue(b=True),
+                    **recorded})
 
 
 def _gateable(original: Graph, waits: set[TensorRef], flow) -> set[str]:
