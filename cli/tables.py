@@ -373,6 +373,7 @@ NAMED_ROWS = (
     ("serial_loops", "loops of micro-batches or steps now one iteration at a time"),
     ("ungated", "gates the updates waited behind for every gradient, taken out"),
     ("rerun", "recurrent layers' forward passes run again before their backward passes"),
+    ("tails_first", "head gradients the other heads' first heavy gradients now wait for"),
     ("inlined", "function calls holding the forward or backward pass"),
     ("deferred", "values needing no gradient computed when their gradient is ready"),
     ("applied_early", "parameters' updates run before the backward pass goes on"),

@@ -178,7 +178,7 @@ def test_optimize_memory_reports_and_explains(tmp_path):
     assert facts["mode"] == "memory"
     assert facts["pipeline"] == ("inline ungate loop_recompute rerun defer "
                                   "accumulate(min_share=0.1) recompute(policy=memory) "
-                                  "serialize apply_early")
+                                  "serialize tails_first apply_early")
     assert facts["peak_bytes"]["after"] < facts["peak_bytes"]["before"]
     as_run = facts["peak_bytes_as_run"]  # after Grappler, as inspect models the graphs
     assert 0 < as_run["after"] < as_run["before"]
@@ -223,7 +223,7 @@ def test_optimize_planner_is_written_into_the_pipeline_and_needs_a_recompute_pas
     facts = json.loads(search.stdout)
     assert facts["pipeline"] == (
         "inline ungate loop_recompute rerun defer accumulate(min_share=0.1) "
-        "recompute(policy=memory, planner=search) serialize apply_early")
+        "recompute(policy=memory, planner=search) serialize tails_first apply_early")
     replayed = run_cli("optimize", fixture_path("mlp"), "-o", tmp_path / "p.pb", "--passes",
                        facts["pipeline"], "--json")
     assert (tmp_path / "p.pb").read_bytes() == out.read_bytes()
@@ -452,7 +452,8 @@ def test_exact_planner_json_is_alone_on_stdout(tmp_path):
                            "-o", str(tmp_path / "o.pbtxt"), "--planner", "exact", "--json",
                            "--no-as-run"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["pipeline"].endswith("planner=exact) serialize apply_early")
+    assert json.loads(done.stdout)["pipeline"].endswith(
+        "planner=exact) serialize tails_first apply_early")
 
 
 @pytest.mark.tf

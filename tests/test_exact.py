@@ -234,7 +234,7 @@ def test_optimize_with_the_exact_planner(tmp_path):
     assert result.exit_code == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["pipeline"].endswith(
-        "recompute(policy=memory, planner=exact) serialize apply_early")
+        "recompute(policy=memory, planner=exact) serialize tails_first apply_early")
     model = io.load(fixture_path("mlp"))
     found = analysis.analyse(model)
     ctx = Context.build(model.graph, found)

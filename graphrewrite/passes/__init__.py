@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from . import (accumulate, apply_early, chunk_loss, defer, diet, inline, loop_recompute,
-               reads_first, recompute, relax_assign, rerun, serialize, swap, ungate)
+               reads_first, recompute, relax_assign, rerun, serialize, swap, tails_first,
+               ungate)
 
 __all__ = ["Pass", "PASSES"]
 
@@ -33,6 +34,8 @@ PASSES = {
     "diet": Pass(diet.DietOptions, diet.run, diet.DietResult),
     "chunk_loss": Pass(chunk_loss.ChunkLossOptions, chunk_loss.run, chunk_loss.ChunkLossResult),
     "serialize": Pass(serialize.SerializeOptions, serialize.run, serialize.SerializeResult),
+    "tails_first": Pass(tails_first.TailsFirstOptions, tails_first.run,
+                        tails_first.TailsFirstResult),
     "apply_early": Pass(apply_early.ApplyEarlyOptions, apply_early.run,
                         apply_early.ApplyEarlyResult),
     "reads_first": Pass(reads_first.ReadsFirstOptions, reads_first.run,
