@@ -112,7 +112,7 @@ def test_a_forward_pass_reading_a_variable_the_step_writes_before_its_gradient_i
     (985, 1.0, False),   # under GAIN, however cheap
     (900, 1.09, True), (900, 1.12, False)])
 def test_a_second_run_is_kept_where_it_saves_a_larger_share_than_it_costs(peak, seconds, kept):
-    from graphrewrite.passes.rerun import AsRun
+    from graphrewrite.planning.as_run import AsRun
 
     assert AsRun(1000, 1.0).better(AsRun(peak, seconds)) == kept
     assert not AsRun(1000, 1.0).better(None)  # Grappler could not run the trial

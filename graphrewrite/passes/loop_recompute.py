@@ -4,7 +4,7 @@ Each forward `While` whose lists a gradient `While` pops (`loop_copy`), and each
 whose stacks a gradient frame pops (`loop_copy_v1`), is tried in turn; a try
 is kept where the step as TensorFlow runs it (after Grappler, with the calls' loops:
 `analysis.as_run`) needs less memory, by a larger share than the share of time it adds
-(`rerun.AsRun.better`). It runs before `rerun`, whose second forward pass then
+(`planning.as_run`). It runs before `rerun`, whose second forward pass then
 pushes only the values kept.
 
 The gradient loop of a pair left as it is runs one iteration at a time (`parallel_iterations`
@@ -26,7 +26,7 @@ from ..analysis.step import Analysis
 from ..core.graph import Graph
 from . import loop_copy, loop_copy_v1
 from .base import EXAMPLES, PassOptions, PassResult
-from .rerun import as_run
+from ..planning.as_run import as_run
 
 __all__ = ["LoopRecomputeOptions", "LoopRecomputeResult", "run"]
 

@@ -9,7 +9,7 @@ forward values of the logits' size. Each branch's gradient entering its first he
 convolution, matrix product or einsum gradient) is tried in turn as the one the other
 branches' first heavy ops wait for; a try is kept where the step as TensorFlow runs it
 (`analysis.as_run`) needs less memory, by a larger share than the share of time it adds
-(`rerun.AsRun.better`). An FPN/RetinaNet-like step built outside the repo, in mode memory:
+(`planning.as_run`). An FPN/RetinaNet-like step built outside the repo, in mode memory:
 0.89x -> 0.73x of its original's peak measured, bitwise.
 
 Only control edges are added: no number changes, and an edge whose target is an ancestor of its
@@ -26,7 +26,7 @@ import networkx as nx
 from ..analysis.step import Analysis
 from ..core.graph import Graph
 from .base import PassOptions, PassResult
-from .rerun import as_run
+from ..planning.as_run import as_run
 
 __all__ = ["HEAVY", "TRIES", "TailsFirstOptions", "TailsFirstResult", "run"]
 

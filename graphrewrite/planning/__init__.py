@@ -1,4 +1,5 @@
 """Deciding what to rewrite on a compact model of the step: checkpoint policies, the plan
 estimate, budgets, and the planners beside them (the exact one an optional extra)."""
 
-__all__ = ["budget", "checkpoints", "context", "estimate", "exact", "peak", "plan_nodes", "search"]
+__all__ = ["as_run", "budget", "checkpoints", "context", "estimate", "exact", "peak",
+           "plan_nodes", "search"]
