@@ -1065,6 +1065,19 @@ def test_a_variable_kept_float32_is_listed_once(tmp_path):
 
 
 @pytest.mark.tf
+def test_without_the_generic_form_an_assigned_state_is_named_as_such(tmp_path):
+    """A hand-written mean square written whole (`assign`) was listed as "updated by  (not a
+    supported optimizer update)", naming no op."""
+    *_, graph_def = _keras_step("handmade", 1e-2)
+    (tmp_path / "step.pb").write_bytes(graph_def.SerializeToString())
+    facts = pipeline.optimize(io.load(tmp_path / "step.pb"), "diet",
+                              composed="diet(generic=false)").results["diet"]
+    assert not facts.dieted
+    assert any(r.startswith("assigned a value from the gradient") for r in facts.kept_float), \
+        facts.kept_float
+
+
+@pytest.mark.tf
 def test_a_weight_the_generic_form_stores_is_not_listed_as_kept(tmp_path):
     """SAM moves the weights along their gradient and back beside Adam's update: the update
     is refused, the generic form stores the weight, and the warning listed it as kept float32

@@ -244,6 +244,9 @@ def other_float_variables(graph: Graph, shapes, options: DietOptions, diet: Diet
 
 def why_not(graph: Graph, var: str) -> str:
     ops_seen = sorted({graph.op(w) for w in writers(graph, var)})
+    if not ops_seen:  # written whole from the gradient (Adamax's max, a hand-written update)
+        return ("assigned a value from the gradient (an update of a form diet reads only with "
+                "generic=true)")
     if any("SparseApply" in o for o in ops_seen):
         return ("updated by " + "/".join(ops_seen) + " (a sparse update of some rows: diet "
                 "reads dense updates, and Adam's sparse one)")
