@@ -25,8 +25,8 @@ import networkx as nx
 
 from ..analysis.step import Analysis
 from ..core.graph import Graph
-from .base import PassOptions, PassResult
 from ..planning.as_run import as_run
+from .base import PassOptions, PassResult
 
 __all__ = ["HEAVY", "TRIES", "TailsFirstOptions", "TailsFirstResult", "run"]
 
