@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 
+from ..analysis.flops import CONVOLUTIONS
 from ..analysis.step import Analysis
 from ..core.graph import Graph
 from ..planning.as_run import as_run
@@ -32,10 +33,9 @@ __all__ = ["HEAVY", "TRIES", "TailsFirstOptions", "TailsFirstResult", "run"]
 
 log = logging.getLogger(__name__)
 
-HEAVY = frozenset({"Conv2DBackpropInput", "Conv2DBackpropFilter", "Conv3DBackpropInputV2",
-                   "Conv3DBackpropFilterV2", "DepthwiseConv2dNativeBackpropInput",
-                   "DepthwiseConv2dNativeBackpropFilter", "MatMul", "BatchMatMul",
-                   "BatchMatMulV2", "BatchMatMulV3", "Einsum"})
+# The convolutions' gradients and the matrix products: what a branch's backward pass starts with.
+HEAVY = frozenset({op for op in CONVOLUTIONS if "Backprop" in op}
+                  | {"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum"})
 TRIES = 8  # branches tried, the first the schedule reaches first: each is a Grappler run
 
 
