@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from ..analysis.split import backward_functions
 from ..analysis.step import Analysis
 from ..core.graph import Graph
-from ..planning.as_run import as_run
+from ..core.names import COPY_SUFFIX
+from ..planning.as_run import as_run, keep_better
 from . import rerun_copy as rerun
 from .base import PassOptions, PassResult
 
@@ -43,20 +44,21 @@ def run(graph: Graph, analysis: Analysis, options: RerunOptions, model=None):
         if library.function else []
     if not pairs or model is None:
         return RerunResult(graph, False)
-    graph_def = graph.to_graph_def()
-    best = as_run(model, graph, analysis)
-    kept = []
-    for forward, backward in pairs:
-        if forward in kept:  # read by two backward passes: the first one's run stays alone
-            continue
+
+    def attempt(graph_def, pair):
+        forward, backward = pair
+        if any(n.name == forward + COPY_SUFFIX for n in graph_def.node):
+            return None  # read by two backward passes: the first one's run stays alone
         trial = rerun.rerun(graph_def, forward, backward)
         cost = as_run(model, Graph.from_graph_def(trial), analysis)
-        log.info("rerun %s before %s: as run %s -> %s", forward, backward, best, cost)
-        if best is not None and best.better(cost):
-            graph_def, best = trial, cost
-            kept.append(forward)
+        log.info("rerun %s before %s: as run %s", forward, backward, cost)
+        return trial, cost
+
+    best = as_run(model, graph, analysis)
+    log.info("rerun: the step as run %s", best)
+    graph_def, kept = keep_better(pairs, graph.to_graph_def(), best, attempt)
     if not kept:
         return RerunResult(graph, False, note="no recurrent layer's forward pass, run again "
                            "before its backward pass, lowers the step's peak as run by more "
                            "than the share of time it adds")
-    return RerunResult(Graph.from_graph_def(graph_def), True, rerun=kept)
+    return RerunResult(Graph.from_graph_def(graph_def), True, rerun=[f for f, _ in kept])

@@ -10,7 +10,9 @@ loop's body as many times as it runs.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from ..analysis import loops
 from ..analysis import step as analysis_mod
@@ -18,7 +20,10 @@ from ..analysis.step import Analysis
 from ..core.graph import Graph
 from . import devices
 
-__all__ = ["GAIN", "AsRun", "as_run"]
+State = TypeVar("State")
+Try = TypeVar("Try")
+
+__all__ = ["GAIN", "AsRun", "as_run", "keep_better"]
 
 GAIN = 0.02  # a try must lower the modelled peak by this fraction to be kept
 
@@ -59,3 +64,24 @@ def as_run(model, graph: Graph, found: Analysis) -> AsRun | None:
     runs = loops.runs_per_step(optimized, shapes)
     return AsRun(report.allocated_peak(),
                  sum(seconds * runs.get(name, 1) for name, seconds in times.items()))
+
+
+def keep_better(tries: Sequence[Try], state: State, best: AsRun | None,
+                attempt: Callable[[State, Try], tuple[State, AsRun | None] | None]
+                ) -> tuple[State, list[Try]]:
+    """Make each try on `state` in turn and keep it where `best.better` its step; then the
+    refused again, while a sweep keeps one: two tries may pay only together (a bidirectional
+    layer's two directions, each alone saving less than its time). `attempt` gives the tried
+    state and its step as run, or None where the try cannot be made on this state."""
+    kept: list[Try] = []
+    while tries and best is not None:
+        refused = []
+        for one in tries:
+            trial = attempt(state, one)
+            if trial is not None and best.better(trial[1]):
+                state, best = trial[0], trial[1]
+                kept.append(one)
+            elif trial is not None:
+                refused.append(one)
+        tries = refused if len(refused) < len(tries) else []
+    return state, kept
