@@ -374,6 +374,7 @@ NAMED_ROWS = (
     ("ungated", "gates the updates waited behind for every gradient, taken out"),
     ("rerun", "recurrent layers' forward passes run again before their backward passes"),
     ("tails_first", "head gradients the other heads' first heavy gradients now wait for"),
+    ("micro_batches", "micro-batches (gradient seeds) now run after the previous one"),
     ("inlined", "function calls holding the forward or backward pass"),
     ("deferred", "values needing no gradient computed when their gradient is ready"),
     ("applied_early", "parameters' updates run before the backward pass goes on"),

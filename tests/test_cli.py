@@ -177,8 +177,8 @@ def test_optimize_memory_reports_and_explains(tmp_path):
     facts = json.loads(result.stdout)
     assert facts["mode"] == "memory"
     assert facts["pipeline"] == ("inline ungate loop_recompute rerun defer "
-                                  "accumulate(min_share=0.1) recompute(policy=memory) "
-                                  "serialize tails_first apply_early")
+                                  "accumulate(min_share=0.1) micro_batches "
+                                  "recompute(policy=memory) serialize tails_first apply_early")
     assert facts["peak_bytes"]["after"] < facts["peak_bytes"]["before"]
     as_run = facts["peak_bytes_as_run"]  # after Grappler, as inspect models the graphs
     assert 0 < as_run["after"] < as_run["before"]
@@ -223,7 +223,7 @@ def test_optimize_planner_is_written_into_the_pipeline_and_needs_a_recompute_pas
     facts = json.loads(search.stdout)
     assert facts["pipeline"] == (
         "inline ungate loop_recompute rerun defer accumulate(min_share=0.1) "
-        "recompute(policy=memory, planner=search) serialize tails_first apply_early")
+        "micro_batches recompute(policy=memory, planner=search) serialize tails_first apply_early")
     replayed = run_cli("optimize", fixture_path("mlp"), "-o", tmp_path / "p.pb", "--passes",
                        facts["pipeline"], "--json")
     assert (tmp_path / "p.pb").read_bytes() == out.read_bytes()

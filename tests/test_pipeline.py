@@ -74,7 +74,7 @@ def test_command_line_options_become_pipeline_text():
     assert grammar.compose("memory", budget="60%", swap_checkpoints=True,
                             swap_options={"form": "grappler", "bandwidth": 8e9}) == (
         "inline ungate loop_recompute rerun defer accumulate(min_share=0.1) "
-        "recompute(policy=memory, budget=60%) serialize tails_first apply_early "
+        "micro_batches recompute(policy=memory, budget=60%) serialize tails_first apply_early "
         "swap(form=grappler, "
         "bandwidth=8000000000.0, "
         "budget=60%)")
@@ -226,8 +226,8 @@ def test_progress_is_told_each_stage_as_it_begins():
     seen = []
     pipeline.optimize(io.load(fixture_path("mlp")), "memory", as_run=False, progress=seen.append)
     assert seen == ["analysing the step", "pass inline", "pass ungate", "pass loop_recompute",
-                    "pass rerun", "pass defer", "pass accumulate", "pass recompute",
-                    "pass serialize", "pass tails_first", "pass apply_early",
+                    "pass rerun", "pass defer", "pass accumulate", "pass micro_batches",
+                    "pass recompute", "pass serialize", "pass tails_first", "pass apply_early",
                     "pass reads_first",
                     "checking that TensorFlow imports the rewritten graph"]
 

@@ -27,7 +27,7 @@ def replay(out, plan, name="replayed.pb"):
 def test_plan_holds_the_searched_decision(planned):
     _, plan = planned
     assert plan["pipeline"] == ("inline ungate loop_recompute rerun defer "
-                                "accumulate(min_share=0.1) recompute(policy=memory) "
+                                "accumulate(min_share=0.1) micro_batches recompute(policy=memory) "
                                 "serialize tails_first apply_early")
     assert plan["recompute"]["checkpoints"] and plan["recompute"]["recomputed"]
     assert not set(plan["recompute"]["checkpoints"]) & set(plan["recompute"]["recomputed"])

@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from . import (accumulate, apply_early, chunk_loss, defer, diet, inline, loop_recompute,
-               reads_first, recompute, relax_assign, rerun, serialize, swap, tails_first,
-               ungate)
+               micro_batches, reads_first, recompute, relax_assign, rerun, serialize, swap,
+               tails_first, ungate)
 
 __all__ = ["Pass", "PASSES"]
 
@@ -33,6 +33,8 @@ PASSES = {
     "rerun": Pass(rerun.RerunOptions, rerun.run, rerun.RerunResult),
     "diet": Pass(diet.DietOptions, diet.run, diet.DietResult),
     "chunk_loss": Pass(chunk_loss.ChunkLossOptions, chunk_loss.run, chunk_loss.ChunkLossResult),
+    "micro_batches": Pass(micro_batches.MicroBatchesOptions, micro_batches.run,
+                          micro_batches.MicroBatchesResult),
     "serialize": Pass(serialize.SerializeOptions, serialize.run, serialize.SerializeResult),
     "tails_first": Pass(tails_first.TailsFirstOptions, tails_first.run,
                         tails_first.TailsFirstResult),

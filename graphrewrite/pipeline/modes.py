@@ -6,7 +6,7 @@ __all__ = ["MODES", "MODE_HELP"]
 MODES: dict[str, str] = {
     "none": "",
     "memory": "inline ungate loop_recompute rerun defer accumulate(min_share=0.1) "
-              "recompute(policy=memory) serialize tails_first apply_early",
+              "micro_batches recompute(policy=memory) serialize tails_first apply_early",
     "speed": "inline defer recompute(policy=speed)",
     "collection": "inline recompute(policy=collection)",
     "manual": "recompute(policy=manual) swap(policy=manual)",
@@ -21,12 +21,13 @@ MODE_HELP = {
               "for its gradient (defer); a recurrent layer's step values computed again in its "
               "gradient loop (loop_recompute) and its forward pass run again before its "
               "backward pass (rerun); a sum of gradient terms holding a tenth of the peak adds "
-              "each as it arrives (accumulate); the convolution gradients run one at a time "
-              "(serialize: their scratch is not held at once; so do a loop of micro-batches' "
-              "iterations); a head's backward pass waits for another head's loss gradient "
-              "where that lowers the peak as run (tails_first); each parameter's update runs "
-              "before the backward pass goes on (apply_early, kept where the peak as run does "
-              "not rise)",
+              "each as it arrives (accumulate); micro-batches whose gradients are summed, a "
+              "tape each, run one after another (micro_batches); the convolution gradients run "
+              "one at a time (serialize: their scratch is not held at once; so do a loop of "
+              "micro-batches' iterations); a head's backward pass waits for another head's "
+              "loss gradient where that lowers the peak as run (tails_first); each parameter's "
+              "update runs before the backward pass goes on (apply_early, kept where the peak "
+              "as run does not rise)",
     "speed": "keep outputs of MatMul/Conv/Einsum, recompute cheap ops (least slowdown); defer",
     "collection": "keep what --checkpoints selects (or the 'checkpoints' collection)",
     "manual": "recompute what _recompute_hint marks, swap what _swap_to_host marks (or --swap)",
