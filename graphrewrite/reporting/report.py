@@ -113,7 +113,8 @@ def _note(result: OptimizeResult) -> str:
     before, after = result.run_peaks
     if result.changed and before and after is not None and after > before:
         where = _peak_as_run(result.run_reports[1], after)
-        notes.append(f"the rewrite is kept although its modelled peak as run rises "
+        by = f" by {(after - before) / 1024:.1f} KiB" if after - before < 2**20 / 10 else ""
+        notes.append(f"the rewrite is kept although its modelled peak as run rises{by} "
                      f"({_mib(before)} -> {_mib(after)}, after Grappler): the passes plan on "
                      f"the step as written ({_mib(result.peak_before)} -> "
                      f"{_mib(result.peak_after)})" + (f"; {where}" if where else ""))
@@ -231,11 +232,11 @@ def _levers(result: OptimizeResult) -> str:
                       "--mode diet)")
     peak = result.predicted_peaks[1] if result.budget_of == "predicted" else result.peak_after
     floor = _floor(result)
-    below = (f", under the lossless floor of {_mib(floor['bytes'])}: the variables and "
-             f"constants, {_mib(floor['state_bytes'])}, beside {floor['at']}'s operands and "
-             "scratch, which no lossless rewrite lowers"
+    below = (f"; the budget is under the lossless floor of {_mib(floor['bytes'])}: the "
+             f"variables and constants, {_mib(floor['state_bytes'])}, beside {floor['at']}'s "
+             "operands and scratch, which no lossless rewrite lowers"
              if floor and floor["at"] and result.budget < floor["bytes"] else "")
-    return (f"budget {_mib(result.budget)} not met ({_mib(peak)} modelled{below})"
+    return (f"budget {_mib(result.budget)} not met ({_mib(peak)} modelled){below}"
             + ("; levers not used here that go lower: " + "; ".join(levers) if levers else ""))
 
 
