@@ -304,9 +304,13 @@ def find_seeds(graph: Graph, dag: nx.DiGraph, data: nx.DiGraph, constant: set[st
     candidates = {n for n in candidates if not any(ends[o] < ends[n] for o in candidates)}
     # The same over the sinks that depend on the batch: a loss with a second term (an
     # estimator's L2 regularization loss) has the seed reach that term's dead gradients with
-    # respect to its constants, which no constant of the first term reaches.
+    # respect to its constants, which no constant of the first term reaches. Among those that
+    # reach such sinks: a GAN's generator loss, from noise drawn in the step, reaches none,
+    # and is no second term of the critic's (a WGAN-GP built outside the repo lost the
+    # critic's seed so, and its backward pass counted as forward).
     ends = {n: ends[n] & batch for n in candidates}
-    candidates = {n for n in candidates if not any(ends[o] < ends[n] for o in candidates)}
+    candidates = {n for n in candidates
+                  if not any(ends[o] and ends[o] < ends[n] for o in candidates)}
     # The same over the sinks a step keeps (writes to variables, its outputs): a loss's own
     # constant of ones (a Keras loss's sample weight, `weighted_loss/Const`) reaches the
     # output and every update; the seed, besides the updates, the dead gradients of a second
