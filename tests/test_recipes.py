@@ -102,7 +102,8 @@ def test_the_matrix_covers_every_value_of_every_axis():
                                                      "all_updates", "accum_cond",
                                                      "smoothing", "is_training", "unseeded",
                                                      "jit", "summaries", "static",
-                                                     "gradient_penalty", "gate_graph"}
+                                                     "gradient_penalty", "gate_graph",
+                                                     "micro4", "drawn_noise"}
     tf1 = [c for c in cells_ if c.construction in recipes.TF1]
     assert {c.loss for c in tf1} == {"collection", "plain"}
     assert {c.train_op for c in tf1} == {"collection", "grouped", "none"}
