@@ -74,8 +74,9 @@ def run(graph: Graph, analysis: Analysis, options: MicroBatchesOptions, model=No
     log.info("micro_batches: %d forward passes after the previous backward pass: as run %s -> %s",
              len(chained), best, cost)
     if best is None or not best.better(cost):
-        return MicroBatchesResult(graph, False, note=f"running the {len(batches)} micro-batches "
-                                  "one after another does not lower the step's peak as run")
+        return MicroBatchesResult(graph, False, note=f"running the {len(batches)} gradient "
+                                  "computations (micro-batches, or a GAN's two networks) one "
+                                  "after another does not lower the step's peak as run")
     return MicroBatchesResult(trial, True, micro_batches=chained)
 
 
