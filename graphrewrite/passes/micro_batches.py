@@ -112,11 +112,10 @@ def _chain(graph: Graph, before: _MicroBatch, after: _MicroBatch, framed: set[st
                   if not any(v in before.backward for v in graph.successors(n)))
     if framed.intersection(last):
         return False
-    done_after = nx.ancestors(graph.nx, last[0]).union(*(nx.ancestors(graph.nx, n)
-                                                          for n in last[1:])) | set(last)
+    waited_for = reachable(graph.nx, last, upstream=True)  # an edge into these: a cycle
     first = sorted(n for n in after.forward
                    if not any(u in after.forward for u in graph.pred[n])
-                   and n not in done_after and n not in framed)
+                   and n not in waited_for and n not in framed)
     if not first:
         return False
     gate = graph.add_node(graph.unique_name(GATE_PREFIX + before.seed), "NoOp",
