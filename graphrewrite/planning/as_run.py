@@ -20,8 +20,8 @@ from ..analysis.step import Analysis
 from ..core.graph import Graph
 from . import devices
 
-State = TypeVar("State")
-Try = TypeVar("Try")
+_State = TypeVar("_State")
+_Try = TypeVar("_Try")
 
 __all__ = ["GAIN", "AsRun", "as_run", "keep_better"]
 
@@ -66,14 +66,14 @@ def as_run(model, graph: Graph, found: Analysis) -> AsRun | None:
                  sum(seconds * runs.get(name, 1) for name, seconds in times.items()))
 
 
-def keep_better(tries: Sequence[Try], state: State, best: AsRun | None,
-                attempt: Callable[[State, Try], tuple[State, AsRun | None] | None]
-                ) -> tuple[State, list[Try]]:
+def keep_better(tries: Sequence[_Try], state: _State, best: AsRun | None,
+                attempt: Callable[[_State, _Try], tuple[_State, AsRun | None] | None]
+                ) -> tuple[_State, list[_Try]]:
     """Make each try on `state` in turn and keep it where `best.better` its step; then the
     refused again, while a sweep keeps one: two tries may pay only together (a bidirectional
     layer's two directions, each alone saving less than its time). `attempt` gives the tried
     state and its step as run, or None where the try cannot be made on this state."""
-    kept: list[Try] = []
+    kept: list[_Try] = []
     while tries and best is not None:
         refused = []
         for one in tries:
