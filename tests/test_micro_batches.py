@@ -43,7 +43,7 @@ def _accumulating(path, micro=4, size=2048):
 
 def test_each_micro_batch_runs_after_the_previous_ones_backward_pass(tmp_path):
     """As run, every micro-batch's forward pass started at once (a ResNet-like step of four
-    built outside the repo: 0.51x -> 0.36x of its original measured with the pass)."""
+    built outside the repo: 0.51x -> 0.35x of its original measured with the pass)."""
     import networkx as nx
 
     from graphrewrite.analysis import step as analysis
