@@ -253,8 +253,8 @@ def _diet_row(facts: dict) -> str:
 def _floor_text(floor: dict) -> str:
     """`lossless_floor` for people: what no lossless rewrite goes below, and why."""
     return (f"{format_bytes(floor['bytes'])}: the variables and constants "
-            f"({format_bytes(floor['state_bytes'])}) beside {floor['at']}'s operands and "
-            "scratch; no lossless rewrite (recomputation, swapping, running sums) "
+            f"({format_bytes(floor['state_bytes'])}) and the fed inputs beside "
+            f"{floor['at']}'s operands and scratch; no lossless rewrite (recomputation, swapping, running sums) "
             "goes below it")
 
 

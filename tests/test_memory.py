@@ -37,7 +37,8 @@ def test_matmul_chain_holds_input_and_output_together():
 
 def test_the_floor_is_the_state_beside_the_kernel_with_the_most_operands():
     # x and w 1 KiB each, a and b 1 KiB each; the concat reads both and writes 2 KiB: 4 KiB
-    # of operands, the most of any kernel, beside the constants (w, and the concat's axis).
+    # of operands, the most of any kernel, beside the constants (w, and the concat's axis)
+    # and the fed x, which the caller holds the whole step.
     def graph():
         x = placeholder(shape=(16, 16))
         w = const("w", (16, 16))
@@ -46,7 +47,7 @@ def test_the_floor_is_the_state_beside_the_kernel_with_the_most_operands():
         tf.reduce_sum(tf.concat([a, b], 0, name="cat"), name="out")
     report = simulate(build(graph), ["out"])
     assert report.persistent_bytes["device"] >= KIB
-    assert report.floor() == (report.persistent_bytes["device"] + 4 * KIB, "cat")
+    assert report.floor() == (report.persistent_bytes["device"] + 5 * KIB, "cat")
     assert report.floor()[0] <= report.allocated_peak()
 
 

@@ -311,7 +311,8 @@ def test_a_budget_under_the_lossless_floor_is_named_so(budget, below):
     assert facts["lossless_floor"] == {"bytes": 18 * MIB, "state_bytes": 9 * MIB,
                                        "at": "conv_grad"}
     assert ("the budget is under the lossless floor of 18.0 MiB: the variables and "
-            "constants, 9.0 MiB, beside conv_grad's operands" in facts["note"]) is below
+            "constants, 9.0 MiB, and the fed inputs beside conv_grad's operands"
+            in facts["note"]) is below
     assert f"budget {budget}.0 MiB not met (35.0 MiB modelled)" in facts["note"]
 
 

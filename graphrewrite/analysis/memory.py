@@ -253,10 +253,10 @@ class MemoryReport:
     def floor(self) -> tuple[int, str | None]:
         """(bytes, node): what no lossless rewrite of this step (recomputation, swapping,
         running sums) goes below, in bytes live at once: the constants and variables on the
-        device beside the kernel whose operands and own scratch are the most (every kernel
-        runs with its inputs and outputs on the device; a copy of it has the same; a sum's
-        terms count two, as a running sum holds them). Without the variables' updates'
-        copies and the allocator's rounding: a bound, not a forecast."""
+        device, and the fed inputs, beside the kernel whose operands and own scratch are the
+        most (every kernel runs with its inputs and outputs on the device; a copy of it has
+        the same; a sum's terms count two, as a running sum holds them). Without the
+        variables' updates' copies and the allocator's rounding: a bound, not a forecast."""
         step, operands = self.widest
         return (self.persistent_bytes.get(DEVICE, 0) + operands,
                 self.order[step] if step >= 0 else None)
@@ -523,15 +523,20 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
                        if b.place == where and b.start <= at and (b.end is None or b.end >= at)),
                       key=lambda item: (-item[1], item[0]))
         for where, (_, at) in peak.items()}
+
     def widest() -> tuple[int, int]:
+        """(step, bytes): the kernel whose operands and scratch are the most, and the fed
+        inputs beside it (the caller holds them the whole step: a deep MLP's batch)."""
         found = (0, 1)  # (bytes, -step): the first of the widest kernels
+        fed = {id(b) for b in buffers if b.lifetime == FEED and b.place == DEVICE}
         for step, name in enumerate(order):
             if place_of[name] == DEVICE:
-                inputs = [r for r in reads[name] if r in buffer_of]
+                inputs = [r for r in reads[name] if r in buffer_of
+                          and id(buffer_of[r]) not in fed]
                 found = max(found, (_operand_bytes(op_of[name], inputs, outputs[name],
                                                    buffer_of, looped, name)
                                     + own_scratch.get(name, 0), -step))
-        return -found[1], found[0]
+        return -found[1], found[0] + sum(b.size for b in buffers if id(b) in fed)
 
     return MemoryReport(order, {w: v for w, (v, _) in peak.items()},
                         {w: order[at] for w, (_, at) in peak.items()}, live_at_peak, persistent,

@@ -233,8 +233,8 @@ def _levers(result: OptimizeResult) -> str:
     peak = result.predicted_peaks[1] if result.budget_of == "predicted" else result.peak_after
     floor = _floor(result)
     below = (f"; the budget is under the lossless floor of {_mib(floor['bytes'])}: the "
-             f"variables and constants, {_mib(floor['state_bytes'])}, beside {floor['at']}'s "
-             "operands and scratch, which no lossless rewrite lowers"
+             f"variables and constants, {_mib(floor['state_bytes'])}, and the fed inputs "
+             f"beside {floor['at']}'s operands and scratch, which no lossless rewrite lowers"
              if floor and floor["at"] and result.budget < floor["bytes"] else "")
     return (f"budget {_mib(result.budget)} not met ({_mib(peak)} modelled){below}"
             + ("; levers not used here that go lower: " + "; ".join(levers) if levers else ""))
