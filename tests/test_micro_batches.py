@@ -9,10 +9,10 @@ from graphrewrite.pipeline import run as pipeline
 pytestmark = pytest.mark.tf
 
 
-def _accumulating(path, micro=4, size=2048):
+def _accumulating(path, micro=4, size=2048, towers=False):
     """A TF2 step that sums four micro-batches' gradients, sliced in a Python loop with a tape
     each (an MLP of four 256-wide layers: activations, not weights, hold its peak), then one
-    SGD update."""
+    SGD update; with `towers`, each micro-batch placed on a device of its own."""
     import tensorflow as tf
 
     tf.keras.utils.set_random_seed(0)
@@ -27,11 +27,12 @@ def _accumulating(path, micro=4, size=2048):
     def step(x, y):
         total = None
         for i in range(micro):
-            with tf.GradientTape() as tape:
-                logits = model(x[i * size:(i + 1) * size], training=True)
-                loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-                    y[i * size:(i + 1) * size], logits))
-            grads = tape.gradient(loss, model.trainable_variables)
+            with tf.device(f"/device:CPU:{i}" if towers else None):  # towers: one each
+                with tf.GradientTape() as tape:
+                    logits = model(x[i * size:(i + 1) * size], training=True)
+                    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                        y[i * size:(i + 1) * size], logits))
+                grads = tape.gradient(loss, model.trainable_variables)
             total = grads if total is None else [a + b for a, b in zip(total, grads)]
         optimizer.apply_gradients(zip(total, model.trainable_variables))
         return loss
@@ -66,3 +67,12 @@ def test_each_micro_batch_runs_after_the_previous_ones_backward_pass(tmp_path):
     io.save(model, result.graph, out)
     outcome = verify.verify(model, io.load(out), verify.VerifyOptions(runs=0), isolated=False)
     assert outcome.match and outcome.rewritten.peak_bytes < outcome.original.peak_bytes
+
+
+def test_towers_each_on_its_own_device_are_left_to_run_at_once(tmp_path):
+    """A TF1 multi-GPU step's towers: chained, they would wait for each other's devices."""
+    from graphrewrite.passes.micro_batches import MicroBatchesResult
+
+    model = io.load(_accumulating(tmp_path / "towers.pb", towers=True))
+    result = pipeline.optimize(model, "memory", composed="micro_batches").of(MicroBatchesResult)
+    assert not result.micro_batches and "different devices" in result.note, result.note

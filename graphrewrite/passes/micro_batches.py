@@ -13,7 +13,8 @@ TensorFlow runs it (`analysis.as_run`) needs less memory, by a larger share than
 time it adds (`planning.as_run`).
 
 Only control edges are added: no number changes, and an edge whose target is an ancestor of its
-source (a cycle) is never added.
+source (a cycle) is never added. Towers placed each on its own device (a TF1 multi-GPU step) are
+left alone: they run at once by design.
 """
 
 from __future__ import annotations
@@ -62,6 +63,9 @@ def run(graph: Graph, analysis: Analysis, options: MicroBatchesOptions, model=No
     batches = _micro_batches(graph, analysis)
     if len(batches) < 2:
         return MicroBatchesResult(graph, False)
+    if len({frozenset(graph.node_def(n).device for n in b.forward) for b in batches}) > 1:
+        return MicroBatchesResult(graph, False, note="the gradient computations are placed on "
+                                  "different devices (towers, one a device): left to run at once")
     trial = graph.copy()
     chained = []
     framed = loop_frame_nodes(graph) | cond_branch_nodes(graph)
