@@ -76,3 +76,44 @@ def test_towers_each_on_its_own_device_are_left_to_run_at_once(tmp_path):
     model = io.load(_accumulating(tmp_path / "towers.pb", towers=True))
     result = pipeline.optimize(model, "memory", composed="micro_batches").of(MicroBatchesResult)
     assert not result.micro_batches and "different devices" in result.note, result.note
+
+
+def _two_networks(path, size=2048):
+    """Two MLPs trained in one step, each on its own loss by its own optimizer (a GAN's habit,
+    without the game): two gradient seeds, whose gradients are never summed."""
+    import tensorflow as tf
+
+    tf.keras.utils.set_random_seed(0)
+    pairs = []
+    for _ in range(2):
+        net = tf.keras.Sequential([tf.keras.layers.Dense(256, activation="relu")
+                                   for _ in range(4)] + [tf.keras.layers.Dense(1)])
+        net.build((None, 256))
+        optimizer = tf.keras.optimizers.SGD(1e-4)
+        optimizer.build(net.trainable_variables)
+        pairs.append((net, optimizer))
+
+    @tf.function(input_signature=[tf.TensorSpec([2 * size, 256], tf.float32, name="x")])
+    def step(x):
+        for i, (net, optimizer) in enumerate(pairs):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(net(x[i * size:(i + 1) * size])))
+            grads = tape.gradient(loss, net.trainable_variables)
+            optimizer.apply_gradients(zip(grads, net.trainable_variables))
+        return loss
+
+    path.write_bytes(step.get_concrete_function().graph.as_graph_def(
+        add_shapes=True).SerializeToString())
+    return path
+
+
+def test_two_networks_each_updated_from_its_own_gradients_are_not_micro_batches(tmp_path):
+    """Chained, a DCGAN and a WGAN-GP built outside the repo modelled 13% and 16% lower as run
+    and measured 3-4% higher: only gradients summed together make micro-batches."""
+    from graphrewrite.analysis import step as analysis
+    from graphrewrite.passes.micro_batches import MicroBatchesResult
+
+    model = io.load(_two_networks(tmp_path / "two_networks.pb"))
+    assert len(analysis.analyse(model).split.seeds) == 2
+    result = pipeline.optimize(model, "memory", composed="micro_batches").of(MicroBatchesResult)
+    assert not result.micro_batches

@@ -78,15 +78,15 @@ def run(graph: Graph, analysis: Analysis, options: MicroBatchesOptions, model=No
     log.info("micro_batches: %d forward passes after the previous backward pass: as run %s -> %s",
              len(chained), best, cost)
     if best is None or not best.better(cost):
-        return MicroBatchesResult(graph, False, note=f"running the {len(batches)} gradient "
-                                  "computations (micro-batches, or a GAN's two networks) one "
-                                  "after another does not lower the step's peak as run")
+        return MicroBatchesResult(graph, False, note=f"running the {len(batches)} micro-batches "
+                                  "one after another does not lower the step's peak as run")
     return MicroBatchesResult(trial, True, micro_batches=chained)
 
 
 def _micro_batches(graph: Graph, analysis: Analysis) -> list[_MicroBatch]:
     """The seeds' micro-batches, in the order the schedule reaches their seeds; none unless
-    each seed has a backward and a forward pass of its own."""
+    each seed has a backward and a forward pass of its own, and its gradients are summed
+    with the others'."""
     split = analysis.split
     data = nx.DiGraph()  # by data edges: TF2's automatic control edges chain every
     data.add_nodes_from(graph.nodes())  # micro-batch's stateful ops to the previous one's
@@ -98,13 +98,23 @@ def _micro_batches(graph: Graph, analysis: Analysis) -> list[_MicroBatch]:
              for seed in split.seeds}
     batches = []
     for seed in split.seeds:
+        others = set().union(*(flows[s] for s in split.seeds if s != seed))
         forward = needs[seed] - split.constant - set().union(
             *(needs[s] for s in split.seeds if s != seed))
-        if not own[seed] or not forward:
+        if not own[seed] or not forward or not _summed(data, own[seed], others):
             return []
         batches.append(_MicroBatch(seed, frozenset(own[seed]), frozenset(forward)))
     position = {name: i for i, name in enumerate(analysis.memory.order)}
     return sorted(batches, key=lambda b: (position.get(b.seed, len(position)), b.seed))
+
+
+def _summed(data: nx.DiGraph, own: set[str], others: set[str]) -> bool:
+    """Whether a node reads both a gradient of this seed's own and one the other seeds' flows
+    reach: the micro-batches' gradients summed (or a tower's averaged). A GAN's two networks
+    each update their own weights from their own gradients: chained, a DCGAN and a WGAN-GP
+    built outside the repo modelled 13% and 16% lower and measured 3-4% higher."""
+    return any(not own.isdisjoint(data.pred[n]) and not others.isdisjoint(data.pred[n])
+               for n in set().union(*(data.succ[m] for m in own)) - own)
 
 
 def _chain(graph: Graph, before: _MicroBatch, after: _MicroBatch, framed: set[str]) -> bool:
