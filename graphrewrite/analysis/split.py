@@ -35,6 +35,7 @@ from tensorflow.core.framework import attr_value_pb2
 from ..core import dtypes, ops
 from ..core.errors import GraphRewriteError
 from ..core.graph import Graph, neighbours
+from ..core.names import MICRO_BATCH_GATE_PREFIX
 from ..core.tensor_ref import TensorRef
 
 __all__ = ["FORWARD_INPUTS", "UPDATE_PREFIXES", "VARIABLE_WRITES", "SHAPE_OPS", "FED_OPS",
@@ -202,7 +203,10 @@ def split(graph: Graph, backward_scope: str | None = None) -> Split:
                                     f"'{backward_scope}'")
     else:
         seeds = find_seeds(graph, dag, data, constant)
-    flow = reachable(full, seeds)
+    # Not through a micro-batch's gate: the next micro-batch's forward pass waits for it
+    # (`passes.micro_batches`) and is no gradient.
+    flow = reachable(full, seeds, stop={n for n in graph.nodes()
+                                        if n.startswith(MICRO_BATCH_GATE_PREFIX)})
     sinks = {n for n in graph.nodes() if full.out_degree(n) == 0}
     # A TF2 step returns its loss through an `Identity` that waits on every update by control
     # edges; that output is in the flow, the value it returns is not. Keras's TF1 train
@@ -434,10 +438,12 @@ def _one_element(graph: Graph, name: str) -> bool | None:
     return None
 
 
-def reachable(graph: nx.DiGraph, sources, upstream: bool = False) -> set[str]:
-    """`sources` and every node reachable from them (downstream, or upstream), in linear time."""
+def reachable(graph: nx.DiGraph, sources, upstream: bool = False,
+              stop: set[str] = frozenset()) -> set[str]:
+    """`sources` and every node reachable from them (downstream, or upstream), in linear time;
+    not past the nodes in `stop` (they are reached, what follows them is not)."""
     seen = set(sources)
-    stack = list(seen)
+    stack = [name for name in seen if name not in stop]
     adjacency = neighbours(graph, upstream)
     while stack:
         name = stack.pop()
@@ -448,7 +454,8 @@ def reachable(graph: nx.DiGraph, sources, upstream: bool = False) -> set[str]:
         for other in others:
             if other not in seen:
                 seen.add(other)
-                stack.append(other)
+                if other not in stop:
+                    stack.append(other)
     return seen
 
 

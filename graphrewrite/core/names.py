@@ -1,13 +1,15 @@
 """Name prefixes and suffixes of the nodes graphrewrite adds, and the attributes it marks nodes
 with, so every module recognises them the same way."""
 
-__all__ = ["TRIGGER_PREFIX", "PAD_PREFIX", "LOOP_PREFIX", "LOOP_GATE", "LOOP_SUFFIX", "COPY_SUFFIX",
+__all__ = ["TRIGGER_PREFIX", "PAD_PREFIX", "MICRO_BATCH_GATE_PREFIX", "LOOP_PREFIX", "LOOP_GATE", "LOOP_SUFFIX", "COPY_SUFFIX",
            "AHEAD_SUFFIX", "SWAP_OUT_SUFFIX", "SWAP_IN_SUFFIX", "ACCUMULATE_SUFFIX",
            "ACCUMULATE_GUARD_SUFFIX", "DIET_ATTR", "SLOT_OF_ATTR", "copied_from",
            "made_here"]
 
 TRIGGER_PREFIX = "graphrewrite/recompute_trigger/"  # a NoOp gating a recomputed segment
 PAD_PREFIX = "graphrewrite/pad/"                    # an IdentityN keeping Grappler's reader counts
+# A NoOp that waits for one micro-batch's backward pass, the next forward pass's first nodes for it
+MICRO_BATCH_GATE_PREFIX = "graphrewrite/micro_batch_done/"
 LOOP_PREFIX = "graphrewrite/loop_recompute/"  # a forward node copied into a gradient loop's body
 # What a gradient loop's copies wait on: its iterations then keep pace with the sums it carries.
 LOOP_GATE = LOOP_PREFIX + "gradient_ready"

@@ -27,6 +27,7 @@ import networkx as nx
 from ..analysis.split import cond_branch_nodes, loop_frame_nodes, reachable
 from ..analysis.step import Analysis
 from ..core.graph import Graph
+from ..core.names import MICRO_BATCH_GATE_PREFIX as GATE_PREFIX
 from ..core.tensor_ref import CONTROL, TensorRef
 from ..planning.as_run import as_run
 from .base import PassOptions, PassResult
@@ -34,8 +35,6 @@ from .base import PassOptions, PassResult
 __all__ = ["GATE_PREFIX", "MicroBatchesOptions", "MicroBatchesResult", "run"]
 
 log = logging.getLogger(__name__)
-
-GATE_PREFIX = "graphrewrite/micro_batch_done/"  # a NoOp: one micro-batch's backward pass ran
 
 
 @dataclass(frozen=True)
