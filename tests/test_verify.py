@@ -219,6 +219,7 @@ def test_a_step_tensorflow_refuses_is_one_line_and_exit_2(tmp_path):
     assert "Traceback" not in done.stderr
     assert "graphrewrite: error: running the step failed: InvalidArgumentError: Received a " \
            "label value of" in done.stderr
+    assert "drawn from [0, --int-high)" in done.stderr and "--feed" in done.stderr  # h84
 
 
 def _tf1_train_saved_model(path):

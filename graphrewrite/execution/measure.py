@@ -178,7 +178,11 @@ def _in_fresh_process(function, payloads, feeds, fetches, runs):
             "input out of range, such as a class id past the last class; see ${int_high} and "
             "${feeds})") from None
     if failure:
-        raise GraphRewriteError(f"running the step failed: {failure}")
+        hint = ("; integer inputs not fed are drawn from [0, ${int_high}): give the number of "
+                "classes there, or the values with ${feeds}"
+                if "outside the valid range" in failure else "")
+        failure = failure.rstrip(".") if hint else failure
+        raise GraphRewriteError(f"running the step failed: {failure}{hint}")
     return result
 
 
