@@ -151,3 +151,23 @@ def test_random_draws_in_a_loop_are_named_before_anything_runs(monkeypatch):
 
 def test_random_draws_in_a_loop_of_one_iteration_at_a_time_are_ordered():
     assert mismatch.racing_draws(looped_draws(parallel_iterations=1)) == []
+
+
+def test_two_writes_of_one_variable_nothing_orders_are_named():
+    """A TF1 multi-tower step built outside the repo differed from itself: each tower updates
+    the batch norms' shared moving averages, and nothing orders the two updates. Writes one
+    after the other, or outside the fetched step (an initializer), are not named."""
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.disable_resource_variables()
+        racing = tf.compat.v1.Variable(tf.zeros([4]), name="racing")
+        ordered = tf.compat.v1.Variable(tf.zeros([4]), name="ordered")
+        tf.compat.v1.enable_resource_variables()
+        x = tf.compat.v1.placeholder(tf.float32, [4], name="x")
+        first = tf.compat.v1.assign_sub(racing, x, name="tower_0")
+        second = tf.compat.v1.assign_sub(racing, 2 * x, name="tower_1")
+        then = tf.compat.v1.assign_add(ordered, x, name="then")
+        with tf.control_dependencies([then]):
+            after = tf.compat.v1.assign_add(ordered, x, name="after")
+        tf.group(first, second, after, name="step")
+    assert mismatch.unordered_writes(graph.as_graph_def(), ["step"]) == ["racing"]

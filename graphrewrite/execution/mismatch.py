@@ -48,8 +48,9 @@ from ..core import ops
 from . import measure
 
 __all__ = ["ORIGINAL_RUNS", "ORIGINAL_CAUSE", "RACING_CAUSE", "ARITHMETIC_CAUSE", "UNSTABLE_CAUSE",
-           "GRAPPLER_CAUSE", "SUM_ORDER_CAUSE", "racing_draws", "racing_sums",
-           "arithmetic_off_config", "grappler_off_config", "diagnose"]
+           "GRAPPLER_CAUSE", "SUM_ORDER_CAUSE", "WRITES_ORDER_CAUSE", "racing_draws",
+           "racing_sums", "unordered_writes", "arithmetic_off_config", "grappler_off_config",
+           "diagnose"]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,9 @@ SUM_ORDER_CAUSE = (
     "TensorFlow's AddN sums its inputs starting from one whose buffer it can reuse (one no "
     "other op still reads), and which that is depends on the order the other readers "
     "finish: with three or more inputs the rounding changes from run to run")
+WRITES_ORDER_CAUSE = (
+    "two updates of one variable that nothing orders (each tower's update of a batch norm's "
+    "shared moving average) land in either order from run to run")
 RACING_CAUSE = (
     "the original step's random draws are not ordered: it has random ops inside loops that "
     "run iterations at once, which draw in the order the iterations reach them, and that order "
@@ -131,6 +135,34 @@ def racing_sums(message) -> list[str]:
     return found
 
 
+def unordered_writes(message, fetches: list[str]) -> list[str]:
+    """Variables two writes the fetched step runs update with nothing ordering them (two
+    towers' updates of the batch norms' shared averages, a TF1 multi-tower step built outside
+    the repo): which lands last changes from run to run."""
+    import networkx as nx
+
+    from ..analysis.split import UPDATE_PREFIXES, VARIABLE_WRITES, reachable
+    from ..core.graph import Graph
+
+    graph_def = getattr(message, "graph_def", message)
+    if not hasattr(graph_def, "node"):
+        return []
+    graph = Graph.from_graph_def(graph_def)
+    ends = [f.split(":")[0].lstrip("^") for f in fetches]
+    writes: dict[str, list[str]] = {}
+    for name in reachable(graph.nx, [e for e in ends if graph.nx.has_node(e)], upstream=True):
+        op = graph.op(name)
+        inputs = graph.data_inputs(name)
+        if inputs and (op in VARIABLE_WRITES or op.startswith(UPDATE_PREFIXES)):
+            handle = inputs[0].node
+            while graph.op(handle) == "Identity" and graph.data_inputs(handle):
+                handle = graph.data_inputs(handle)[0].node
+            writes.setdefault(handle, []).append(name)
+    return sorted(var for var, names in writes.items() if any(
+        not nx.has_path(graph.nx, a, b) and not nx.has_path(graph.nx, b, a)
+        for i, a in enumerate(names) for b in names[i + 1:]))
+
+
 def _draws(node) -> bool:
     """A stateful random op: seeded by attributes, or a `tf.random.Generator`'s."""
     return ops.takes_seed(node.op) or (
@@ -173,8 +205,11 @@ def diagnose(original, rewritten, feeds: dict, own: dict, fetches: list[str], ag
     first = run(original, feeds, fetches, 0)
     sums = racing_sums(original)
     if not all(agree(first, run(original, feeds, fetches, 0)) for _ in range(ORIGINAL_RUNS - 1)):
+        writes = [] if sums else unordered_writes(original, fetches)
         cause = ORIGINAL_CAUSE + (f"; a likely reason: {SUM_ORDER_CAUSE} ({len(sums)} such "
-                                  f"ops, e.g. '{sums[0]}')" if sums else "")
+                                  f"ops, e.g. '{sums[0]}')" if sums else
+                                  f"; a likely reason: {WRITES_ORDER_CAUSE} ({len(writes)} such "
+                                  f"variables, e.g. '{writes[0]}')" if writes else "")
         log.warning("verify: %s", cause)
         return cause
     if sums:  # its runs agreed by chance, or not yet: Grappler cannot be told from the race
