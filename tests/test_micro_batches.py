@@ -37,6 +37,10 @@ def _accumulating(path, micro=4, size=2048, towers=False):
         optimizer.apply_gradients(zip(total, model.trainable_variables))
         return loss
 
+    return _export(step, path)
+
+
+def _export(step, path):
     path.write_bytes(step.get_concrete_function().graph.as_graph_def(
         add_shapes=True).SerializeToString())
     return path
@@ -105,9 +109,7 @@ def _two_networks(path, size=2048):
             optimizer.apply_gradients(zip(grads, net.trainable_variables))
         return loss
 
-    path.write_bytes(step.get_concrete_function().graph.as_graph_def(
-        add_shapes=True).SerializeToString())
-    return path
+    return _export(step, path)
 
 
 def test_two_networks_each_updated_from_its_own_gradients_are_not_micro_batches(tmp_path):
