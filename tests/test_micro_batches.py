@@ -113,8 +113,9 @@ def _two_networks(path, size=2048):
 
 
 def test_two_networks_each_updated_from_its_own_gradients_are_not_micro_batches(tmp_path):
-    """Chained, a DCGAN and a WGAN-GP built outside the repo modelled 13% and 16% lower as run
-    and measured 3-4% higher: only gradients summed together make micro-batches."""
+    """Chained, a DCGAN built outside the repo and the WGAN-GP recipe cell modelled 13% and
+    16% lower as run and measured 3-4% higher: only gradients summed together make
+    micro-batches."""
     from graphrewrite.analysis import step as analysis
     from graphrewrite.passes.micro_batches import MicroBatchesResult
 
