@@ -141,6 +141,7 @@ def unordered_writes(message, fetches: list[str]) -> list[str]:
     the repo): which lands last changes from run to run."""
     import networkx as nx
 
+    from ..analysis.bind import through_forwarders
     from ..analysis.split import UPDATE_PREFIXES, VARIABLE_WRITES, reachable
     from ..core.graph import Graph
 
@@ -154,10 +155,7 @@ def unordered_writes(message, fetches: list[str]) -> list[str]:
         op = graph.op(name)
         inputs = graph.data_inputs(name)
         if inputs and (op in VARIABLE_WRITES or op.startswith(UPDATE_PREFIXES)):
-            handle = inputs[0].node
-            while graph.op(handle) == "Identity" and graph.data_inputs(handle):
-                handle = graph.data_inputs(handle)[0].node
-            writes.setdefault(handle, []).append(name)
+            writes.setdefault(through_forwarders(graph, inputs[0]).node, []).append(name)
     return sorted(var for var, names in writes.items() if any(
         not nx.has_path(graph.nx, a, b) and not nx.has_path(graph.nx, b, a)
         for i, a in enumerate(names) for b in names[i + 1:]))
