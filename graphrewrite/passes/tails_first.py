@@ -60,7 +60,7 @@ def run(graph: Graph, analysis: Analysis, options: TailsFirstOptions, model=None
     best, kept = as_run(model, graph, analysis), []
     for tail, targets in waits:
         trial = graph.copy()
-        later = nx.ancestors(trial.nx, tail)  # an edge into one of these would close a cycle
+        later = nx.ancestors(trial.nx, tail)  # a kept try's edges can close a cycle here
         for target in targets:
             if target not in later:
                 trial.add_control(tail, target)
@@ -78,9 +78,12 @@ def run(graph: Graph, analysis: Analysis, options: TailsFirstOptions, model=None
 
 
 def _tries(graph: Graph, analysis: Analysis) -> list[tuple[str, list[str]]]:
-    """(gradient, the first heavy ops not downstream of it) for each gradient that enters a
-    first heavy backward op (one no heavy backward op runs before), in schedule order, at most
-    TRIES of them; none where every first heavy op is downstream of one (a single head)."""
+    """(gradient, the first heavy ops neither downstream nor upstream of it: an edge into one
+    upstream would close a cycle) for each gradient that enters a first heavy backward op (one
+    no heavy backward op runs before), in schedule order, at most TRIES of them; none where
+    every first heavy op is downstream of one (a single head). A gradient with no such op
+    (a chunked loss's blocks, which already run one after the other) is no try: it would
+    cost a Grappler run and add nothing."""
     # By data edges from the seeds: gradients, not the recomputed activations the gradient
     # flow gates by control edges, nor `serialize`'s chain of every convolution gradient.
     flow, seeds = analysis.split.gradient_flow, set(analysis.split.seeds)
@@ -108,8 +111,9 @@ def _tries(graph: Graph, analysis: Analysis) -> list[tuple[str, list[str]]]:
     tries = []
     for tail in entering:
         downstream = nx.descendants(graph.nx, tail)
-        targets = [h for h in first if h not in downstream]
-        if targets and len(targets) < len(first):
+        upstream = nx.ancestors(graph.nx, tail)
+        targets = [h for h in first if h not in downstream and h not in upstream]
+        if targets:  # never all of them: the gradient enters one
             tries.append((tail, targets))
         if len(tries) == TRIES:
             break
