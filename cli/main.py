@@ -267,7 +267,8 @@ def optimize(ctx, model_path, output, in_place, mode, checkpoints, swap_tensors,
                                        tradeoff_path or levered) else None,
                                    "tensors": swap_tensors}, pins=pins)
     text = grammar.compose(mode, passes, budget=budget, lossy=lossy, **composing)
-    stages = Stages(enabled=not ctx.find_root().params.get("quiet"))
+    stages = Stages(not ctx.find_root().params.get("quiet"),
+                    logged=ctx.find_root().params.get("verbose"))
     analysis = AnalysisOptions(input_shapes, outputs, backward_scope, device)
     stages("loading")
     model = io.load(model_path, tag=tag)
@@ -419,7 +420,8 @@ def verify(ctx, original_path, rewritten_path, rtol, atol, feeds, runs, steps, b
     from graphrewrite.core import io
     from graphrewrite.execution import verify as verify_mod
 
-    stages = Stages(enabled=not ctx.find_root().params.get("quiet"))
+    stages = Stages(not ctx.find_root().params.get("quiet"),
+                    logged=ctx.find_root().params.get("verbose"))
     stages("loading")
     original = io.load(original_path, tag=tag)
     rewritten = io.load(rewritten_path, tag=tag)

@@ -391,10 +391,11 @@ def _shorten(names: list[str], limit: int = 8) -> str:
 class Stages:
     """On a terminal, a line on stderr as each stage of a long `optimize` or `verify` begins,
     with the seconds so far (a 100k-node graph takes a minute to rewrite; verifying even a tiny
-    one takes seconds); nothing in logs and pipes."""
+    one takes seconds); in logs and pipes only with `logged` (`-v`: a budget's lever sets can
+    plan for twenty minutes, silent in a batch job's log)."""
 
-    def __init__(self, enabled: bool = True):
-        self.shown = enabled and sys.stderr.isatty()
+    def __init__(self, enabled: bool = True, logged: bool = False):
+        self.shown = enabled and (logged or sys.stderr.isatty())
         self.start = time.perf_counter()
 
     def __call__(self, stage: str) -> None:

@@ -318,6 +318,8 @@ def test_optimize_shows_its_stages_on_a_terminal_only(monkeypatch, capsys):
     quiet = graphrewrite.cli.tables.Stages()
     quiet("loading")
     assert capsys.readouterr().err == ""
+    graphrewrite.cli.tables.Stages(logged=True)("loading")  # -v: in logs too
+    assert capsys.readouterr().err.endswith("s  loading\n")
 
 
 # Usage a new user tries (issue 32): each refused before anything runs, with one line on stderr
