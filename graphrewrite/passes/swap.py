@@ -143,7 +143,8 @@ def run(graph: Graph, analysis: Analysis, options: SwapOptions, model=None):
     each_way = sum(ctx.analysis.shapes.nbytes(s.ref) or 0 for s in chosen)
     return SwapResult(new_graph, True, shapes, swapped=[str(s.ref) for s in chosen],
                       bytes_moved=2 * each_way,
-                      transfer_seconds=each_way / timing.out_bandwidth + each_way / timing.bandwidth,
+                      transfer_seconds=each_way / timing.out_bandwidth
+                      + each_way / timing.bandwidth,
                       exposed_seconds=sum(s.exposed for s in chosen),
                       device_profile=device.name, fanout_pads=pads, skipped=skipped)
 
@@ -317,10 +318,10 @@ class _Timing:
     flow: frozenset
     order: list[str]
     position: dict[str, int]
-    seconds: dict[str, float]
     starts: list[float]  # when each node of `order` begins, the nodes one after another
     bandwidth: float
     out_bandwidth: float
+    reached: dict = field(default_factory=dict)  # `after`'s answers
 
     @classmethod
     def build(cls, ctx: Context, device: DeviceProfile, bandwidth: float | None) -> "_Timing":
@@ -331,7 +332,7 @@ class _Timing:
         for name in order:
             starts.append(starts[-1] + seconds[name])
         return cls(graph, ctx.analysis.shapes, ctx.analysis.split.gradient_flow, order,
-                   {n: i for i, n in enumerate(order)}, seconds, starts,
+                   {n: i for i, n in enumerate(order)}, starts,
                    bandwidth or device.host_to_device, bandwidth or device.device_to_host)
 
     def seconds_of(self, ref: TensorRef) -> float:
@@ -403,6 +404,12 @@ class _Timing:
         return [index for index, name in enumerate(self.order)
                 if name in self.flow and can_gate(self.original, name)]
 
+    def after(self, readers: tuple[str, ...]) -> frozenset:
+        """What runs after `readers` (asked again for each plan the search weighs)."""
+        if readers not in self.reached:
+            self.reached[readers] = frozenset(reachable(self.original.nx, readers))
+        return self.reached[readers]
+
     def trigger(self, readers, transfer: float) -> tuple[str | None, float]:
         """The latest gate (`gates`) that starts early enough for a copy of `transfer`
         seconds to finish before the first of `readers` runs, and 0.0; else the earliest one
@@ -414,12 +421,10 @@ class _Timing:
         first = min(scheduled)
         # The model lets readers of an IdentityN Grappler removes run before it (see
         # `schedule.bypassed_identities`), so an earlier node may still depend on the readers.
-        after_readers = None
+        after_readers = self.after(tuple(sorted(readers)))
         earliest, covered = None, 0.0
         for index in reversed(self.gates[:bisect.bisect_left(self.gates, first)]):
             name = self.order[index]
-            if after_readers is None:
-                after_readers = reachable(self.original.nx, readers)
             if name in after_readers:
                 continue
             elapsed = self.starts[first] - self.starts[index]
