@@ -473,8 +473,8 @@ def test_verify_shows_its_stages_on_a_terminal_only(monkeypatch, tmp_path):
     assert piped.exit_code == 0 and piped.stderr == ""
     shown = graphrewrite.cli.tables.Stages.__init__
 
-    def on_a_terminal(self, enabled=True):
-        shown(self, enabled)
+    def on_a_terminal(self, enabled=True, **options):
+        shown(self, enabled, **options)
         self.shown = enabled  # what a terminal's stderr gets
 
     monkeypatch.setattr(graphrewrite.cli.tables.Stages, "__init__", on_a_terminal)
