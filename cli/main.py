@@ -86,6 +86,12 @@ def to_json(data, **options) -> str:
     return json.dumps(finite(data), allow_nan=False, **options)
 
 
+def _stages(ctx) -> Stages:
+    """The stage lines `-q` silences and `-v` writes into logs too."""
+    root = ctx.find_root().params
+    return Stages(not root.get("quiet"), logged=root.get("verbose"))
+
+
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--debug", is_flag=True, help="Show a traceback when something fails.")
 @click.option("-v", "--verbose", is_flag=True, help="Log what the library does.")
@@ -267,8 +273,7 @@ def optimize(ctx, model_path, output, in_place, mode, checkpoints, swap_tensors,
                                        tradeoff_path or levered) else None,
                                    "tensors": swap_tensors}, pins=pins)
     text = grammar.compose(mode, passes, budget=budget, lossy=lossy, **composing)
-    stages = Stages(not ctx.find_root().params.get("quiet"),
-                    logged=ctx.find_root().params.get("verbose"))
+    stages = _stages(ctx)
     analysis = AnalysisOptions(input_shapes, outputs, backward_scope, device)
     stages("loading")
     model = io.load(model_path, tag=tag)
@@ -420,8 +425,7 @@ def verify(ctx, original_path, rewritten_path, rtol, atol, feeds, runs, steps, b
     from graphrewrite.core import io
     from graphrewrite.execution import verify as verify_mod
 
-    stages = Stages(not ctx.find_root().params.get("quiet"),
-                    logged=ctx.find_root().params.get("verbose"))
+    stages = _stages(ctx)
     stages("loading")
     original = io.load(original_path, tag=tag)
     rewritten = io.load(rewritten_path, tag=tag)

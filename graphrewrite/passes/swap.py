@@ -379,8 +379,8 @@ class _Timing:
         begins, each earlier one as the next begins (or its own reader, if earlier), and
         waits on the latest node that starts that early; each one's exposed time is how far
         the copies, in that order from those triggers, run past its reader."""
-        timed = sorted(((self.needed(s), str(s.ref), s) for s in swaps
-                        if self.needed(s) is not None), key=lambda t: t[:2])
+        timed = sorted(((needed, str(s.ref), s) for s in swaps
+                        if (needed := self.needed(s)) is not None), key=lambda t: t[:2])
         latest, leads = float("inf"), {}
         for needed, key, swap in reversed(timed):
             end = min(needed, latest)
