@@ -21,7 +21,7 @@ from conftest import run_cli
 CLI = "graphrewrite.cli.main"
 
 
-def _conv_step(path):
+def conv_step(path):
     """A TF1 Keras CNN of biased convolutions (ReLU, no batch norm) on placeholders, RMSProp
     with momentum, the loss in no collection: `tf.gradients` joins each bias gradient to its
     convolution's gradients through a `tuple`."""
@@ -77,7 +77,7 @@ def _conv_step_tf2(path):
     return path
 
 
-STEPS = {"tf1": (_conv_step, "meta"), "tf2": (_conv_step_tf2, "pb")}
+STEPS = {"tf1": (conv_step, "meta"), "tf2": (_conv_step_tf2, "pb")}
 
 
 def _bias_gradients(graph, kernel):
@@ -113,21 +113,8 @@ def test_a_weight_gradient_and_its_bias_gradient_merge_in_the_rewrite_as_in_the_
                        for b in _bias_gradients(graph, kernel)), kernel
 
 
-def _avx512() -> bool:
-    try:
-        with open("/proc/cpuinfo") as info:
-            return "avx512" in info.read()
-    except OSError:
-        return True  # not Linux: no known reason to expect a failure
-
-
 @pytest.mark.tf
 @pytest.mark.parametrize("how", ["tf1", "tf2"])
-@pytest.mark.xfail(not _avx512(), strict=False, reason=(
-    "a known bug, found in session 45 on an AMD EPYC without AVX-512 (it passed on earlier "
-    "sessions' machines): with oneDNN on, the first convolution's Conv2D, BiasAdd and ReLU "
-    "recomputed round otherwise than the original's (conv2d_1's kernel 1.9e-9 apart after "
-    "two steps); with that ReLU never copied the rewrite is bitwise"))
 def test_the_rewrite_is_bitwise_with_onednn_on(tmp_path, how):
     """With oneDNN's layout pass on (TensorFlow's default on x86; ignored where the build has
     none), two steps of the rewrite equal the original's bitwise: before, the TF1 step's rewrite

@@ -100,10 +100,12 @@ class Shapes:
         index = self._index()
         return {node: list(index.get(node, ())) for node in nodes}
 
-    def with_copies(self, copies) -> "Shapes":
+    def with_copies(self, copies, forwards: dict | None = None) -> "Shapes":
         """New Shapes: these tensors and, for each (node, copy) pair of `copies` (new nodes),
         the node's outputs again as the copy's (a rewrite's copies compute what their
-        originals do); the node index is extended, not built again over every tensor."""
+        originals do), and for each new node of `forwards` (node -> the tensor it forwards)
+        that tensor as its output; the node index is extended, not built again over every
+        tensor."""
         index = self._index()
         found = Shapes(dict(self.tensors))
         extended = dict(index)
@@ -113,6 +115,9 @@ class Shapes:
                 found.tensors[TensorRef(copy, ref.port)] = self.tensors[ref]
             if refs:
                 extended[copy] = [TensorRef(copy, ref.port) for ref in refs]
+        for name, ref in (forwards or {}).items():
+            found.tensors[TensorRef(name)] = found.tensors[ref]
+            extended[name] = [TensorRef(name)]
         found._outputs_of, found._indexed = extended, (found.tensors, len(found.tensors))
         return found
 

@@ -1,12 +1,16 @@
 """Name prefixes and suffixes of the nodes graphrewrite adds, and the attributes it marks nodes
 with, so every module recognises them the same way."""
 
-__all__ = ["TRIGGER_PREFIX", "PAD_PREFIX", "MICRO_BATCH_GATE_PREFIX", "LOOP_PREFIX", "LOOP_GATE", "LOOP_SUFFIX", "COPY_SUFFIX",
+__all__ = ["TRIGGER_PREFIX", "GATE_PREFIX", "PAD_PREFIX", "MICRO_BATCH_GATE_PREFIX", "LOOP_PREFIX",
+           "LOOP_GATE", "LOOP_SUFFIX", "COPY_SUFFIX",
            "AHEAD_SUFFIX", "SWAP_OUT_SUFFIX", "SWAP_IN_SUFFIX", "ACCUMULATE_SUFFIX",
            "ACCUMULATE_GUARD_SUFFIX", "DIET_ATTR", "SLOT_OF_ATTR", "copied_from",
            "made_here"]
 
 TRIGGER_PREFIX = "graphrewrite/recompute_trigger/"  # a NoOp gating a recomputed segment
+# An Identity a copied contraction reads its input through, waiting on the trigger in its place
+# (Grappler fuses a contraction only without control edges: `triggers.keep_fusable`)
+GATE_PREFIX = "graphrewrite/recompute_gate/"
 PAD_PREFIX = "graphrewrite/pad/"                    # an IdentityN keeping Grappler's reader counts
 # A NoOp that waits for one micro-batch's backward pass, the next forward pass's first nodes for it
 MICRO_BATCH_GATE_PREFIX = "graphrewrite/micro_batch_done/"

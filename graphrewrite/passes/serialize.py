@@ -93,8 +93,11 @@ def _convolutions(graph: Graph, analysis: Analysis) -> SerializeResult:
         # a node wait for a branch that may not run
         inside = split_mod.loop_frame_nodes(graph) | split_mod.cond_branch_nodes(graph)
         kernels = [name for name in kernels if name not in inside]
+    # not already waiting for it: an edge along a path Grappler drops, and a weight gradient
+    # waiting through a recomputed input its bias gradient does not read would then wait
+    # otherwise than that bias gradient, and oneDNN would not merge the two as in the original
     pairs = [(first, then) for first, then in zip(kernels, kernels[1:])
-             if first not in graph.pred[then]]  # not already waiting for it
+             if not nx.has_path(graph.nx, first, then)]
     if not pairs:  # said only where there are two
         return SerializeResult(graph, False, note="no two convolution gradients can run at once"
                                if len(kernels) > 1 else "")

@@ -13,21 +13,36 @@ Both questions are answered incrementally, so adding every trigger costs about w
 size does, not that times the number of segments: reachability from the copies on a topological
 order kept valid as triggers are added (`topo.TopoOrder`), and the ancestors of the waits as the
 previous trigger's ancestors plus what is new (`Ancestry`).
+
+Grappler's remapper fuses a convolution or matrix product with the BiasAdd and activation after
+it only when none of them has a control edge, and with oneDNN (TensorFlow's default on x86) a
+fused convolution rounds otherwise than the three kernels apart (a CPU without AVX-512: a first
+layer's kernel 1.9e-9 apart after two steps). A gated copy of such a chain therefore waits
+through an Identity on the contraction's input instead (`keep_fusable`), and is fused as its
+original is.
 """
 
 from __future__ import annotations
 
+from tensorflow.core.framework import attr_value_pb2
+
 from ..analysis.split import reachable
 from ..core.graph import Graph
-from ..core.names import TRIGGER_PREFIX
+from ..core.names import GATE_PREFIX, TRIGGER_PREFIX
 from ..core.tensor_ref import CONTROL, TensorRef
 from ..core.topo import TopoOrder
 from .pads import can_gate
 
-__all__ = ["FORWARDING_OPS", "CHAIN_OPS", "add_triggers", "chain_root", "Ancestry"]
+__all__ = ["FORWARDING_OPS", "CHAIN_OPS", "add_triggers", "chain_root", "keep_fusable",
+           "Ancestry"]
 
 FORWARDING_OPS = ("Identity", "IdentityN", "Snapshot")
 CHAIN_OPS = ("Mul", "Add", "AddV2")  # what MinimizeBroadcasts regroups
+# What the remapper fuses: a contraction, then a bias and an activation (tensorflow/core/
+# grappler/optimizers/remapper.cc), each without control edges.
+CONTRACTION_OPS = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative", "MatMul",
+                             "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"})
+EPILOGUE_OPS = frozenset({"BiasAdd", "Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid"})
 
 
 def add_triggers(graph: Graph, original: Graph, copies: dict[str, str], segments, flow,
@@ -115,6 +130,52 @@ def chain_root(original: Graph, name: str) -> bool:
         if original.op(source) == op and original.nx.out_degree(source) == 1:
             return True
     return False
+
+
+def keep_fusable(graph: Graph, original: Graph, copies: dict[str, str]) -> dict[str, TensorRef]:
+    """Take the control inputs a rewrite gave the copies (original -> copy) of a chain Grappler
+    fuses off the chain: an epilogue copy's go to the contraction copy above it (read by it
+    alone), and a contraction copy's to a kept Identity of its first input, which it reads
+    instead. Only where the original has no control input (else it is not fused either). No
+    cycle can form: the new waits are made by nodes that already waited on them, one step
+    further up a chain. Returns each Identity added with the tensor it forwards."""
+    source_of = {copy: name for name, copy in copies.items()}
+
+    def added(copy: str) -> list[str]:
+        return [] if original.control_inputs(source_of[copy]) else graph.control_inputs(copy)
+
+    for copy in sorted(c for c in source_of if graph.op(c) in EPILOGUE_OPS and added(c)):
+        top = copy
+        while graph.op(top) in EPILOGUE_OPS:
+            above = graph.data_inputs(top)[0].node
+            if above not in source_of or len(graph.successors(above)) != 1 \
+                    or original.control_inputs(source_of[above]):
+                break
+            top = above
+        if graph.op(top) in CONTRACTION_OPS and top != copy:
+            for wait in _drop_controls(graph, copy):
+                graph.add_control(wait, top)
+    gates = {}
+    for copy in sorted(c for c in source_of if graph.op(c) in CONTRACTION_OPS and added(c)):
+        read = graph.data_inputs(copy)[0]
+        waits = _drop_controls(graph, copy)
+        gate = graph.add_node(
+            graph.unique_name(GATE_PREFIX + copy), "Identity",
+            [read] + [TensorRef(w, CONTROL) for w in waits],
+            {"T": graph.node_def(copy).attr["T"],
+             "_grappler_do_not_remove": attr_value_pb2.AttrValue(b=True)},
+            device=graph.node_def(copy).device)
+        graph.replace_uses(read, TensorRef(gate), [copy])
+        gates[gate] = read
+    return gates
+
+
+def _drop_controls(graph: Graph, name: str) -> list[str]:
+    """Take `name`'s control inputs away; returns them."""
+    waits = graph.control_inputs(name)
+    node = graph.node_def(name)
+    graph.redefine(name, node.op, graph.data_inputs(name), dict(node.attr))
+    return waits
 
 
 def _add_trigger(graph: Graph, reach, name: str, waits: list[str], gated: list[str]) -> str:

@@ -11,7 +11,7 @@ from ...core.names import AHEAD_SUFFIX, COPY_SUFFIX
 from ...core.tensor_ref import TensorRef
 from ...planning import plan_nodes, search
 from ...planning.context import Context
-from ..triggers import add_triggers
+from ..triggers import add_triggers, keep_fusable
 
 __all__ = ["apply", "SHAPE_READERS"]
 
@@ -61,7 +61,8 @@ def apply(ctx: Context, checkpoints: set[str], ahead: frozenset = frozenset(),
         _before_ref_writes(graph, writers, made)
     reuse = reuse and _reuse_ahead(graph, ctx, copies, early,
                                    _first_reached(ctx, segments, set(early)))
-    shapes = ctx.analysis.shapes.with_copies([*copies.items(), *early.items()])
+    gates = keep_fusable(graph, ctx.graph, {**copies, **early})
+    shapes = ctx.analysis.shapes.with_copies([*copies.items(), *early.items()], gates)
     return search.Rewrite(graph, set(checkpoints), copies, triggers, ungated, blocked, shapes,
                    ahead=early, ahead_checkpoints=frozenset(ahead), reuse=reuse)
 
