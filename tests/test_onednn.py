@@ -10,6 +10,7 @@ gradient-accumulation CNN's bias gradients round otherwise (merged in the origin
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,9 @@ from graphrewrite.core import io
 from graphrewrite.passes.pads import KEEP_APART_PREFIX
 
 from conftest import run_cli
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fixtures"))
+import recipes  # noqa: E402
 
 CLI = "graphrewrite.cli.main"
 
@@ -128,3 +132,18 @@ def test_the_rewrite_is_bitwise_with_onednn_on(tmp_path, how):
         env={**os.environ, "TF_ENABLE_ONEDNN_OPTS": "1"})
     assert checked.returncode == 0 and "MATCH" in checked.stdout, checked.stdout + checked.stderr
     assert "TF_ENABLE_ONEDNN_OPTS=1" in checked.stderr  # verify says it measured with it on
+
+
+@pytest.mark.tf
+def test_recomputed_batch_norms_fuse_with_their_relu_as_the_originals(tmp_path):
+    """The recipe matrix's DenseNet: its recomputed batch norms, each gated by a trigger (they
+    read a kept concatenation), were left apart from their ReLU by oneDNN's remapper while it
+    fused the originals (`_FusedBatchNormEx`): weights 2.4e-7 apart. They now wait through an
+    Identity on their input (`triggers.keep_fusable`)."""
+    entry = recipes.ensure("tf2_densenet_nesterov_bn")
+    out = tmp_path / "opt.pb"
+    assert run_cli("optimize", entry["path"], "-o", out).exit_code == 0
+    checked = subprocess.run(
+        [sys.executable, "-m", CLI, "verify", entry["path"], str(out), "--runs", "1"],
+        capture_output=True, text=True, env={**os.environ, "TF_ENABLE_ONEDNN_OPTS": "1"})
+    assert checked.returncode == 0 and "MATCH" in checked.stdout, checked.stdout + checked.stderr

@@ -8,8 +8,8 @@ __all__ = ["TRIGGER_PREFIX", "GATE_PREFIX", "PAD_PREFIX", "MICRO_BATCH_GATE_PREF
            "made_here"]
 
 TRIGGER_PREFIX = "graphrewrite/recompute_trigger/"  # a NoOp gating a recomputed segment
-# An Identity a copied contraction reads its input through, waiting on the trigger in its place
-# (Grappler fuses a contraction only without control edges: `triggers.keep_fusable`)
+# An Identity a copied convolution, product or batch norm reads its input through, waiting on the
+# trigger in its place (Grappler fuses them only without control edges: `triggers.keep_fusable`)
 GATE_PREFIX = "graphrewrite/recompute_gate/"
 PAD_PREFIX = "graphrewrite/pad/"                    # an IdentityN keeping Grappler's reader counts
 # A NoOp that waits for one micro-batch's backward pass, the next forward pass's first nodes for it

@@ -15,11 +15,11 @@ order kept valid as triggers are added (`topo.TopoOrder`), and the ancestors of 
 previous trigger's ancestors plus what is new (`Ancestry`).
 
 Grappler's remapper fuses a convolution or matrix product with the BiasAdd and activation after
-it only when none of them has a control edge, and with oneDNN (TensorFlow's default on x86) a
-fused convolution rounds otherwise than the three kernels apart (a CPU without AVX-512: a first
-layer's kernel 1.9e-9 apart after two steps). A gated copy of such a chain therefore waits
-through an Identity on the contraction's input instead (`keep_fusable`), and is fused as its
-original is.
+it, and a batch norm with its activation, only when none of them has a control edge; with oneDNN
+(TensorFlow's default on x86) the fused kernels round otherwise than the kernels apart (a CPU
+without AVX-512: a first layer's kernel 1.9e-9 apart after two steps, a DenseNet's weights 2e-7).
+A gated copy of such a chain therefore waits through an Identity on its first node's input
+instead (`keep_fusable`), and is fused as its original is.
 """
 
 from __future__ import annotations
@@ -38,10 +38,11 @@ __all__ = ["FORWARDING_OPS", "CHAIN_OPS", "add_triggers", "chain_root", "keep_fu
 
 FORWARDING_OPS = ("Identity", "IdentityN", "Snapshot")
 CHAIN_OPS = ("Mul", "Add", "AddV2")  # what MinimizeBroadcasts regroups
-# What the remapper fuses: a contraction, then a bias and an activation (tensorflow/core/
-# grappler/optimizers/remapper.cc), each without control edges.
-CONTRACTION_OPS = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative", "MatMul",
-                             "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"})
+# What the remapper fuses (tensorflow/core/grappler/optimizers/remapper.cc), each part without
+# control edges: a contraction, then a bias and an activation; a batch norm and its activation.
+HEAD_OPS = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative", "MatMul", "BatchMatMul",
+                      "BatchMatMulV2", "BatchMatMulV3", "FusedBatchNorm", "FusedBatchNormV2",
+                      "FusedBatchNormV3"})
 EPILOGUE_OPS = frozenset({"BiasAdd", "Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid"})
 
 
@@ -132,14 +133,15 @@ def chain_root(original: Graph, name: str) -> bool:
     return False
 
 
-def keep_fusable(graph: Graph, original: Graph, copies: dict[str, str]) -> dict[str, TensorRef]:
-    """Take the control inputs a rewrite gave the copies (original -> copy) of a chain Grappler
-    fuses off the chain: an epilogue copy's go to the contraction copy above it (read by it
-    alone), and a contraction copy's to a kept Identity of its first input, which it reads
-    instead. Only where the original has no control input (else it is not fused either). No
-    cycle can form: the new waits are made by nodes that already waited on them, one step
-    further up a chain. Returns each Identity added with the tensor it forwards."""
-    source_of = {copy: name for name, copy in copies.items()}
+def keep_fusable(graph: Graph, original: Graph, copies) -> dict[str, TensorRef]:
+    """Take the control inputs a rewrite gave the copies (`copies`: (original, copy) pairs) of
+    a chain Grappler fuses off the chain: an epilogue copy's go to the chain's first copy above
+    it (the first output of each read by the next alone), and a first copy's to a kept Identity
+    of its first input, which it reads instead. Only where the original has no control input
+    (else it is not fused either). No cycle can form: the new waits are made by nodes that
+    already waited on them, one step further up a chain. Returns each Identity added with the
+    tensor it forwards."""
+    source_of = {copy: name for name, copy in copies}
 
     def added(copy: str) -> list[str]:
         return [] if original.control_inputs(source_of[copy]) else graph.control_inputs(copy)
@@ -148,15 +150,15 @@ def keep_fusable(graph: Graph, original: Graph, copies: dict[str, str]) -> dict[
         top = copy
         while graph.op(top) in EPILOGUE_OPS:
             above = graph.data_inputs(top)[0].node
-            if above not in source_of or len(graph.successors(above)) != 1 \
+            if above not in source_of or len(graph.consumers(TensorRef(above))) != 1 \
                     or original.control_inputs(source_of[above]):
                 break
             top = above
-        if graph.op(top) in CONTRACTION_OPS and top != copy:
+        if graph.op(top) in HEAD_OPS and top != copy:
             for wait in _drop_controls(graph, copy):
                 graph.add_control(wait, top)
     gates = {}
-    for copy in sorted(c for c in source_of if graph.op(c) in CONTRACTION_OPS and added(c)):
+    for copy in sorted(c for c in source_of if graph.op(c) in HEAD_OPS and added(c)):
         read = graph.data_inputs(copy)[0]
         waits = _drop_controls(graph, copy)
         gate = graph.add_node(

@@ -61,8 +61,9 @@ def apply(ctx: Context, checkpoints: set[str], ahead: frozenset = frozenset(),
         _before_ref_writes(graph, writers, made)
     reuse = reuse and _reuse_ahead(graph, ctx, copies, early,
                                    _first_reached(ctx, segments, set(early)))
-    gates = keep_fusable(graph, ctx.graph, {**copies, **early})
-    shapes = ctx.analysis.shapes.with_copies([*copies.items(), *early.items()], gates)
+    made = [*copies.items(), *early.items()]  # an original may have both copies
+    gates = keep_fusable(graph, ctx.graph, made)
+    shapes = ctx.analysis.shapes.with_copies(made, gates)
     return search.Rewrite(graph, set(checkpoints), copies, triggers, ungated, blocked, shapes,
                    ahead=early, ahead_checkpoints=frozenset(ahead), reuse=reuse)
 
