@@ -9,7 +9,10 @@ two agree bitwise for convolutions and for matrix products of two columns or mor
 a matrix-vector product (one column: unfused, Eigen takes its GEMV path; [32, 8192] x [8192, 1]
 differs by 1.4e-5), which is what a GAN's discriminator logit is. Only those count here. The
 step as run is only placed (and so fused) on a machine without a GPU (`grappler.py`): with one,
-this finds nothing, and bitwise equality is checked by `verify` alone.
+this finds nothing, and bitwise equality is checked by `verify` alone. With oneDNN (TensorFlow's
+default on x86) convolutions and batch norms round otherwise fused too: the recompute pass keeps
+its gated copies fusable as their originals (`passes/triggers.keep_fusable`), so this check is
+the net behind it.
 """
 
 from __future__ import annotations

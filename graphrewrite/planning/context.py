@@ -17,7 +17,7 @@ from ..core.ops import FUNCTIONAL_CONTROL_OPS, PLACEHOLDER_OPS, V1_LOOP_OPS
 from ..core.tensor_ref import TensorRef
 
 __all__ = ["VARIABLE_READ_OPS", "GRAPH_INPUT_OPS", "CALL_OPS", "REF_VARIABLES", "REF_SNAPSHOTS",
-           "REF_READERS", "RANDOM_OP", "RANDOM_REASONS", "Context"]
+           "REF_READERS", "RANDOM_OP", "RANDOM_REASONS", "DATA_SIZED_OPS", "DATA_SIZED", "Context"]
 
 # Reads of a variable whose output is an activation or an alias of the variable: never copied
 # (a copy could read the variable after the optimizer wrote it).
@@ -36,6 +36,15 @@ REF_READERS = REF_SNAPSHOTS | {"Identity", "IsVariableInitialized"}
 # branch the original took (the triggers that gate copies sit outside every branch).
 COPYABLE_COND_OPS = frozenset({"Switch", "Merge"})
 RANDOM_OP = "random op"
+# Ops whose output's size depends on the values they read. Grappler gives each such output a
+# shape of its own, so it could not tell a copy's from the original's: a Switch-style mixture of
+# experts (tokens dispatched by `where`) had the GELU gradient's products regrouped otherwise by
+# MinimizeBroadcasts, weights 7.5e-9 apart. Their outputs are indices, small: kept, never copied.
+DATA_SIZED_OPS = frozenset({"Where", "Unique", "UniqueV2", "UniqueWithCounts",
+                            "UniqueWithCountsV2", "ListDiff", "DynamicPartition",
+                            "NonMaxSuppression", "NonMaxSuppressionV2", "NonMaxSuppressionV3",
+                            "NonMaxSuppressionV4", "NonMaxSuppressionV5"})
+DATA_SIZED = "output sized by the data"
 RANDOM_REASONS = (RANDOM_OP, "a smaller form of a random draw")
 
 
@@ -247,6 +256,8 @@ class Context:
             return "computed from variables only"
         if "Random" in op or op in ("Multinomial", "TruncatedNormal", "RandomShuffle"):
             return RANDOM_OP
+        if op in DATA_SIZED_OPS:
+            return DATA_SIZED
         if name in self.in_loop_frame:
             return "inside a while-loop frame"
         if op in V1_LOOP_OPS and op not in COPYABLE_COND_OPS:  # outside every loop frame
