@@ -347,3 +347,6 @@ def test_nothing_swapped_says_why():
     note = result.of(SwapResult).note
     assert not result.of(SwapResult).swapped
     assert note.startswith("nothing to swap: swapping all 2 activations") and "%" in note, note
+    # what goes further is recomputation, not the mode that ran (a distillation step was told
+    # to "try --mode swap" by mode swap)
+    assert "try --mode memory" in note and "--mode swap" not in note, note

@@ -185,8 +185,8 @@ def _nothing_to_swap(ctx: Context, candidates: list[Swap], skipped: dict) -> str
     outside the repo was told "nothing to swap" alone)."""
     if candidates:
         return (f"nothing to swap: swapping all {len(candidates)} activations whose transfer "
-                "can hide does not lower the modelled peak; " + why_so_little(ctx,
-                                                                             ctx.analysis.memory))
+                "can hide does not lower the modelled peak; "
+                + why_so_little(ctx, ctx.analysis.memory, swapping=True))
     waiting = {reason: refs for reason, refs in skipped.items() if reason not in (
         "constant", "graph input", "variable read")}
     if not waiting:

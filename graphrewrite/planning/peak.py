@@ -52,19 +52,20 @@ def _held_state(graph, name: str, ctx: Context) -> bool:
                                        in (*parameters.READ_OPS, *VIEWS))
 
 
-def why_so_little(ctx: Context, report) -> str:
+def why_so_little(ctx: Context, report, swapping: bool = False) -> str:
     """One sentence: what holds the peak, and which option reaches what recomputation cannot;
     first, where tensors only the data sizes count nothing, that the shares leave them out (a
     mixture of experts' dispatched tokens: 43% of its measured peak; its note advised diet,
-    which raised the peak)."""
+    which raised the peak). `swapping`: said of the swap pass, whose advice is the other way
+    round."""
     unsized = len(ctx.analysis.sized_by_data)
     caveat = (f"{unsized} tensors whose size only the data decides (after a Where, Unique or "
               "DynamicPartition) count 0 bytes in the model, so what follows leaves them out: "
               if unsized else "")
-    return caveat + _what_holds_it(ctx, report)
+    return caveat + _what_holds_it(ctx, report, swapping)
 
 
-def _what_holds_it(ctx: Context, report) -> str:
+def _what_holds_it(ctx: Context, report, swapping: bool) -> str:
     """`why_so_little`'s sentence on the modelled peak."""
     parts = composition(ctx, report)
     total = sum(parts.values()) or 1
@@ -95,7 +96,9 @@ def _what_holds_it(ctx: Context, report) -> str:
     if top == BACKWARD:
         return f"at the modelled peak ({shares}) {_backward_held(ctx, report, parts)}"
     advice = {
-        ACTIVATIONS: "activations hold it, but none can be recomputed more cheaply than kept: "
+        ACTIVATIONS: "activations hold it, but no swap whose transfer hides lowers it: try "
+                     "--mode memory (recomputation)" if swapping else
+                     "activations hold it, but none can be recomputed more cheaply than kept: "
                      "try --mode swap, or --mode collection --checkpoints to choose them",
         CALLS: "values inside while loops and function calls hold it (an RNN's per-step "
                "values); --mode memory computes a step's values again in its gradient loop "
