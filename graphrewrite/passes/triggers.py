@@ -40,9 +40,9 @@ FORWARDING_OPS = ("Identity", "IdentityN", "Snapshot")
 CHAIN_OPS = ("Mul", "Add", "AddV2")  # what MinimizeBroadcasts regroups
 # What the remapper fuses (tensorflow/core/grappler/optimizers/remapper.cc), each part without
 # control edges: a contraction, then a bias and an activation; a batch norm and its activation.
+# (Each has its first input's type as attribute T, which the gate's Identity takes.)
 HEAD_OPS = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative", "MatMul", "BatchMatMul",
-                      "BatchMatMulV2", "BatchMatMulV3", "FusedBatchNorm", "FusedBatchNormV2",
-                      "FusedBatchNormV3"})
+                      "BatchMatMulV2", "FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3"})
 EPILOGUE_OPS = frozenset({"BiasAdd", "Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid"})
 
 
