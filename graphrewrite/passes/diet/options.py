@@ -26,9 +26,13 @@ RESOURCE_QUERIES = ("VarIsInitializedOp", "VariableShape")
 REF_READERS = ("Identity", "SaveV2", "IsVariableInitialized")
 # How an update of a form diet does not read may write a resource variable (`store_written`).
 STEP_WRITES = ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp")
-# Ops that pass a read value on unchanged (a view): a backward reader behind one gets a copy of
-# the view on its own late read.
-VIEW_OPS = ("Identity", "Reshape", "ExpandDims", "Squeeze", "Transpose", "Snapshot")
+# Ops that pass a read value, or a part of it, on unchanged (a view): a backward reader behind
+# one gets a copy of the view on its own late read, and a forward read waits for the inputs of
+# the ops reading its views. A slice of stacked weights (a mixture of experts' `w[e]`) shares
+# the buffer of a whole dequantized read in TensorFlow: held for its backward reader, each kept
+# the whole float32 copy alive.
+VIEW_OPS = ("Identity", "Reshape", "ExpandDims", "Squeeze", "Transpose", "Snapshot",
+            "StridedSlice", "Slice")
 # What may touch a removed slot: its reads, initializer and restore, and queries.
 SLOT_USERS = ("ReadVariableOp", "Identity", "AssignVariableOp", "Assign", "VarIsInitializedOp",
               "IsVariableInitialized", "SaveV2")
