@@ -264,3 +264,36 @@ def test_a_v1_conds_untaken_side_never_runs():
     assert "cond/small" in report.order
     assert report.peak() < 3 * KIB  # x, and Neg's 1 KiB; never the tile's 16
     assert simulate(fed, ["out"]).peak() >= 16 * KIB
+
+
+def _owners(report):
+    return {b.owner.node for b in report.buffers}
+
+
+def test_whole_first_axis_rows_are_views_of_their_input():
+    """`a[1]`, `a[1:3]`, `unstack(a)` and `split(a, 2)` of [4, 16, 16] float32 rows (1 KiB:
+    aligned) share `a`'s buffer, as TensorFlow's kernels hand them out; `a` lives on while
+    they are read (a dieted weight's slices held its whole float32 copy: `row_views`)."""
+    def graph():
+        a = tf.negative(placeholder(shape=(4, 16, 16)), name="a")
+        parts = [a[1], a[1:3][0], tf.unstack(a, name="rows")[2],
+                 tf.split(a, 2, name="halves")[1][0]]
+        tf.add_n([tf.matmul(p, p) for p in parts], name="out")
+    report = simulate(build(graph), ["out"])
+    assert not {"strided_slice", "strided_slice_1", "rows", "halves"} & _owners(report)
+    a = next(b for b in report.buffers if b.owner.node == "a")
+    last = max(report.order.index(n) for n in report.order if n.startswith("MatMul"))
+    assert a.end == last
+
+
+def test_rows_that_are_not_aligned_or_strided_are_copies():
+    """Rows of 3 floats (12 bytes) are not aligned: a copy; every other row (stride 2) and a
+    slice across the second axis are copies whatever the alignment."""
+    def graph():
+        a = tf.negative(placeholder(shape=(4, 3)), name="a")
+        b = tf.negative(placeholder("y", shape=(4, 16, 16)), name="b")
+        tf.add_n([tf.reduce_sum(t) for t in (a[1:3], b[::2], b[:, 1:3], tf.unstack(b, axis=1)[0])],
+                 name="out")
+    report = simulate(build(graph), ["out"])
+    assert {"strided_slice", "strided_slice_1", "strided_slice_2", "unstack"} <= \
+        _owners(report)

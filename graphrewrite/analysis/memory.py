@@ -56,7 +56,7 @@ from tensorflow.core.framework import types_pb2
 from ..core import dtypes
 from ..core.graph import LOOP_BACK_OPS, Graph
 from ..core.tensor_ref import TensorRef
-from . import bfc, flops, loops, parameters, scratch, split
+from . import bfc, flops, loops, parameters, row_views, scratch, split
 from .schedule import bypassed_identities, schedule
 from .shapes import Shapes, TensorInfo
 
@@ -415,6 +415,8 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
     copying_reads = {name for name in order if op_of[name] == "ReadVariableOp" and _variable_of(
         graph, graph.data_inputs(name)[0], variable_sizes) in copied_on_read} \
         if copied_on_read else set()
+    viewed = {name: index for name in order if op_of[name] in row_views.ROW_VIEW_OPS
+              and (index := row_views.viewed_input(graph, shapes, name)) is not None}
     kernel_scratch = scratch.KERNEL_SCRATCH.get(kind, {})  # the ops that take any
     transfers: set[tuple[TensorRef, str]] = set()  # (tensor, place it was copied to)
     scratch_at: dict[int, int] = {}
@@ -490,7 +492,11 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
         if op not in preexisting:
             reused = op in REUSING_OPS and name not in copying_reads  # else new buffers
             for ref in made:
-                buffer = _output_buffer(op, ref, inputs, buffer_of, shapes) if reused else None
+                if name in viewed:  # rows of its input (`row_views`)
+                    buffer = buffer_of.get(reads[name][viewed[name]])
+                else:
+                    buffer = _output_buffer(op, ref, inputs, buffer_of, shapes) if reused \
+                        else None
                 if buffer is not None and buffer.place != place:
                     buffer = None  # another device: TensorFlow copies, nothing is shared
                 if buffer is None:
