@@ -19,7 +19,7 @@ from . import loops
 
 __all__ = ["ALIGN_BYTES", "ROW_VIEW_OPS", "viewed_input"]
 
-ALIGN_BYTES = 64  # EIGEN_MAX_ALIGN_BYTES of TensorFlow's builds
+ALIGN_BYTES = 64  # EIGEN_MAX_ALIGN_BYTES of the pip build: 64-byte rows shared, 32 copied
 ROW_VIEW_OPS = frozenset({"StridedSlice", "Slice", "Unpack", "Split", "SplitV"})
 _VALUE_INPUT = {"Split": 1}  # the sliced input's index; 0 for the others
 _AXIS_INPUT = {"Split": 0, "SplitV": 2}
