@@ -270,7 +270,9 @@ def test_steps_follow_the_differentiated_loss_when_only_the_summary_reads_it():
 @pytest.mark.tf
 def test_the_model_of_a_keras_lstm_in_a_tf1_graph_is_within_ten_percent_of_the_measured_peak():
     """Its while_v2 loops push values the gradient loops never read: TensorFlow does not run
-    those pushes (once counted: 14.5 MiB modelled, 4.7 MiB measured)."""
+    those pushes (once counted: 14.5 MiB modelled, 4.7 MiB measured). The measured peak is the
+    median of three processes: one, beside other jobs, measured 5.4 MiB where the others
+    measure 4.7-4.8."""
     from graphrewrite.analysis import step as analysis
     from graphrewrite.core import io
     from graphrewrite.execution import measure
@@ -280,7 +282,7 @@ def test_the_model_of_a_keras_lstm_in_a_tf1_graph_is_within_ten_percent_of_the_m
     found = analysis.analyse(model, options=analysis.AnalysisOptions(fetches=entry["outputs"]))
     modelled = analysis.as_run(model, model.graph, found).allocated_peak()
     outcome = run_cli("verify", entry["path"], entry["path"], "--outputs",
-                      ",".join(entry["outputs"]), "--runs", "1", "--json")
+                      ",".join(entry["outputs"]), "--runs", "1", "--repeat", "3", "--json")
     measured = json.loads(outcome.stdout)["peak_bytes"]["original"]
     assert abs(modelled - measured) <= 0.10 * measured, (modelled, measured)
 
