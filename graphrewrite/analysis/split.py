@@ -410,9 +410,22 @@ def _not_joining_a_flow(graph: Graph, data: nx.DiGraph, candidates: set[str],
 
     flows = {n: flow(n) for n in candidates}
     scalar = {n: _one_element(graph, n) for n in candidates}
+    sinks = {n for n in data if data.out_degree(n) == 0 and n not in constant}
+
+    def backward_only(reader: str, n: str, other: str) -> bool:
+        """Whether the values of `other`'s flow that `reader` reads lead to no sink `n`'s
+        flow misses. A masked mean's divisor `maximum(count, 1.)` divides the loss too, and
+        the seed's first gradient reads it: a forward value, so its constant of ones does not
+        drop the (scalar) seed (a seq2seq built outside the repo lost its seed so). Asked of
+        one-element candidates only: a GAN's labels `ones_like(logits)` meet the seed's flow
+        where it also leads to their own dead gradient."""
+        met = [r.node for r in graph.data_inputs(reader) if r.node in flows[other]]
+        return all(nx.descendants(data, v) & sinks <= flows[n] for v in met)
+
     return {n for n in candidates
             if not any(reader in flows[other] and n not in flows[other]
                        and not (scalar[n] and scalar[other] is False)
+                       and (not scalar[n] or backward_only(reader, n, other))
                        for reader in readers[n] if reader in leading
                        for other in candidates if other != n)}
 
