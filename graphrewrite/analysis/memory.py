@@ -73,7 +73,7 @@ ALIAS_OPS = frozenset({
     "Identity", "IdentityN", "Reshape", "Squeeze", "ExpandDims", "StopGradient",
     "PreventGradient", "Snapshot", "EnsureShape", "CheckNumerics", "Enter", "RefEnter", "Exit",
     "RefExit", "NextIteration", "RefNextIteration", "Switch", "RefSwitch", "Merge", "RefMerge",
-    "ReadVariableOp", "_Retval", "_Arg",
+    "ReadVariableOp", "_Retval", "_Arg", "PlaceholderWithDefault",
     # A reference variable's writes: their output is the variable, written in place (TF1's
     # `ApplyMomentum` counted as a new buffer of the variable's size: +1 MiB at the update)
     "Assign", "AssignAdd", "AssignSub", "ScatterUpdate", "ScatterAdd", "ScatterSub",

@@ -21,7 +21,9 @@ Only values computed from resource-variable reads are deferred: a ref variable's
 aliases a buffer that an in-place update may change, so reading it later could read another
 value. A backward value outside the flow is deferred only outside v1 loops (inside a v1
 cond's branch too: what it waits for is outside every branch, so it fires whichever branch
-runs), and never a stateful op.
+runs), and never a stateful op; nothing waits for a value inside a v1 loop's frame (a gradient
+loop's accumulator zeros made to wait for the weight gradient they meet: TensorFlow refused the
+step, its frames mismatched).
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ def run(graph: Graph, analysis: Analysis, options: DeferOptions, model=None):
     # would make the planners think its forward inputs are read late
     needed = reachable(graph.nx, analysis.fetches, upstream=True)
     early = analysis.split.early_backward & needed
-    enclosed = split_mod.loop_frame_nodes(graph) if early else set()
+    enclosed = split_mod.loop_frame_nodes(graph)
     sets = _Sets(flow, params, early, enclosed, flow | early, params | early)
     deferrable = [n for n in graph.nodes()
                   if _deferrable(graph, analysis, sets, n, options.min_bytes)]
@@ -86,7 +88,7 @@ def run(graph: Graph, analysis: Analysis, options: DeferOptions, model=None):
         downstream = reachable(graph.nx, [name])
         met = _meets_flow(graph, name, flow)
         waits = sorted(_gateable(original, {r for v in met for r in graph.data_inputs(v)
-                                            if r.node in flow}, flow) - downstream)
+                                            if r.node in flow}, flow) - downstream - enclosed)
         reads = _slot_reads(graph, name, params, downstream, needed)
         if not reads and any(graph.op(v) in DENSE_WRITES for v in graph.successors(name)):
             continue  # its reads would be held instead, and the values between

@@ -9,6 +9,13 @@ no kept stack holds rides on a freed stack of its type. Constants copied into th
 take a control input from a pop there (a frame's constants must be entered like its values),
 and the copies wait for the gradients the previous iteration carries (`Identity` of each float
 loop variable), as `loop_copy`'s do.
+
+A freed pop stays, under its name, a `PlaceholderWithDefault` of its copy: a kernel that passes
+its input on, whose shape Grappler does not infer through it. A pop's shape is unknown to
+Grappler; a copy's is not, and read directly, its readers' sums and products became shapes
+Grappler's arithmetic optimizer regroups (`AddOpsRewrite` summed an attention decoder's
+gradients of its encoded sequence in another order: a TF1 seq2seq built outside the repo,
+weights 6e-8 apart). Nothing feeds it.
 """
 
 from __future__ import annotations
@@ -129,13 +136,26 @@ def recompute(graph_def: graph_pb2.GraphDef, pair: Pair):
         name, sep, rest = text.partition(":")
         return kept.get(text) or carried.get(text) or copy_of[name] + sep + rest
 
+    carrier_keys = {e[0] for e in carriers.values()}
     replaced = {}
-    for key in redo:
+    for key in redo & carrier_keys:  # the pop carries another value now
         replaced[key] = replaced[key + ":0"] = mapped(by_pop[key][1])
     for node in result.node:
         for i, text in enumerate(node.input):
             if text in replaced:
                 node.input[i] = replaced[text]
+    for key in redo - carrier_keys:  # the pop passes the copy on, its shape unknown as before
+        pop = nodes[key]
+        recorded = pop.attr.get("_output_shapes")
+        dtype = pop.attr["elem_type"].type
+        pop.op = "PlaceholderWithDefault"
+        pop.attr.clear()
+        pop.attr["dtype"].type = dtype
+        pop.attr["shape"].shape.unknown_rank = True
+        if recorded is not None:
+            pop.attr["_output_shapes"].CopyFrom(recorded)
+        del pop.input[:]
+        pop.input.append(mapped(by_pop[key][1]))
     ready = _gradient_ready(result, nodes, frames, pair.gradient[1])
     computed = {copy_of[name] for name in cone if nodes[name].op != "Const"}
     for name in cone:
@@ -149,10 +169,9 @@ def recompute(graph_def: graph_pb2.GraphDef, pair: Pair):
         elif not any(t.split(":")[0] in computed for t in copy.input):  # the first wait
             copy.input.extend(ready)
         result.node.append(copy)
-    carrier_keys = {e[0] for e in carriers.values()}
     gone = set()
     for key in redo - carrier_keys:
-        gone |= {key, by_pop[key][3].name}
+        gone |= {by_pop[key][3].name}
     for leaf, (key, value, _, push, pop) in carriers.items():
         push.input[1] = leaf
         for node in (push, pop):  # their recorded element shape is the old value's
