@@ -166,6 +166,30 @@ def test_indices_with_no_values_are_named_as_ones_to_feed(tmp_path):
     assert "looks like a sparse tensor's indices" in shown.stderr and "--feed" in shown.stderr
 
 
+def test_a_refused_step_names_the_inputs_drawn_at_random(tmp_path):
+    """A sparse adjacency from three plain placeholders of fixed size (a graph convolution
+    built outside the repo): drawn each on its own, its dense shape does not fit the features,
+    and TensorFlow's reason names no input. The error names those verify drew."""
+    import tensorflow as tf
+
+    with tf.Graph().as_default() as g:
+        v1 = tf.compat.v1
+        indices = v1.placeholder(tf.int64, [6, 2], name="adj_indices")
+        values = v1.placeholder(tf.float32, [6], name="adj_values")
+        dense_shape = v1.placeholder(tf.int64, [2], name="adj_shape")
+        features = v1.placeholder(tf.float32, [4, 3], name="features")
+        kernel = v1.get_variable("kernel", [3, 2])
+        adjacency = tf.SparseTensor(indices, values, dense_shape)
+        loss = tf.reduce_sum(tf.sparse.sparse_dense_matmul(adjacency, features @ kernel))
+        v1.add_to_collection("train_op", v1.train.GradientDescentOptimizer(0.1).minimize(loss))
+        path = tmp_path / "gcn.meta"
+        v1.train.export_meta_graph(filename=str(path), graph=g)
+    shown = run_cli("verify", path, path, "--runs", "1")
+    assert shown.exit_code == 2 and "Traceback" not in shown.stderr
+    assert "drew these inputs at random: adj_indices, adj_shape, adj_values, features" in \
+        shown.stderr and "--feed NAME=FILE.npy" in shown.stderr, shown.stderr
+
+
 def _matmul_chain(matmuls):
     import tensorflow as tf
 

@@ -285,7 +285,10 @@ def verify(original: Model, rewritten: Model, options: VerifyOptions | None = No
         return _verify_steps(original, rewritten, dataclasses.replace(options, fetches=fetches),
                              shapes, given, inputs, run, stage)
     stage("running the original")
-    first = run(original.runnable(), inputs, fetches, 0)
+    try:
+        first = run(original.runnable(), inputs, fetches, 0)
+    except GraphRewriteError as err:
+        raise GraphRewriteError(_with_drawn(err.args[0], inputs, given)) from None
     if not _finite(first):
         inputs, first = _finite_start(original, inputs, first, set(given), fetches, run)
     stage("running the rewritten")
@@ -318,6 +321,20 @@ def verify(original: Model, rewritten: Model, options: VerifyOptions | None = No
                         cause, swapped=_swapped(rewritten.graph), peak_runs=peak_runs,
                         dieted=sum(DIET_ATTR in rewritten.graph.node_def(n).attr
                                    for n in rewritten.graph.nodes()))
+
+
+def _with_drawn(failure: str, inputs: dict, given: dict) -> str:
+    """`failure` (the original's step refused its inputs) naming the inputs verify drew at
+    random, unless its own hint already names one: a sparse tensor's indices, values and dense
+    shape fed as three placeholders drawn each on its own (a graph convolution built outside
+    the repo: "cannot multiply A and B ... 3 vs. 2048", naming no input)."""
+    drawn = sorted(set(inputs) - set(given))
+    if not drawn or "${" in failure:
+        return failure
+    names = ", ".join(drawn[:6]) + (f" and {len(drawn) - 6} more" if len(drawn) > 6 else "")
+    return (f"{failure.rstrip('. ')}; verify drew these inputs at random: {names}: give the "
+            "values they must hold (a sparse tensor's indices and dense shape, a mask) with "
+            "${feeds} NAME=FILE.npy")
 
 
 def _repeated_peaks(repeat: int, stage, run, fetches: list[str], *measured) -> dict:
@@ -397,8 +414,9 @@ def _verify_steps(original, rewritten, options: VerifyOptions, shapes, given, in
         try:
             curves[label] = measure.loss_curve(model.runnable(), own, fetches, loss)
         except tf.errors.OpError as err:
-            raise GraphRewriteError(f"${{steps}}: the {label} graph failed at a training step: "
-                                    f"{_first_cause(err.message)}") from None
+            raise GraphRewriteError(_with_drawn(
+                f"${{steps}}: the {label} graph failed at a training step: "
+                f"{_first_cause(err.message)}", start, given)) from None
     if not curves["original"].trained:
         log.warning("verify: the original's steps changed no variable: the outputs fetched run "
                     "no update, so the steps train nothing and say nothing of the rewrite; give "
