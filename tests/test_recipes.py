@@ -164,24 +164,27 @@ def test_the_seeds_differentiate_the_loss_the_optimizer_minimizes(name):
     builder recorded it, among what they differentiate the loss it minimized (TF1) or, by
     data edges, the loss the step
     returns (TF2; a pre-LN transformer under `tf.recompute_grad` had its last GELU's constant
-    of ones taken for the seed)."""
+    of ones taken for the seed; a SavedModel's, returned through its call, none at all)."""
     from graphrewrite.analysis.inline import inline_gradient_calls
     from graphrewrite.analysis.split import split
     from graphrewrite.core import io
     from graphrewrite.core.graph import Graph
 
     entry, cell = recipes.ensure(name), recipes.CELLS[name]
-    graph = io.load(entry["path"]).graph
-    if cell.construction == "tf2_saved":  # the step is a call of the signature's: as inlined
+    model = io.load(entry["path"])
+    graph, outputs = model.graph, entry["outputs"]
+    if cell.construction == "tf2_saved":  # the step is a call of the signature's: as inlined;
         graph = Graph.from_graph_def(inline_gradient_calls(graph.to_graph_def())[0])
+        outputs = [t.name.partition(":")[0]  # what the signature returns, the call's results
+                   for t in model.meta_graph.signature_def["train_step"].outputs.values()]
     found = split(graph)
     two = cell.arch == "gan" or cell.construction == "tf2_accum"
     assert len(found.seeds) == (4 if "micro4" in cell.extras else 2 if two else 1), found.seeds
     if "loss" in entry:
         assert entry["loss"] in found.differentiated, (entry["loss"], found.differentiated)
     if cell.fetch_loss and cell.construction in ("tf2", "tf2_nested", "tf2_accum",
-                                                 "tf2_module", "tf2_strategy"):
-        assert set(found.differentiated) & graph.data_ancestors(entry["outputs"]), \
+                                                 "tf2_module", "tf2_strategy", "tf2_saved"):
+        assert set(found.differentiated) & graph.data_ancestors(outputs), \
             (found.seeds, found.differentiated)  # (Keras's train_step: through variables)
 
 

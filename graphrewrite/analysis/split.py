@@ -213,8 +213,7 @@ def split(graph: Graph, backward_scope: str | None = None) -> Split:
     # function groups its loss with the updates (`group_deps` waits on both by control edges).
     data_full = data if whole else _data_only(graph, full)
     data_flow = reachable(data_full, seeds)
-    returned = {r.node for n in sinks & flow - data_flow for r in graph.inputs(n)
-                if not r.is_control or computes_a_value(graph, r.node)}
+    returned = _returned(graph, sinks & flow - data_flow, flow - data_flow)
     outside = {n for n in sinks | returned if n not in constant} - flow
     # Each seed's loss from its own flow: a GAN's generator loss reads fewer activations than
     # the discriminator's, which depends on the generator's output too.
@@ -227,6 +226,24 @@ def split(graph: Graph, backward_scope: str | None = None) -> Split:
     backward = set(graph.nodes()) - forward
     return Split(frozenset(forward), frozenset(backward), tuple(sorted(seeds)), frozenset(flow),
                  tuple(sorted(losses)), frozenset(constant), tuple(sorted(differentiated)))
+
+
+def _returned(graph: Graph, outputs: set[str], waiting: set[str]) -> set[str]:
+    """What `outputs` (sinks that wait on the updates) return: their inputs, and through an
+    `Identity` or `IdentityN` that waits too, its inputs (a SavedModel's signature returns
+    the step's output `Identity` through its call's `IdentityN`: the loss was not found, and
+    verify followed the first scalar fetched with a warning)."""
+    found, todo, seen = set(), list(outputs), set(outputs)
+    while todo:
+        for ref in graph.inputs(todo.pop()):
+            if ref.is_control and not computes_a_value(graph, ref.node):
+                continue
+            found.add(ref.node)
+            if ref.node in waiting and graph.op(ref.node) in ("Identity", "IdentityN") \
+                    and ref.node not in seen:
+                seen.add(ref.node)
+                todo.append(ref.node)
+    return found
 
 
 def computes_a_value(graph: Graph, name: str) -> bool:

@@ -22,13 +22,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ..analysis import bind, loops
+from ..analysis import bind, inline, loops
 from ..analysis import shapes as shapes_mod
 from ..analysis import split as split_mod
 from ..analysis import step as analysis
 from ..core import dtypes
 from ..core.errors import GraphRewriteError
 from ..core.io import Model
+from ..core.graph import Graph
 from ..core.names import DIET_ATTR, SLOT_OF_ATTR, SWAP_OUT_SUFFIX
 from ..core.tensor_ref import TensorRef
 from . import measure, mismatch
@@ -652,12 +653,17 @@ def _loss_output(model: Model, fetches: list[str], shapes) -> str:
         return info is not None and info.shape == () and dtypes.is_floating(info.dtype)
 
     scalars = [name if ":" in name else f"{name}:0" for name in fetches if scalar(name)]
-    minimized = set(split_mod.split(model.graph).differentiated)
+    graph = model.graph
+    inlined = inline.inline_gradient_calls(graph.to_graph_def()) \
+        if graph.shell.library.function else None
+    if inlined is not None:  # a SavedModel's signature calls the step: the seeds are inside
+        graph = Graph.from_graph_def(inlined[0])  # (its call then passes the loss on)
+    minimized = set(split_mod.split(graph).differentiated)
     # What a minimized Identity passes on (the zoo's `minimize(tf.identity(loss))`).
-    minimized |= {loops.through(model.graph, TensorRef(n), ("Identity", "Snapshot")).node
+    minimized |= {loops.through(graph, TensorRef(n), ("Identity", "Snapshot")).node
                   for n in minimized}
-    minimized |= _twins(model.graph, minimized)
-    for among in (minimized, split_mod.fed_by(model.graph, minimized)):
+    minimized |= _twins(graph, minimized)
+    for among in (minimized, split_mod.fed_by(graph, minimized)):
         chosen = next((s for s in scalars if TensorRef.parse(s).node in among), None)
         if chosen is not None:
             return chosen
