@@ -81,5 +81,5 @@ def _first_axis(graph: Graph, shapes, name: str, rank: int) -> bool:
         if value is None or value.size != 1:
             return False
         axis = int(value.ravel()[0])
-    return axis % rank == 0 if rank else False
+    return axis % rank == 0
 

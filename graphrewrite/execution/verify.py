@@ -289,7 +289,7 @@ def verify(original: Model, rewritten: Model, options: VerifyOptions | None = No
     try:
         first = run(original.runnable(), inputs, fetches, 0)
     except GraphRewriteError as err:
-        raise GraphRewriteError(_with_drawn(err.args[0], inputs, given)) from None
+        raise GraphRewriteError(_with_drawn(err.args[0], original, inputs, given)) from None
     if not _finite(first):
         inputs, first = _finite_start(original, inputs, first, set(given), fetches, run)
     stage("running the rewritten")
@@ -324,12 +324,13 @@ def verify(original: Model, rewritten: Model, options: VerifyOptions | None = No
                                    for n in rewritten.graph.nodes()))
 
 
-def _with_drawn(failure: str, inputs: dict, given: dict) -> str:
-    """`failure` (the original's step refused its inputs) naming the inputs verify drew at
-    random, unless its own hint already names one: a sparse tensor's indices, values and dense
-    shape fed as three placeholders drawn each on its own (a graph convolution built outside
-    the repo: "cannot multiply A and B ... 3 vs. 2048", naming no input)."""
-    drawn = sorted(set(inputs) - set(given))
+def _with_drawn(failure: str, model: Model, inputs: dict, given: dict) -> str:
+    """`failure` (the original's step refused its inputs) naming the data inputs verify drew
+    at random, unless its own hint already names one: a sparse tensor's indices, values and
+    dense shape fed as three placeholders drawn each on its own (a graph convolution built
+    outside the repo: "cannot multiply A and B ... 3 vs. 2048", naming no input)."""
+    drawn = sorted(n for n in set(inputs) - set(given) if n in model.graph
+                   and not bind.is_resource_placeholder(model.graph.node_def(n)))
     if not drawn or "${" in failure:
         return failure
     names = ", ".join(drawn[:6]) + (f" and {len(drawn) - 6} more" if len(drawn) > 6 else "")
@@ -417,7 +418,7 @@ def _verify_steps(original, rewritten, options: VerifyOptions, shapes, given, in
         except tf.errors.OpError as err:
             raise GraphRewriteError(_with_drawn(
                 f"${{steps}}: the {label} graph failed at a training step: "
-                f"{_first_cause(err.message)}", start, given)) from None
+                f"{_first_cause(err.message)}", original, start, given)) from None
     if not curves["original"].trained:
         log.warning("verify: the original's steps changed no variable: the outputs fetched run "
                     "no update, so the steps train nothing and say nothing of the rewrite; give "

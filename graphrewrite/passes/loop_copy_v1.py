@@ -146,16 +146,12 @@ def recompute(graph_def: graph_pb2.GraphDef, pair: Pair):
                 node.input[i] = replaced[text]
     for key in redo - carrier_keys:  # the pop passes the copy on, its shape unknown as before
         pop = nodes[key]
-        recorded = pop.attr.get("_output_shapes")
-        dtype = pop.attr["elem_type"].type
-        pop.op = "PlaceholderWithDefault"
-        pop.attr.clear()
-        pop.attr["dtype"].type = dtype
-        pop.attr["shape"].shape.unknown_rank = True
-        if recorded is not None:
-            pop.attr["_output_shapes"].CopyFrom(recorded)
-        del pop.input[:]
-        pop.input.append(mapped(by_pop[key][1]))
+        kept_attrs = {k: pop.attr[k] for k in ("_output_shapes",) if k in pop.attr}
+        passed = node_def_pb2.NodeDef(name=key, op="PlaceholderWithDefault",
+                                      input=[mapped(by_pop[key][1])], attr=kept_attrs)
+        passed.attr["dtype"].type = pop.attr["elem_type"].type
+        passed.attr["shape"].shape.unknown_rank = True
+        pop.CopyFrom(passed)
     ready = _gradient_ready(result, nodes, frames, pair.gradient[1])
     computed = {copy_of[name] for name in cone if nodes[name].op != "Const"}
     for name in cone:
@@ -171,7 +167,7 @@ def recompute(graph_def: graph_pb2.GraphDef, pair: Pair):
         result.node.append(copy)
     gone = set()
     for key in redo - carrier_keys:
-        gone |= {by_pop[key][3].name}
+        gone.add(by_pop[key][3].name)
     for leaf, (key, value, _, push, pop) in carriers.items():
         push.input[1] = leaf
         for node in (push, pop):  # their recorded element shape is the old value's
