@@ -14,13 +14,8 @@ __all__ = ["format_verify", "format_bytes", "EXPECTED_SKIPS", "format_optimize",
 
 def format_verify(facts: dict) -> str:
     """`verify`'s side-by-side table for people."""
-    peak, step = facts["peak_bytes"], facts["step_seconds"]
     if "loss_curves" in facts:
         return _format_curves(facts)
-
-    def ratio(a, b):
-        return f"{b / a:.2f}x" if a and b else "-"
-
     verdict = "MATCH" if facts["match"] else "MISMATCH"
     diff = facts["max_abs_diff"]
     tolerance = "bitwise" if diff == 0 and facts["match"] else f"max |diff| {diff:.3g}"
@@ -33,21 +28,7 @@ def format_verify(facts: dict) -> str:
     if facts.get("incomparable"):
         lines.append(f"not compared  {len(facts['incomparable'])} that one graph lacks or holds "
                      f"in another shape or type ({_shorten(facts['incomparable'], 3)})")
-    lines += [
-        f"{'':13} {'original':>12} {'rewritten':>12} {'ratio':>7}",
-        f"{'peak memory':13} {format_bytes(peak['original'] or 0):>12} "
-        f"{format_bytes(peak['rewritten'] or 0):>12} {ratio(peak['original'], peak['rewritten']):>7}",
-    ]
-    spread = facts.get("peak_bytes_runs") or {}
-    if len(spread.get("original", ())) > 1:
-        ranges = [_range(spread[k]) for k in ("original", "rewritten")]
-        lines.append(f"{'peak range':13} {ranges[0]:>12} {ranges[1]:>12}    MiB, the median of "
-                     f"{len(spread['original'])} processes each")
-    lines += [
-        f"{'step time':13} {step['original'] * 1000:>10.1f}ms {step['rewritten'] * 1000:>10.1f}ms "
-        f"{ratio(step['original'], step['rewritten']):>7}",
-        f"device        {_device(facts)}",
-    ]
+    lines += [f"{'':13} {'original':>12} {'rewritten':>12} {'ratio':>7}", *_measured(facts)]
     if facts.get("dieted") and not facts["match"]:
         lines.append(f"note          {facts['dieted']} variables are stored in 16 bits (diet: "
                      "lossy), so the outputs cannot match bitwise: compare training instead "
@@ -58,6 +39,28 @@ def format_verify(facts: dict) -> str:
                      "here (what falls comes from the mode's other passes; on a GPU the swap "
                      "lowers the device's peak)")
     return "\n".join(lines)
+
+
+def _measured(facts: dict) -> list[str]:
+    """Both graphs' peaks (with their range over processes), step times and device."""
+    peak, step = facts["peak_bytes"], facts["step_seconds"]
+    lines = [f"{'peak memory':13} {format_bytes(peak['original'] or 0):>12} "
+             f"{format_bytes(peak['rewritten'] or 0):>12} "
+             f"{_ratio(peak['original'], peak['rewritten']):>7}"]
+    spread = facts.get("peak_bytes_runs") or {}
+    if len(spread.get("original", ())) > 1:
+        ranges = [_range(spread[k]) for k in ("original", "rewritten")]
+        lines.append(f"{'peak range':13} {ranges[0]:>12} {ranges[1]:>12}    MiB, the median of "
+                     f"{len(spread['original'])} processes each")
+    if step["original"] and step["rewritten"]:
+        lines.append(f"{'step time':13} {step['original'] * 1000:>10.1f}ms "
+                     f"{step['rewritten'] * 1000:>10.1f}ms "
+                     f"{_ratio(step['original'], step['rewritten']):>7}")
+    return lines + [f"device        {_device(facts)}"]
+
+
+def _ratio(a, b) -> str:
+    return f"{b / a:.2f}x" if a and b else "-"
 
 
 def _range(peaks: list) -> str:
@@ -73,7 +76,6 @@ def _yes(flag: bool) -> str:
 def _format_curves(facts: dict) -> str:
     """`verify --steps`: both loss curves and the verdict on the final losses."""
     curves, compared = facts["loss_curves"], facts["compared"]
-    peak = facts["peak_bytes"]
     verdict = "MATCH" if facts["match"] else "MISMATCH"
     change = (compared["rewritten"] - compared["original"]) / compared["original"] \
         if compared["original"] else float("inf")
@@ -97,10 +99,7 @@ def _format_curves(facts: dict) -> str:
                          f"{trend['rewritten'][key]:>12.5g}   ({data})")
         lines.append(f"{'fell':>13} {_yes(trend['original']['fell']):>12} "
                      f"{_yes(trend['rewritten']['fell']):>12}")
-    lines.append(f"{'peak memory':13} {format_bytes(peak['original'] or 0):>12} "
-                 f"{format_bytes(peak['rewritten'] or 0):>12}")
-    lines.append(f"device        {_device(facts)}")
-    return "\n".join(lines)
+    return "\n".join(lines + _measured(facts))
 
 
 def _device(facts: dict) -> str:

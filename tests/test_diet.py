@@ -538,11 +538,15 @@ def test_verify_steps_compares_loss_curves_and_inspect_counts_bytes(graphs, tmp_
 
     original, rewritten = io.load(graphs["adam_resource"]), io.load(out)
     outcome = verify.verify(original, rewritten,
-                            verify.VerifyOptions(rtol=0.5, runs=1, int_high=CLASSES, steps=12),
-                            isolated=False)
+                            verify.VerifyOptions(rtol=0.5, runs=1, int_high=CLASSES, steps=12,
+                                                 repeat=2), isolated=False)
     facts = outcome.to_json()
     curves = facts["loss_curves"]
     assert facts["match"] and facts["steps"] == 12 and facts["loss"] == "loss:0"
+    # the peaks' range over processes and the step times, as without --steps (once left out)
+    shown = format_verify(facts).splitlines()
+    assert [line.split()[0] for line in shown[-4:]] == ["peak", "peak", "step", "device"], shown
+    assert shown[-4].endswith("x") and "the median of 2 processes" in shown[-3]
     assert len(curves["original"]) == len(curves["rewritten"]) == 12
     assert curves["original"][0] == pytest.approx(curves["rewritten"][0], rel=1e-2)
     assert curves["original"] != curves["rewritten"]  # lossy: the curves differ

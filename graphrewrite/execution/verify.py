@@ -121,6 +121,7 @@ class VerifyResult:
             "trend": self.curves.get("trend", {}),
             "peak_bytes": {"original": self.original.peak_bytes,
                            "rewritten": self.rewritten.peak_bytes},
+            "peak_bytes_runs": self.peak_runs,
             "step_seconds": {"original": self.original.median_seconds,
                              "rewritten": self.rewritten.median_seconds},
             "device": self.original.device,
