@@ -271,16 +271,17 @@ def test_steps_follow_the_differentiated_loss_when_only_the_summary_reads_it():
 
 
 @pytest.mark.tf
-def test_the_model_of_a_keras_lstm_in_a_tf1_graph_is_within_ten_percent_of_the_measured_peak():
-    """Its while_v2 loops push values the gradient loops never read: TensorFlow does not run
-    those pushes (once counted: 14.5 MiB modelled, 4.7 MiB measured). The measured peak is the
-    median of three processes: one, beside other jobs, measured 5.4 MiB where the others
-    measure 4.7-4.8."""
+@pytest.mark.parametrize("name", ["kl_lstm_adam_fetched", "v1_gcn_momentum_dropout"])
+def test_the_model_is_within_ten_percent_of_the_measured_peak(name):
+    """A Keras LSTM in a TF1 graph: its while_v2 loops push values the gradient loops never
+    read, which TensorFlow does not run (once counted: 14.5 MiB modelled, 4.7 MiB measured).
+    A GCN: its adjacency's dense shape is fed, its products sized from their dense operands
+    (before: 2.0 MiB modelled, 3.8 MiB measured). The measured peak is the median of three
+    processes: one, beside other jobs, measured 5.4 MiB where the others measure 4.7-4.8."""
     from graphrewrite.analysis import step as analysis
     from graphrewrite.core import io
-    from graphrewrite.execution import measure
 
-    entry = recipes.ensure("kl_lstm_adam_fetched")
+    entry = recipes.ensure(name)
     model = io.load(entry["path"])
     found = analysis.analyse(model, options=analysis.AnalysisOptions(fetches=entry["outputs"]))
     modelled = analysis.as_run(model, model.graph, found).allocated_peak()

@@ -23,7 +23,7 @@ _ROWS = ("TensorArrayScatterV3", "TensorListFromTensor")
 # Readers of one element, inferred again with it at the shape written.
 _READ = ("StackPopV2", "TensorArrayReadV3", "TensorListGetItem", "TensorListPopBack")
 
-__all__ = ["refine_shapes", "reinfer"]
+__all__ = ["merge_into", "refine_shapes", "reinfer"]
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def refine_shapes(graph_def, inferred: dict, infer) -> None:
     else:
         log.info("the shapes inside the graph's loops did not settle; left as inferred")
         return
-    _merge_into(inferred, refined)
+    merge_into(inferred, refined)
 
 
 def _cut_loops(graph_def, nodes, varying: set[str], elements: dict):
@@ -95,7 +95,7 @@ def reinfer(graph_def, inferred: dict, stand_ins: dict, infer) -> None:
             del node.input[:]
             node.input.extend(kept)
             _placeholder(node, *stand_ins[node.name])
-    _merge_into(inferred, infer(trial))
+    merge_into(inferred, infer(trial))
 
 
 def _placeholder(node, dtype: int, shape: tuple) -> None:
@@ -181,7 +181,7 @@ def _compatible(a, b) -> bool:
     return len(a) == len(b) and all(x is None or y is None or x == y for x, y in zip(a, b))
 
 
-def _merge_into(inferred, refined) -> None:
+def merge_into(inferred, refined) -> None:
     """Dimensions `inferred` left unknown, from `refined` where the two agree."""
     for name, outputs in inferred.items():
         better = refined.get(name, [])

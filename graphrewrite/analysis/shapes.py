@@ -26,7 +26,7 @@ from ..core import dtypes, ops, tf_import
 from ..core.errors import GraphRewriteError
 from ..core.graph import Graph
 from ..core.tensor_ref import TensorRef
-from . import loop_shapes, partition_shapes, slice_shapes
+from . import loop_shapes, partition_shapes, slice_shapes, sparse_shapes
 
 __all__ = ["KERNEL_SIZED", "SAME_SHAPE_OPS", "MAX_CUT", "TensorInfo", "Shapes", "parse_input_shape",
            "infer", "record", "tensorflow_shapes", "imported", "c_imported"]
@@ -185,7 +185,8 @@ def infer(graph: Graph, input_shapes: dict[str, tuple] | None = None,
     inference.log(level)
     inferred = inference.shapes
     slice_shapes.refine_shapes(graph_def, inferred, tensorflow_shapes)
-    shapes.estimated = partition_shapes.refine_shapes(graph_def, inferred, tensorflow_shapes)
+    shapes.estimated = sparse_shapes.refine_shapes(graph_def, inferred, tensorflow_shapes)
+    shapes.estimated += partition_shapes.refine_shapes(graph_def, inferred, tensorflow_shapes)
     loop_shapes.refine_shapes(graph_def, inferred, tensorflow_shapes)
     for node in graph_def.node:
         recorded = [_from_proto(s) for s in node.attr["_output_shapes"].list.shape] \
