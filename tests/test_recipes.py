@@ -104,7 +104,7 @@ def test_the_matrix_covers_every_value_of_every_axis():
                                                      "jit", "summaries", "static",
                                                      "gradient_penalty", "gate_graph",
                                                      "micro4", "drawn_noise", "moe",
-                                                     "stacked"}
+                                                     "stacked", "xla_update"}
     tf1 = [c for c in cells_ if c.construction in recipes.TF1]
     assert {c.loss for c in tf1} == {"collection", "plain"}
     assert {c.train_op for c in tf1} == {"collection", "grouped", "none"}
@@ -408,3 +408,20 @@ def test_a_warning_is_printed_once_however_often_the_analyses_say_it(tmp_path):
     assert shown.exit_code == 0, shown.stderr
     unknown = [line for line in shown.stderr.splitlines() if "unknown size" in line]
     assert len(unknown) == 1, unknown
+
+
+@pytest.mark.tf
+def test_diet_reads_a_keras_update_compiled_by_xla_in_its_own_call(tmp_path):
+    """Keras compiles each variable's update with XLA where it sees a GPU: the step calls an
+    XLA-compiled function per variable. Diet, lossy anyway, inlines those calls and rewrites
+    the weights they update (before: "no variable with a supported optimizer update"); the
+    two graphs then train alike."""
+    entry = recipes.ensure("tf2_cnn_rmsprop_xla_update")
+    out = tmp_path / "diet.pb"
+    made = run_cli("optimize", entry["path"], "-o", out, "--mode", "diet", "--json")
+    assert made.exit_code == 0, made.output
+    facts = json.loads(made.stdout)
+    assert len(facts["inlined"]) == 12 and len(facts["dieted"]) == 4, facts["note"]
+    trained = run_cli("verify", entry["path"], out, "--steps", "10", "--rtol", "0.1", "--runs",
+                      "1")
+    assert trained.exit_code == 0, trained.output

@@ -16,9 +16,10 @@ import logging
 
 from tensorflow.core.framework import graph_pb2
 
-from .split import CALL_OPS, backward_functions, xla_compiled
+from .split import CALL_OPS, UPDATE_PREFIXES, VARIABLE_WRITES, backward_functions, xla_compiled
 
-__all__ = ["CALL_OPS", "LOOP_OPS", "DEPTH", "inline_calls", "inline_gradient_calls"]
+__all__ = ["CALL_OPS", "LOOP_OPS", "DEPTH", "inline_calls", "inline_gradient_calls",
+           "inline_update_calls"]
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,38 @@ def inline_gradient_calls(graph_def: graph_pb2.GraphDef
                         - {n.name for n in inlined.node if n.op in CALL_OPS})
         result = inlined
     return None if result is None else (result, names)
+
+
+def inline_update_calls(graph_def: graph_pb2.GraphDef
+                        ) -> tuple[graph_pb2.GraphDef, list[str]] | None:
+    """A copy of `graph_def` with the calls of functions that write variables inlined, their
+    arguments read from the call's inputs: a Keras optimizer on a machine with a GPU updates
+    each variable in a call of an XLA-compiled function, where no rewrite of its variables
+    sees the update. Inlined, an XLA-compiled update runs on TensorFlow's kernels, which may
+    round otherwise: for rewrites that change the numbers anyway (diet). Returns the graph and
+    the calls inlined; None when there is none."""
+    library = {f.signature.name: f for f in graph_def.library.function}
+    writing = {name for name, f in library.items()
+               if any(n.op in VARIABLE_WRITES or n.op.startswith(UPDATE_PREFIXES) for n in f.node_def)}
+    calls = {n.name: n for n in graph_def.node
+             if n.op in CALL_OPS and n.attr["f"].func.name in writing}
+    if not calls:
+        return None
+    functions = {n.attr["f"].func.name: library[n.attr["f"].func.name] for n in calls.values()}
+    argument_of = {f"{name}/{arg.name}": name for name, n in calls.items()
+                   for arg in functions[n.attr["f"].func.name].signature.input_arg}
+    inlined = _inlined(graph_def, functions, only=set(calls))
+    if inlined is None:
+        return None
+    # what the call waited for (a variable's forward read), each reader of its arguments does
+    waits = {name: [i for i in n.input if i.startswith("^")] for name, n in calls.items()}
+    for node in inlined.node:
+        if node.name not in argument_of:
+            node.input.extend(dict.fromkeys(
+                w for i in node.input if i.split(":")[0] in argument_of
+                for w in waits[argument_of[i.split(":")[0]]] if w not in node.input))
+    read = {i.lstrip("^").split(":")[0] for n in graph_def.node for i in n.input}
+    return _read_directly(inlined, set(calls) & read, set(argument_of)), sorted(calls)
 
 
 def _inline_gradient_calls_once(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef | None:
