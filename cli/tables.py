@@ -318,6 +318,8 @@ def format_summary(facts: dict) -> str:
                                 "(parallel_iterations; a race between the executor's threads)")]
               if facts.get("peak_bytes_bound", 0) > facts["peak_bytes"] else []),
             ("host peak", format_bytes(facts["host_peak_bytes"])
+             + (" (the fed inputs: the session holds them on a CPU)"
+                if facts["host_peak_bytes"] and facts["modelled_on"] == "cpu" else "")
              + (f"; {format_bytes(facts['bytes_moved'])} moved between host and device per "
                 f"step ({facts['transfer_seconds'] * 1000:.1f} ms at 16 GB/s)"
                 if facts["bytes_moved"] else "")),
