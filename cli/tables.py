@@ -376,7 +376,9 @@ NAMED_ROWS = (
     ("rerun", "recurrent layers' forward passes run again before their backward passes"),
     ("tails_first", "head gradients the other heads' first heavy gradients now wait for"),
     ("micro_batches", "micro-batches (gradient seeds) now run after the previous one"),
-    ("inlined", "function calls spliced in (a forward or backward pass, an update)"),
+    ("inlined", "function calls holding the forward or backward pass"),
+    ("updates_inlined", "calls updating variables spliced in for diet (XLA-compiled ones now "
+                        "run on TensorFlow's kernels)"),
     ("deferred", "values needing no gradient computed when their gradient is ready"),
     ("applied_early", "parameters' updates run before the backward pass goes on"),
 )

@@ -18,13 +18,14 @@ from tensorflow.core.framework import graph_pb2
 
 from .split import CALL_OPS, UPDATE_PREFIXES, VARIABLE_WRITES, backward_functions, xla_compiled
 
-__all__ = ["CALL_OPS", "LOOP_OPS", "DEPTH", "inline_calls", "inline_gradient_calls",
-           "inline_update_calls"]
+__all__ = ["CALL_OPS", "LOOP_OPS", "DEPTH", "SAVER_OPS", "inline_calls",
+           "inline_gradient_calls", "inline_update_calls"]
 
 log = logging.getLogger(__name__)
 
 LOOP_OPS = frozenset({"While", "StatelessWhile"})  # only bodies with a loop are inlined
 DEPTH = 4  # calls inside inlined bodies, inlined in turn
+SAVER_OPS = frozenset({"SaveV2", "RestoreV2", "MergeV2Checkpoints"})
 
 
 def inline_calls(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef | None:
@@ -79,8 +80,9 @@ def inline_update_calls(graph_def: graph_pb2.GraphDef
     round otherwise: for rewrites that change the numbers anyway (diet). Returns the graph and
     the calls inlined; None when there is none."""
     library = {f.signature.name: f for f in graph_def.library.function}
-    writing = {name for name, f in library.items()
-               if any(n.op in VARIABLE_WRITES or n.op.startswith(UPDATE_PREFIXES) for n in f.node_def)}
+    writing = {name for name, f in library.items() if any(
+        n.op in VARIABLE_WRITES or n.op.startswith(UPDATE_PREFIXES) for n in f.node_def)
+        and not any(n.op in SAVER_OPS for n in f.node_def)}  # a SavedModel's restore: kept
     calls = {n.name: n for n in graph_def.node
              if n.op in CALL_OPS and n.attr["f"].func.name in writing}
     if not calls:

@@ -488,13 +488,17 @@ def training_start(model: Model, feeds: dict, given: set = frozenset()) -> dict:
     `--steps`: every optimizer slot (the updates' own and the diet pass's) zero, and a captured
     learning-rate variable (a float scalar read by an update's rate) at LEARNING_RATE instead
     of a seeded value (up to 0.1, too large a rate for Adam). Values the user `given` stay.
-    A MetaGraphDef starts from its own initialisers: nothing here applies to it."""
+    A MetaGraphDef starts from its own initialisers: nothing here applies to it. Updates made
+    in function calls (Keras's XLA-compiled ones) are read through the calls: else a step diet
+    inlined them for started from other weights than its original."""
     from ..analysis import optimizers
 
-    graph = model.graph
-    captured = set(bind.resource_placeholders(graph))
+    captured = set(bind.resource_placeholders(model.graph))
     if not captured:
         return feeds
+    spliced = inline.inline_update_calls(model.graph.to_graph_def()) \
+        if model.graph.shell.library.function else None
+    graph = model.graph if spliced is None else Graph.from_graph_def(spliced[0])
     updates = optimizers.updates(graph)
     slots = optimizers.slots_of(updates)
     slots |= {n for n in captured if SLOT_OF_ATTR in graph.node_def(n).attr}

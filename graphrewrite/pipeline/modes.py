@@ -11,7 +11,7 @@ MODES: dict[str, str] = {
     "collection": "inline recompute(policy=collection)",
     "manual": "recompute(policy=manual) swap(policy=manual)",
     "swap": "inline swap",
-    "diet": "inline(updates=true) diet",
+    "diet": "diet",
 }
 MODE_HELP = {
     "none": "load, check and save; nothing rewritten",
@@ -36,8 +36,7 @@ MODE_HELP = {
             "Adam state (factored second moment, no first moment), other momentum (SGD's, "
             "RMSProp's, Lion's) in bfloat16, stochastic rounding; other optimizers (Nadam, "
             "Adamax, hand-written): weights 16-bit, their state bfloat16; frozen graphs: 16-bit "
-            "constants; updates made in function calls (Keras's XLA-compiled ones where it "
-            "sees a GPU) inlined first. Lossy: check with verify --steps N --rtol R. Options: --passes "
+            "constants. Lossy: check with verify --steps N --rtol R. Options: --passes "
             "'diet(format=int16|bfloat16, scale=0.000305, momentum=auto|drop|keep|bfloat16, "
             "factored=true, rounding=stochastic|nearest, min_size=1024, "
             "reads=priced|gated|ungated, read_only=true, generic=true)'",

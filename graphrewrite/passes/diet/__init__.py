@@ -58,12 +58,13 @@ dequantized where read.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import numpy as np
 from tensorflow.core.framework import types_pb2
 
-from ...analysis import bind, optimizers, parameters
+from ...analysis import bind, inline, optimizers, parameters, step
 from ...analysis.split import reachable
 from ...analysis.step import Analysis
 from ...core import dtypes
@@ -88,9 +89,29 @@ FUNCTIONAL_OPS = frozenset({"If", "StatelessIf", "Case", "StatelessCase", "While
 
 
 def run(graph: Graph, analysis: Analysis, options: DietOptions, model=None) -> DietResult:
-    """Diet every supported variable; in a graph without variables, its large constants."""
+    """Diet every supported variable; in a graph without variables, its large constants.
+    Where no update is found in the step itself but function calls write variables (Keras
+    compiles each variable's update with XLA where it sees a GPU, a call each), diet is
+    tried again with those calls inlined (`inline.inline_update_calls`): XLA-compiled
+    updates then run on TensorFlow's kernels, a change of rounding beside diet's own."""
     if not parameters.variables(graph):
         return diet_constants(graph, options, analysis, model)
+    result = _diet(graph, analysis, options, model)
+    spliced = None if result.modified or model is None else \
+        inline.inline_update_calls(graph.to_graph_def())
+    if spliced is None:
+        return result
+    inlined = Graph.from_graph_def(spliced[0])
+    retried = _diet(inlined, step.analyse(model, inlined, dataclasses.replace(
+        analysis.options, fetches=analysis.fetches)), options, model)
+    if not retried.modified:
+        return result
+    retried.updates_inlined = spliced[1]
+    return retried
+
+
+def _diet(graph: Graph, analysis: Analysis, options: DietOptions, model) -> DietResult:
+    """`run` on the step as it is."""
     graph = graph.copy()
     diet = Diet(graph, options, analysis.split, analysis.shapes)
     kept: dict[str, list[str]] = {}

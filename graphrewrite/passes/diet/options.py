@@ -88,6 +88,7 @@ class DietResult(PassResult):
     bytes_saved: int = 0  # modelled persistent bytes, values and slots
     forward_reads: str = ""  # "gated" or "ungated": the order kept (`choose_reads`)
     read_peaks: list[int] = field(default_factory=list)  # as run: [gated, ungated] bytes
+    updates_inlined: list[str] = field(default_factory=list)  # calls writing variables, spliced
 
     def section(self) -> dict:
         return {**super().section(), "kept_float": counted(self.kept_float)}
