@@ -58,6 +58,30 @@ def test_metagraph_training_step_matches(tmp_path):
     assert outcome.match
 
 
+def test_a_sessions_graph_def_is_verified_with_its_own_initialisers(tmp_path):
+    """A TF1 step written as `sess.graph_def` (no collections): its variables, resource and
+    reference ones, start from the assigns that initialise them, found by structure (a value
+    from no placeholder and no variable). verify refused such a graph as uninitialised."""
+    import tensorflow as tf
+
+    from tfgraphs import build
+
+    def graph():
+        x = tf.compat.v1.placeholder(tf.float32, [16, 8], name="x")
+        kernel = tf.compat.v1.get_variable("kernel", [8, 4], use_resource=True)
+        scale = tf.compat.v1.Variable(tf.ones([4]), use_resource=False, name="scale")
+        loss = tf.reduce_mean(tf.square(tf.matmul(x, kernel) * scale), name="loss")
+        tf.compat.v1.train.MomentumOptimizer(0.1, 0.9).minimize(loss, name="train")
+    path = tmp_path / "step.pb"
+    path.write_bytes(build(graph).to_graph_def().SerializeToString())
+    model = io.load(path)
+    outcome = verify.verify(model, io.load(path), verify.VerifyOptions(
+        runs=1, fetches=["loss", "train"]), isolated=False)
+    variables = {c.name for c in outcome.comparisons if c.step is None}
+    assert {"variable:kernel", "variable:scale", "variable:kernel/Momentum"} <= variables
+    assert outcome.match
+
+
 def test_verify_cli_reports_side_by_side(tmp_path):
     _, _, result = rewritten("resnet_cnn", "memory", tmp_path)
     out = tmp_path / "resnet_cnn.pb"

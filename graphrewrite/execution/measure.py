@@ -282,6 +282,7 @@ def _import(message, feeds: dict[str, np.ndarray]):
             resources = bind.resource_placeholder_names(message) & set(feeds)
             imported = bind.bind(message, {k: feeds[k] for k in resources})
             tf.graph_util.import_graph_def(message, input_map=imported.input_map, name="")
+            _initialised_by_structure(graph, imported)
     imported.graph = graph
     return imported
 
@@ -373,6 +374,61 @@ def _assigned_from_initial_values(graph, variables):
             initial = bind.fed_copy(bound, value, f"initial_{i}")
             bound.init_ops.append(tf.compat.v1.assign(variable, initial))
     return bound
+
+
+VARIABLE_OPS = ("VarHandleOp", "VariableV2", "Variable")
+ASSIGN_OPS = ("AssignVariableOp", "Assign")
+
+
+def _initialised_by_structure(graph, bound) -> None:
+    """A GraphDef's own variables (a TF1 session's `graph_def` written out: no collection says
+    which they are or what initialises them), added to `bound` as `_assigned_from_initial_values`
+    adds a MetaGraphDef's: each takes the value its initialiser gives, an assign of it from a
+    value computed from no placeholder and no variable, run in a throwaway session. A variable
+    without one is left as it is (TensorFlow then names it uninitialised)."""
+    import tensorflow as tf
+
+    from ..analysis import bind
+
+    initial = {}  # variable op -> its initialiser
+    for op in graph.get_operations():
+        if op.type in VARIABLE_OPS:
+            found = [c for c in op.outputs[0].consumers() if c.type in ASSIGN_OPS
+                     and c.inputs[0] is op.outputs[0] and _from_constants(c.inputs[1].op)]
+            if found:
+                initial[op] = found[0]
+    if not initial:
+        return
+    with graph.as_default():
+        reads = {op.name: (tf.raw_ops.ReadVariableOp(resource=op.outputs[0],
+                                                     dtype=op.get_attr("dtype"))
+                           if op.type == "VarHandleOp" else tf.identity(op.outputs[0]))
+                 for op in initial}
+    with tf.compat.v1.Session(graph=graph) as scratch:
+        scratch.run(list(initial.values()))
+        values = scratch.run(reads)
+    with graph.as_default(), tf.name_scope(bind.BIND_SCOPE + "_initial/"):
+        for i, op in enumerate(initial):
+            value = bind.fed_copy(bound, values[op.name], f"own_{i}")
+            bound.init_ops.append(
+                tf.raw_ops.AssignVariableOp(resource=op.outputs[0], value=value)
+                if op.type == "VarHandleOp" else tf.compat.v1.assign(op.outputs[0], value))
+    bound.reads.update(reads)
+
+
+def _from_constants(op) -> bool:
+    """Whether `op`'s value is computed from no placeholder and no variable."""
+    seen, todo = set(), [op]
+    while todo:
+        op = todo.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        if op.type in VARIABLE_OPS or op.type.startswith("Placeholder"):
+            return False
+        todo.extend(t.op for t in op.inputs)
+        todo.extend(op.control_inputs)
+    return True
 
 
 def _open_session(imported, feeds, fetches, config):
