@@ -276,6 +276,27 @@ def test_values_the_backward_pass_computes_and_nothing_reads_are_not_fetched(tmp
     assert any(nx.has_path(model.graph.nx, update, n) for n in fetched), fetched  # its read
 
 
+def test_a_gradient_tuples_unread_identities_are_not_fetched(tmp_path):
+    """`minimize` (GATE_OP) passes each op's gradients through a `tuple`: an identity of each,
+    waiting on a group of both. A session's `graph_def` written out has no collections, and
+    the identities of the gradients no update reads (a fed input's, a dropout mask's) are
+    sinks; they wait for gradients, not for a write, and are not fetched (a deep MLP's listed
+    34 beside its train op and loss)."""
+    from graphrewrite.analysis.step import default_fetches, sinks
+
+    with tf.Graph().as_default() as g:
+        x = placeholder(shape=(8, 16))
+        w = tf.compat.v1.get_variable("w", [16, 4], use_resource=True)
+        loss = tf.reduce_mean(tf.square(tf.matmul(x, w)), name="loss")
+        tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, name="train")
+    path = tmp_path / "step.pb"
+    path.write_bytes(g.as_graph_def().SerializeToString())
+    model = io.load(path)
+    unread = [n for n in sinks(model.graph) if n.endswith("tuple/control_dependency")]
+    assert unread  # x's gradient, through the MatMul's tuple
+    assert default_fetches(model) == ["loss", "train"]
+
+
 def test_a_loss_grouped_with_the_updates_is_the_loss_and_fetched(tmp_path):
     """Keras's TF1 train function runs `group_deps`, a NoOp waiting by control edges on the
     loss (the weighted sum of two heads' losses) and the updates: the loss is no sink, and a

@@ -163,11 +163,30 @@ def _sinks_of_the_step(graph: Graph, split: split_mod.Split | None) -> list[str]
 
 
 def _drops_a_value(graph: Graph, name: str) -> bool:
-    """A sink that computes a value, writes nothing and waits for nothing: where a step also
+    """A sink that computes a value, writes nothing and waits for no write: where a step also
     writes (variable writes, updates, groups of them, reads ordered after them), a value its
     backward pass computed and nothing read (the gradient of a constant divisor, which a
-    ConvNeXt's verify compared)."""
-    return split_mod.computes_a_value(graph, name) and not graph.control_inputs(name)
+    ConvNeXt's verify compared; a TF1 gradient `tuple`'s identity of an input's gradient no
+    update reads, which waits for the op's other gradients: a session's `graph_def` of a deep
+    MLP listed 32 of a dropout's)."""
+    return split_mod.computes_a_value(graph, name) and not any(
+        _waits_for_a_write(graph, n) for n in graph.control_inputs(name))
+
+
+def _waits_for_a_write(graph: Graph, name: str) -> bool:
+    """Whether `name` writes (or is an op not known to compute a value), or is a group that
+    waits for one that does."""
+    todo, seen = [name], set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if graph.op(name) == "NoOp":
+            todo += graph.control_inputs(name)
+        elif not split_mod.computes_a_value(graph, name):
+            return True
+    return False
 
 
 def _through_identities(graph: Graph, name: str) -> str:
