@@ -541,7 +541,7 @@ def simulate(graph: Graph, shapes: Shapes, fetches: list[str] | None = None,
         found = (0, 1)  # (bytes, -step): the first of the widest kernels
         fed = {id(b) for b in buffers if b.lifetime == FEED and b.place == DEVICE}
         for step, name in enumerate(order):
-            if place_of[name] == DEVICE:
+            if place_of[name] == DEVICE and op_of[name] not in preexisting:  # (a feed: counted)
                 inputs = [r for r in reads[name] if r in buffer_of
                           and id(buffer_of[r]) not in fed]
                 found = max(found, (_operand_bytes(op_of[name], inputs, outputs[name],
