@@ -16,16 +16,16 @@ import logging
 
 from tensorflow.core.framework import graph_pb2
 
+from .memory import SAVER_OPS
 from .split import CALL_OPS, UPDATE_PREFIXES, VARIABLE_WRITES, backward_functions, xla_compiled
 
-__all__ = ["CALL_OPS", "LOOP_OPS", "DEPTH", "SAVER_OPS", "inline_calls",
-           "inline_gradient_calls", "inline_update_calls"]
+__all__ = ["CALL_OPS", "LOOP_OPS", "DEPTH", "inline_calls", "inline_gradient_calls",
+           "inline_update_calls"]
 
 log = logging.getLogger(__name__)
 
 LOOP_OPS = frozenset({"While", "StatelessWhile"})  # only bodies with a loop are inlined
 DEPTH = 4  # calls inside inlined bodies, inlined in turn
-SAVER_OPS = frozenset({"SaveV2", "RestoreV2", "MergeV2Checkpoints"})
 
 
 def inline_calls(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef | None:
@@ -97,9 +97,9 @@ def inline_update_calls(graph_def: graph_pb2.GraphDef
     waits = {name: [i for i in n.input if i.startswith("^")] for name, n in calls.items()}
     for node in inlined.node:
         if node.name not in argument_of:
-            node.input.extend(dict.fromkeys(
-                w for i in node.input if i.split(":")[0] in argument_of
-                for w in waits[argument_of[i.split(":")[0]]] if w not in node.input))
+            calls_read = {argument_of.get(i.split(":")[0]) for i in node.input} - {None}
+            node.input.extend(dict.fromkeys(w for call in sorted(calls_read)
+                                            for w in waits[call] if w not in node.input))
     read = {i.lstrip("^").split(":")[0] for n in graph_def.node for i in n.input}
     return _read_directly(inlined, set(calls) & read, set(argument_of)), sorted(calls)
 

@@ -62,10 +62,11 @@ from .schedule import bypassed_identities, schedule
 from .shapes import Shapes, TensorInfo
 
 __all__ = ["DEVICE", "HOST", "ALIAS_OPS", "FORWARDING_OPS", "FORWARDED_INPUT", "PERSISTENT_OPS",
-           "FEED_OPS", "ACCELERATOR_MARKERS", "HOST_OUTPUT_OPS", "HOST_BANDWIDTH", "STATE", "FEED",
-           "STEP", "UPDATE_OPS", "UPDATE_PREFIX", "ADOPT_OPS", "Buffer", "Move", "MemoryReport",
-           "replay", "placement", "cpu_is_host", "simulate", "REUSING_OPS", "CPU_WORKERS",
-           "CPU_FLOPS", "CPU_OP_FLOPS", "CPU_BANDWIDTH", "CPU_KERNEL_SECONDS", "cpu_seconds"]
+           "SAVER_OPS", "FEED_OPS", "ACCELERATOR_MARKERS", "HOST_OUTPUT_OPS", "HOST_BANDWIDTH",
+           "STATE", "FEED", "STEP", "UPDATE_OPS", "UPDATE_PREFIX", "ADOPT_OPS", "Buffer", "Move",
+           "MemoryReport", "replay", "placement", "cpu_is_host", "simulate", "REUSING_OPS",
+           "CPU_WORKERS", "CPU_FLOPS", "CPU_OP_FLOPS", "CPU_BANDWIDTH", "CPU_KERNEL_SECONDS",
+           "cpu_seconds"]
 
 DEVICE, HOST = "device", "host"
 

@@ -376,8 +376,7 @@ def _assigned_from_initial_values(graph, variables):
     return bound
 
 
-VARIABLE_OPS = ("VarHandleOp", "VariableV2", "Variable")
-ASSIGN_OPS = ("AssignVariableOp", "Assign")
+INITIALISING_OPS = ("AssignVariableOp", "Assign")  # an initialiser sets the whole value
 
 
 def _initialised_by_structure(graph, bound) -> None:
@@ -388,13 +387,14 @@ def _initialised_by_structure(graph, bound) -> None:
     without one is left as it is (TensorFlow then names it uninitialised)."""
     import tensorflow as tf
 
-    from ..analysis import bind
+    from ..analysis import bind, parameters
 
     initial = {}  # variable op -> its initialiser
     for op in graph.get_operations():
-        if op.type in VARIABLE_OPS:
-            found = [c for c in op.outputs[0].consumers() if c.type in ASSIGN_OPS
-                     and c.inputs[0] is op.outputs[0] and _from_constants(c.inputs[1].op)]
+        if op.type in parameters.VARIABLE_OPS:
+            found = [c for c in op.outputs[0].consumers() if c.type in INITIALISING_OPS
+                     and c.inputs[0] is op.outputs[0]
+                     and _from_constants(c.inputs[1].op, parameters.VARIABLE_OPS)]
             if found:
                 initial[op] = found[0]
     if not initial:
@@ -416,7 +416,7 @@ def _initialised_by_structure(graph, bound) -> None:
     bound.reads.update(reads)
 
 
-def _from_constants(op) -> bool:
+def _from_constants(op, variable_ops) -> bool:
     """Whether `op`'s value is computed from no placeholder and no variable."""
     seen, todo = set(), [op]
     while todo:
@@ -424,7 +424,7 @@ def _from_constants(op) -> bool:
         if op in seen:
             continue
         seen.add(op)
-        if op.type in VARIABLE_OPS or op.type.startswith("Placeholder"):
+        if op.type in variable_ops or op.type.startswith("Placeholder"):
             return False
         todo.extend(t.op for t in op.inputs)
         todo.extend(op.control_inputs)
