@@ -305,11 +305,9 @@ def optimize(ctx, model_path, output, in_place, mode, checkpoints, swap_tensors,
             raise click.BadParameter(f"'{name}' is not a node of {model_path}",
                                      param_hint="--explain")
     made = plan.dumps(plan.plan_of(result, model.graph)) if plan_out else None
-    stages("saving")
-    fmt = io.save(model, result.graph, output, in_place=in_place,
-                  serialized=result.serialized)
-    if made:
-        io.write_atomic(Path(plan_out), made)
+    # the report is made and formatted before anything is written: a failure in it leaves no
+    # output behind (exit 3 with a file written would read as half a success)
+    fmt = io.output_format(model, output)
     facts = report.optimize_report(model_path, output, fmt, result)
     if device_memory:
         from graphrewrite.planning import fit
@@ -319,17 +317,19 @@ def optimize(ctx, model_path, output, in_place, mode, checkpoints, swap_tensors,
             when: fit.largest_batch(model, device_memory, graph, analysis,
                                     as_run=not no_as_run).to_json()
             for when, graph in (("before", model.graph), ("after", result.graph))}
+    printed = [to_json(facts, indent=2) if as_json else format_optimize(facts)]
+    printed += [report.explain(result, model.graph, name.split(":")[0]) for name in explain]
+    stages("saving")
+    io.save(model, result.graph, output, fmt, in_place=in_place, serialized=result.serialized)
+    if made:
+        io.write_atomic(Path(plan_out), made)
     if tradeoff_path:
         _write_tradeoff(Path(tradeoff_path), model, model_path, stages, device_profile,
                         analysis, lossy, as_run=not no_as_run)
     if report_path:
         io.write_atomic(Path(report_path), (to_json(facts, indent=2) + "\n").encode())
-    if as_json:
-        click.echo(to_json(facts, indent=2))
-    else:
-        click.echo(format_optimize(facts))
-    for name in explain:
-        click.echo(report.explain(result, model.graph, name.split(":")[0]))
+    for text in printed:
+        click.echo(text)
     if plot_path:
         from graphrewrite.analysis import split
         from graphrewrite.reporting import plot

@@ -518,6 +518,22 @@ def test_a_bug_outside_the_passes_is_exit_3_naming_it(monkeypatch, tmp_path):
         "(--debug shows where)"]
 
 
+def test_a_bug_in_the_report_leaves_no_output_behind(monkeypatch, tmp_path):
+    """The report is made before the rewritten graph is written: exit 3 writes nothing."""
+    from graphrewrite.cli import main
+
+    def broken(facts):
+        raise KeyError("lost")
+
+    monkeypatch.setattr(main, "format_optimize", broken)
+    result = run_cli("optimize", MLP, "-o", tmp_path / "o.pbtxt", "--mode", "none",
+                     "--no-as-run", "--report", tmp_path / "r.json", "--plan-out",
+                     tmp_path / "p.json")
+    assert result.exit_code == 3, result.output
+    assert "KeyError: 'lost'" in result.stderr
+    assert sorted(tmp_path.iterdir()) == []
+
+
 def test_inspect_lists_the_outputs_it_modelled():
     """`--outputs` is what the step fetches: the summary lists those, not the defaults."""
     import json
