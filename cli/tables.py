@@ -380,6 +380,7 @@ NAMED_ROWS = (
     ("updates_inlined", "calls updating variables spliced in for diet (XLA-compiled ones now "
                         "run on TensorFlow's kernels)"),
     ("deferred", "values needing no gradient computed when their gradient is ready"),
+    ("late_terms", "gradient terms computed when the other terms of their sum are ready"),
     ("applied_early", "parameters' updates run before the backward pass goes on"),
 )
 

@@ -17,6 +17,16 @@ flow: it is computed when it is needed and dies at once (what it reads is held i
 or recomputed). Nothing is copied and no value changes: the same kernel reads the same inputs,
 later.
 
+A third kind is a gradient term computed long before the other terms of its sum. A value the
+forward pass reads in several places gets the sum of their gradients (`AddN`); where one
+term's chain depends on little more than the loss's gradient (a WaveNet's skip connections,
+each layer's skip output summed at the end: every layer's skip gradient is ready as soon as
+the backward pass starts), the executor computes it at once and holds it until the other term
+(the residual path's gradient, layer by layer) arrives: one activation-sized tensor per layer
+at the backward pass's start. The chain's first nodes are made to wait for the last term's
+producers, so the term is computed when its sum can be; what it reads is held instead (once,
+where terms share it). Kept only where the step's modelled peak as written goes down.
+
 Only values computed from resource-variable reads are deferred: a ref variable's `Identity`
 aliases a buffer that an in-place update may change, so reading it later could read another
 value. A backward value outside the flow is deferred only outside v1 loops (inside a v1
@@ -28,7 +38,10 @@ step, its frames mismatched).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
+
+import networkx as nx
 
 from tensorflow.core.framework import attr_value_pb2, types_pb2
 from tensorflow.python.framework import tensor_util
@@ -42,10 +55,13 @@ from ..core import ops
 from ..core.graph import Graph
 from ..core.tensor_ref import CONTROL, TensorRef
 from .base import PassOptions, PassResult
-from .pads import can_gate
+from .pads import GROUPED_OPS, MERGED_OPS, can_gate
 from .triggers import FORWARDING_OPS
 
-__all__ = ["REF_VARIABLE_OPS", "EMPTY_ON_GPU", "DeferOptions", "DeferResult", "run"]
+__all__ = ["REF_VARIABLE_OPS", "EMPTY_ON_GPU", "SUM_OPS", "UNWAITED_OPS", "TERM_GROUPS", "DeferOptions",
+           "DeferResult", "run"]
+
+log = logging.getLogger(__name__)
 
 REF_VARIABLE_OPS = frozenset({"VariableV2", "Variable"})
 # The types `Empty` has GPU kernels for (TensorFlow's inplace_ops.cc): another would be placed
@@ -57,11 +73,13 @@ EMPTY_ON_GPU = frozenset({types_pb2.DT_FLOAT, types_pb2.DT_DOUBLE, types_pb2.DT_
 @dataclass(frozen=True)
 class DeferOptions(PassOptions):
     min_bytes: int = 64 * 1024  # smaller values are not worth a control edge
+    terms: bool = True  # also the early terms of gradient sums (the third kind)
 
 
 @dataclass
 class DeferResult(PassResult):
     deferred: list[str] = field(default_factory=list)  # values made to wait for a gradient
+    late_terms: list[str] = field(default_factory=list)  # gradient terms made to wait (heads)
 
 
 def run(graph: Graph, analysis: Analysis, options: DeferOptions, model=None):
@@ -79,8 +97,6 @@ def run(graph: Graph, analysis: Analysis, options: DeferOptions, model=None):
     sets = _Sets(flow, params, early, enclosed, flow | early, params | early)
     deferrable = [n for n in graph.nodes()
                   if _deferrable(graph, analysis, sets, n, options.min_bytes)]
-    if not deferrable:  # the usual case outside training steps: no note, modes run it always
-        return DeferResult(graph, False)
     original, graph, deferred = graph, graph.copy(), []
     for name in deferrable:
         # Checked on the graph as it grows: an earlier deferral may have made a wait depend
@@ -98,7 +114,141 @@ def run(graph: Graph, analysis: Analysis, options: DeferOptions, model=None):
         if waits:
             deferred.append(name)
             _zeros_kept_from_folding(graph, name)
-    return DeferResult(graph, bool(deferred), shapes=analysis.shapes, deferred=sorted(deferred))
+    late, report = _defer_terms(graph, original, analysis, enclosed, options.min_bytes,
+                                bool(deferred)) if options.terms else ([], None)
+    if not deferred and not late:  # the usual case outside training steps: no note
+        return DeferResult(original, False)
+    return DeferResult(graph, True, shapes=analysis.shapes, memory=report,
+                       deferred=sorted(deferred), late_terms=late)
+
+
+SUM_OPS = frozenset({"AddN", "Add", "AddV2"})  # a gradient's sum over the value's readers
+# Term heads Grappler regroups or fuses differently with a control input (MinimizeBroadcasts'
+# chains, the arithmetic optimizer's Pow) are left to run when ready.
+UNWAITED_OPS = GROUPED_OPS | MERGED_OPS | {"Pow"}
+
+
+def _defer_terms(graph: Graph, original: Graph, analysis: Analysis, enclosed: set[str],
+                 min_bytes: int, changed: bool) -> tuple[list[str], memory.MemoryReport | None]:
+    """Make the early terms of gradient sums wait for their sums' last terms, in `graph`,
+    where that holds less (the module's third kind). Terms are tried in groups reading the
+    same gradients (a WaveNet's skip terms all read the skip sum's: one term alone would hold
+    it longer for less than it frees; all of them hold it once), the largest groups first,
+    each kept where the bytes the backward pass holds go down and the peak does not rise.
+    Returns the chain heads made to wait and the last step simulated with the waits kept (None
+    when none were)."""
+    flow = analysis.split.gradient_flow
+    position = {n: i for i, n in enumerate(analysis.memory.order)}
+    groups: dict[frozenset, dict[str, set[str]]] = {}  # large reads -> {head: waits}
+    sizes: dict[frozenset, int] = {}
+    for total in sorted(n for n in flow if graph.op(n) in SUM_OPS and n not in enclosed):
+        terms = [r for r in graph.data_inputs(total) if r.node in flow and r.node in position]
+        if len(terms) < 2:
+            continue
+        last = max(terms, key=lambda r: position[r.node])
+        for term in terms:
+            if term.node == last.node:
+                continue
+            chain = _term_chain(graph, term.node, total, flow, enclosed)
+            size = max((analysis.shapes.nbytes(r) or 0 for n in chain
+                        for r in analysis.shapes.outputs(n)), default=0)
+            heads = [n for n in chain if not any(r.node in chain for r in graph.data_inputs(n))]
+            if size < min_bytes or not heads or any(graph.op(h) in UNWAITED_OPS
+                                                    or graph.op(h) in memory.ALIAS_OPS
+                                                    for h in heads):
+                continue  # (an alias frees nothing: its buffer is what it reads)
+            waits = _gateable(original, {last}, flow) - enclosed
+            if not waits or max(position.get(w, -1) for w in waits) <= min(
+                    position[h] for h in heads):
+                continue  # not computed before the last term: nothing held
+            if waits & reachable(graph.nx, heads):
+                continue  # the last term reads this one: the wait would close a cycle
+            reads = frozenset(_owner(graph, r) for n in chain for r in graph.data_inputs(n)
+                              if r.node in flow and r.node not in chain
+                              and (analysis.shapes.nbytes(r) or 0) >= min_bytes)
+            for head in heads:
+                groups.setdefault(reads, {}).setdefault(head, set()).update(waits)
+            sizes[reads] = sizes.get(reads, 0) + size
+    device = analysis.options.device
+    current = None
+    kept: list[str] = []
+    for reads in sorted(groups, key=lambda r: (-sizes[r], sorted(map(str, r))))[:TERM_GROUPS]:
+        waited = graph.copy()
+        for head, waits in groups[reads].items():
+            for wait in sorted(waits):
+                waited.add_control(wait, head)
+        if not nx.is_directed_acyclic_graph(waited.nx):  # chains waiting on each other's sums
+            continue
+        if current is None:
+            current = memory.simulate(graph, analysis.shapes, analysis.fetches, device) \
+                if changed else analysis.memory
+        after = memory.simulate(waited, analysis.shapes, analysis.fetches, device)
+        held = [_backward_held(report, flow) for report in (current, after)]
+        log.info("defer: %d gradient terms made to wait: the backward pass holds %d -> %d "
+                 "byte-steps, peak %d -> %d bytes%s", len(groups[reads]), *held, current.peak(),
+                 after.peak(), "" if held[1] < held[0] and after.peak() <= current.peak()
+                 else ": not kept")
+        if held[1] < held[0] and after.peak() <= current.peak():
+            for head, waits in groups[reads].items():
+                for wait in sorted(waits):
+                    graph.add_control(wait, head)
+            current = after
+            kept += groups[reads]
+    return sorted(kept), (current if kept and device is None else None)
+
+
+def _owner(graph: Graph, ref: TensorRef) -> TensorRef:
+    """The tensor whose buffer `ref` is, seen through aliases (each layer's `Reshape` of the
+    same gradient)."""
+    while graph.op(ref.node) in memory.ALIAS_OPS and graph.data_inputs(ref.node):
+        ref = graph.data_inputs(ref.node)[0]
+    return ref
+
+
+# Groups of gradient terms tried (each a simulation of the step): the largest first.
+TERM_GROUPS = 8
+
+
+def _backward_held(report: memory.MemoryReport, flow) -> int:
+    """Bytes live on the device summed over the schedule's steps from the backward pass's
+    first node on: what held terms cost before recomputation, whose step peaks at the forward
+    pass's end (they do not raise it; they raise the backward pass's peak once recomputation
+    has dropped the activations, and a term deferred frees its bytes at every step between)."""
+    first = next((i for i, n in enumerate(report.order) if n in flow), len(report.order))
+    last = len(report.order)
+    change: dict[int, int] = {}
+    for buffer in report.buffers:
+        end = last if buffer.end is None else buffer.end + 1
+        if buffer.place != memory.DEVICE or end <= first:
+            continue
+        start = max(buffer.start, first)
+        change[start] = change.get(start, 0) + buffer.size
+        change[end] = change.get(end, 0) - buffer.size
+    held = live = 0
+    steps = sorted(change)
+    for step, following in zip(steps, steps[1:]):
+        live += change[step]
+        held += live * (following - step)
+    return held
+
+
+def _term_chain(graph: Graph, term: str, total: str, flow, enclosed: set[str]) -> set[str]:
+    """`term` and the gradient-flow values above it that only it (through one another) reads:
+    they run when the term is needed and no other reader waits. A tuple's `NoOp` gate may read
+    them too (TF1's gradient tuples): what it gates then waits as well."""
+    chain, stack = {term}, [term]
+    if term in enclosed or ops.is_stateful(graph.op(term)):
+        return set()
+    while stack:
+        for ref in graph.data_inputs(stack.pop()):
+            up = ref.node
+            if up in chain or up not in flow or up in enclosed or ops.is_stateful(graph.op(up)):
+                continue
+            if all(r in chain or r == total or graph.op(r) == "NoOp"
+                   for r in graph.successors(up)):
+                chain.add(up)
+                stack.append(up)
+    return chain
 
 
 def _slot_reads(graph: Graph, name: str, params, downstream: set[str],

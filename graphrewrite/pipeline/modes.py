@@ -7,7 +7,7 @@ MODES: dict[str, str] = {
     "none": "",
     "memory": "inline ungate loop_recompute rerun defer accumulate(min_share=0.1) "
               "micro_batches recompute(policy=memory) serialize tails_first apply_early",
-    "speed": "inline defer recompute(policy=speed)",
+    "speed": "inline defer(terms=false) recompute(policy=speed)",
     "collection": "inline recompute(policy=collection)",
     "manual": "recompute(policy=manual) swap(policy=manual)",
     "swap": "inline swap",
@@ -18,7 +18,8 @@ MODE_HELP = {
     "memory": "keep ~sqrt(N) bottleneck activations, recompute the rest (most memory saved); "
               "updates no longer wait behind a gate for every gradient (ungate: GATE_GRAPH's "
               "tuple, resource variables); optimizer arithmetic on the parameters alone waits "
-              "for its gradient (defer); a recurrent layer's step values computed again in its "
+              "for its gradient, and a gradient term computed long before the other terms of its sum "
+              "waits for them (defer); a recurrent layer's step values computed again in its "
               "gradient loop (loop_recompute) and its forward pass run again before its "
               "backward pass (rerun); a sum of gradient terms holding a tenth of the peak adds "
               "each as it arrives (accumulate); micro-batches whose gradients are summed, a "
@@ -28,7 +29,8 @@ MODE_HELP = {
               "loss gradient where that lowers the peak as run (tails_first); each parameter's "
               "update runs before the backward pass goes on (apply_early, kept where the peak "
               "as run does not rise)",
-    "speed": "keep outputs of MatMul/Conv/Einsum, recompute cheap ops (least slowdown); defer",
+    "speed": "keep outputs of MatMul/Conv/Einsum, recompute cheap ops (least slowdown); defer "
+             "(its early gradient terms left to run when ready, beside the others)",
     "collection": "keep what --checkpoints selects (or the 'checkpoints' collection)",
     "manual": "recompute what _recompute_hint marks, swap what _swap_to_host marks (or --swap)",
     "swap": "move long-lived activations to host memory and back (--swap-form, --budget)",
