@@ -11,7 +11,8 @@ cache (256 KiB) of the per-image working set (`use_parallel_contraction`): measu
 -> 32 3x3 convolution at batch 8 took 28 MiB for its weights' gradient, none to speak of for its
 input's. That is 20-40 MiB per kernel as the allocator hands it out, measured on MobileNetV2 and
 ResNet-50 training steps here (`peak_bytes` of the node minus its outputs); no other kernel of
-those steps takes more than 1 MiB.
+those steps takes more than 1 MiB. The 3-D gradients size theirs to the machine's whole L3
+cache instead (`cpu_conv3d_bytes`): hundreds of MiB on a server's processor.
 
 On a GPU the convolutions take cuDNN workspace from the same allocator: TensorFlow's
 `DnnScratchAllocator` (tensorflow/core/kernels/conv_ops_gpu.h) serves cuDNN's request with
@@ -50,6 +51,8 @@ both take workspace as they start, on two threads alike (ESTIMATE, not measured)
 
 from __future__ import annotations
 
+import functools
+import glob
 import math
 import os
 
@@ -58,7 +61,8 @@ from ..core.tensor_ref import TensorRef
 from .shapes import Shapes
 
 __all__ = ["CPU_WORKING_SET", "CPU_L2", "CPU_THREADS", "CPU_CONV_GRADIENTS", "cpu_bytes",
-           "GPU_CONVOLUTIONS", "WORKSPACE_LIMIT", "workspace_limit", "gpu_bytes", "KERNEL_SCRATCH",
+           "l3_cache_bytes", "MAX_TEMP_OVERHEAD",
+           "CPU_CONV3D_GRADIENTS", "cpu_conv3d_bytes", "GPU_CONVOLUTIONS", "WORKSPACE_LIMIT", "workspace_limit", "gpu_bytes", "KERNEL_SCRATCH",
            "CPU_BATCH_NORMS", "cpu_batch_norm_bytes", "einsum_bytes", "DEVICE_KINDS",
            "device_kind", "kernel_bytes", "CONV_GRADIENTS", "alongside"]
 
@@ -94,6 +98,60 @@ def cpu_bytes(graph: Graph, shapes: Shapes, name: str) -> int:
                                         per_image // CPU_THREADS >= CPU_L2 // item):
         return one_image  # a parallel contraction per image
     return -(-(CPU_WORKING_SET // item) // per_image) * one_image
+
+
+@functools.lru_cache(maxsize=1)
+def l3_cache_bytes() -> int:
+    """This machine's L3 cache, which Eigen's `CacheSizes` reads from the processor (Linux
+    shows the same in sysfs); CPU_WORKING_SET where it cannot be read."""
+    for index in sorted(glob.glob("/sys/devices/system/cpu/cpu0/cache/index*")):
+        try:
+            level = open(os.path.join(index, "level")).read().strip()
+            size = open(os.path.join(index, "size")).read().strip().upper()
+        except OSError:
+            continue
+        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+        if level == "3" and size[:-1].isdigit() and size[-1] in units:
+            return int(size[:-1]) * units[size[-1]]
+    return CPU_WORKING_SET
+
+
+# Above this many column-buffer elements per element of the kernel's tensors, the 3-D kernels
+# fall back on Eigen's, which takes none (kMaxTempAllocationOverhead, conv_grad_ops.h).
+MAX_TEMP_OVERHEAD = 25
+# op -> (input holding the filter or its shape, input holding the output gradient)
+CPU_CONV3D_GRADIENTS = {"Conv3DBackpropInputV2": (1, 2), "Conv3DBackpropFilterV2": (1, 2)}
+
+
+def cpu_conv3d_bytes(graph: Graph, shapes: Shapes, name: str) -> int:
+    """The column buffer of a 3-D convolution's gradient on the CPU (conv_grad_ops_3d.cc):
+    `shard` volumes of `output positions * filter_total` elements, a shard as many volumes as
+    fit the machine's whole L3 cache (not the 30 MiB of the 2-D kernels: 260 MiB on this
+    session's Xeon, so one 8x32x32x32 layer's weights' gradient took 270 MiB here, measured, as
+    the rule says), one volume for the input's gradient of a batch of one; none where that
+    buffer would exceed MAX_TEMP_OVERHEAD times the kernel's tensors (Eigen's kernel then)."""
+    node = graph.node_def(name)
+    inputs = graph.data_inputs(name)
+    if node.attr["data_format"].s == b"NCDHW" or len(inputs) < 3:
+        return 0
+    filter_at, gradient_at = CPU_CONV3D_GRADIENTS[node.op]
+    input_filter = node.op == "Conv3DBackpropInputV2"
+    gradient = shapes[inputs[gradient_at]]
+    kernel = shapes[inputs[filter_at]] if input_filter else shapes[TensorRef(name)]
+    image = shapes[TensorRef(name)] if input_filter else shapes[inputs[0]]
+    infos = (gradient, kernel, image)
+    if any(i is None or i.nbytes is None or i.shape is None or len(i.shape) != 5
+           or None in i.shape for i in infos):
+        return 0
+    item = gradient.nbytes // max(1, math.prod(gradient.shape))
+    positions, out_depth = math.prod(gradient.shape[1:4]), gradient.shape[4]
+    filter_total = math.prod(kernel.shape[:4])
+    work = positions * out_depth + filter_total * out_depth + positions * filter_total
+    shard = 1 if input_filter and gradient.shape[0] == 1 else \
+        -(-(l3_cache_bytes() // item) // work)
+    column = shard * positions * filter_total
+    tensors = sum(math.prod(i.shape) for i in infos)
+    return 0 if column // tensors > MAX_TEMP_OVERHEAD else column * item
 
 
 # GPU convolutions: op -> (input, filter, output gradient) input indices; None: the output is it.
@@ -198,6 +256,7 @@ def einsum_bytes(graph: Graph, shapes: Shapes, name: str) -> int:
 # Device kind -> op -> bytes of scratch a node of that op takes while it runs.
 KERNEL_SCRATCH = {
     "cpu": {**{op: cpu_bytes for op in CPU_CONV_GRADIENTS}, "Einsum": einsum_bytes,
+            **{op: cpu_conv3d_bytes for op in CPU_CONV3D_GRADIENTS},
             **{op: cpu_batch_norm_bytes for op in CPU_BATCH_NORMS}},
     "gpu": {**{op: gpu_bytes for op in GPU_CONVOLUTIONS}, "Einsum": einsum_bytes},
 }
