@@ -58,7 +58,7 @@ from .base import PassOptions, PassResult
 from .pads import GROUPED_OPS, MERGED_OPS, can_gate
 from .triggers import FORWARDING_OPS
 
-__all__ = ["REF_VARIABLE_OPS", "EMPTY_ON_GPU", "SUM_OPS", "UNWAITED_OPS", "TERM_GROUPS", "DeferOptions",
+__all__ = ["REF_VARIABLE_OPS", "EMPTY_ON_GPU", "SUM_OPS", "UNWAITED_OPS", "TERM_TRIES", "DeferOptions",
            "DeferResult", "run"]
 
 log = logging.getLogger(__name__)
@@ -131,16 +131,20 @@ UNWAITED_OPS = GROUPED_OPS | MERGED_OPS | {"Pow"}
 def _defer_terms(graph: Graph, original: Graph, analysis: Analysis, enclosed: set[str],
                  min_bytes: int, changed: bool) -> tuple[list[str], memory.MemoryReport | None]:
     """Make the early terms of gradient sums wait for their sums' last terms, in `graph`,
-    where that holds less (the module's third kind). Terms are tried in groups reading the
-    same gradients (a WaveNet's skip terms all read the skip sum's: one term alone would hold
-    it longer for less than it frees; all of them hold it once), the largest groups first,
-    each kept where the bytes the backward pass holds go down and the peak does not rise.
-    Returns the chain heads made to wait and the last step simulated with the waits kept (None
-    when none were)."""
+    where that holds less (the module's third kind). Terms are weighed in groups reading the
+    same large gradients (a WaveNet's skip terms all read the skip sum's: one term alone would
+    hold it longer for less than it frees; all of them hold it once) on the original's
+    schedule: the bytes each term holds until its wait, against those its reads then hold
+    beyond their last reader. The groups that free more than they hold wait, if the simulated
+    step then holds less in its backward pass and peaks no higher. Returns the chain heads
+    made to wait and the step simulated with the waits (None when none were kept)."""
     flow = analysis.split.gradient_flow
     position = {n: i for i, n in enumerate(analysis.memory.order)}
+    freed_at = {b.owner: (len(position) if b.end is None else b.end)
+                for b in analysis.memory.buffers}
     groups: dict[frozenset, dict[str, set[str]]] = {}  # large reads -> {head: waits}
-    sizes: dict[frozenset, int] = {}
+    saved: dict[frozenset, int] = {}  # byte-steps the group's terms stop holding
+    until: dict[frozenset, int] = {}  # the latest wait of the group
     for total in sorted(n for n in flow if graph.op(n) in SUM_OPS and n not in enclosed):
         terms = [r for r in graph.data_inputs(total) if r.node in flow and r.node in position]
         if len(terms) < 2:
@@ -158,43 +162,59 @@ def _defer_terms(graph: Graph, original: Graph, analysis: Analysis, enclosed: se
                                                     for h in heads):
                 continue  # (an alias frees nothing: its buffer is what it reads)
             waits = _gateable(original, {last}, flow) - enclosed
-            if not waits or max(position.get(w, -1) for w in waits) <= min(
-                    position[h] for h in heads):
-                continue  # not computed before the last term: nothing held
-            if waits & reachable(graph.nx, heads):
-                continue  # the last term reads this one: the wait would close a cycle
+            start, wait = min(position[h] for h in heads), max(
+                (position.get(w, -1) for w in waits), default=-1)
+            if wait <= start or waits & reachable(graph.nx, heads):
+                continue  # not computed before the last term, or the last term reads it
             reads = frozenset(_owner(graph, r) for n in chain for r in graph.data_inputs(n)
                               if r.node in flow and r.node not in chain
                               and (analysis.shapes.nbytes(r) or 0) >= min_bytes)
             for head in heads:
                 groups.setdefault(reads, {}).setdefault(head, set()).update(waits)
-            sizes[reads] = sizes.get(reads, 0) + size
+            saved[reads] = saved.get(reads, 0) + size * (wait - start)
+            until[reads] = max(until.get(reads, 0), wait)
+    net = {reads: saved[reads] - sum((analysis.shapes.nbytes(r) or 0) * max(
+        0, until[reads] - freed_at.get(r, until[reads])) for r in reads) for reads in groups}
+    chosen = sorted(r for r in groups if net[r] > 0)
+    # those at once; where the simulation refutes that, the groups freeing most one by one
+    ranked = sorted(groups, key=lambda r: (-saved[r], sorted(map(str, r))))
+    tries = ([chosen] if chosen else []) + [[r] for r in ranked[:TERM_TRIES - 1]
+                                            if [r] != chosen]
     device = analysis.options.device
-    current = None
-    kept: list[str] = []
-    for reads in sorted(groups, key=lambda r: (-sizes[r], sorted(map(str, r))))[:TERM_GROUPS]:
+    current, heads = None, []
+    for batch in tries:
         waited = graph.copy()
-        for head, waits in groups[reads].items():
-            for wait in sorted(waits):
-                waited.add_control(wait, head)
-        if not nx.is_directed_acyclic_graph(waited.nx):  # chains waiting on each other's sums
+        for reads in batch:
+            for head, waits in groups[reads].items():
+                for wait in sorted(waits):
+                    waited.add_control(wait, head)
+        if not nx.is_directed_acyclic_graph(waited.nx):  # terms waiting on each other's sums
             continue
         if current is None:
             current = memory.simulate(graph, analysis.shapes, analysis.fetches, device) \
                 if changed else analysis.memory
         after = memory.simulate(waited, analysis.shapes, analysis.fetches, device)
         held = [_backward_held(report, flow) for report in (current, after)]
+        made = sorted(h for reads in batch for h in groups[reads])
+        kept = held[1] < held[0] and after.peak() <= current.peak()
         log.info("defer: %d gradient terms made to wait: the backward pass holds %d -> %d "
-                 "byte-steps, peak %d -> %d bytes%s", len(groups[reads]), *held, current.peak(),
-                 after.peak(), "" if held[1] < held[0] and after.peak() <= current.peak()
-                 else ": not kept")
-        if held[1] < held[0] and after.peak() <= current.peak():
-            for head, waits in groups[reads].items():
-                for wait in sorted(waits):
-                    graph.add_control(wait, head)
-            current = after
-            kept += groups[reads]
-    return sorted(kept), (current if kept and device is None else None)
+                 "byte-steps, peak %d -> %d bytes%s", len(made), *held, current.peak(),
+                 after.peak(), "" if kept else ": not kept")
+        if kept and not set(made) & set(heads):
+            for reads in batch:
+                for head, waits in groups[reads].items():
+                    for wait in sorted(waits):
+                        graph.add_control(wait, head)
+            current, heads = after, heads + made
+            if batch is chosen:
+                break
+    return sorted(heads), (current if heads and device is None else None)
+
+
+# Simulations of the step `defer` spends on gradient terms at most: the groups the schedule's
+# estimate chooses at once, then, where that holds more, those freeing most one by one (each a
+# second or two on a 17k-node DDPM U-Net, whose terms all held more as run).
+TERM_TRIES = 3
 
 
 def _owner(graph: Graph, ref: TensorRef) -> TensorRef:
@@ -203,10 +223,6 @@ def _owner(graph: Graph, ref: TensorRef) -> TensorRef:
     while graph.op(ref.node) in memory.ALIAS_OPS and graph.data_inputs(ref.node):
         ref = graph.data_inputs(ref.node)[0]
     return ref
-
-
-# Groups of gradient terms tried (each a simulation of the step): the largest first.
-TERM_GROUPS = 8
 
 
 def _backward_held(report: memory.MemoryReport, flow) -> int:
