@@ -25,6 +25,15 @@ def assert_bitwise(model, graph, path):
     assert checked.match, checked.to_json()["mismatched"]
 
 
+def fetching_grad(graph, path):
+    """`graph` written to `path` and loaded; the options fetching its "grad" (not the unused
+    gradients' sinks), and the analysis they give."""
+    path.write_bytes(graph.to_graph_def().SerializeToString())
+    model = io.load(path)
+    fetched = analysis.AnalysisOptions(fetches=["grad"])
+    return model, fetched, analysis.analyse(model, options=fetched)
+
+
 @pytest.fixture(scope="module")
 def momentum_step(tmp_path_factory):
     sys.path.insert(0, str(FIXTURES))
@@ -167,11 +176,7 @@ def test_a_v1_conds_zeros_wait_for_the_gradient_and_are_never_folded(tmp_path):
     """Deferred, each `zeros` becomes an `Empty` initialised to zeros (stateful: neither
     folding makes it a constant) that waits for the gradient outside every branch: the step as
     TensorFlow runs it holds them no longer, and stays bitwise equal."""
-    path = tmp_path / "cond.pb"
-    path.write_bytes(v1_cond_step().to_graph_def().SerializeToString())
-    model = io.load(path)
-    fetched = analysis.AnalysisOptions(fetches=["grad"])
-    found = analysis.analyse(model, options=fetched)
+    model, fetched, found = fetching_grad(v1_cond_step(), tmp_path / "cond.pb")
     result = pipeline.optimize(model, "none", fetched, passes="defer(min_bytes=16384)")
     zeros = [n for n in result.of(DeferResult).deferred if model.graph.op(n) == "Fill"]
     assert len(zeros) == 8
@@ -252,11 +257,7 @@ def skip_sum_step(layers: int = 6):
 
 
 def test_a_skip_sums_early_gradient_terms_wait_for_the_residual_ones(tmp_path):
-    path = tmp_path / "skips.pb"
-    path.write_bytes(skip_sum_step().to_graph_def().SerializeToString())
-    model = io.load(path)
-    fetched = analysis.AnalysisOptions(fetches=["grad"])
-    found = analysis.analyse(model, options=fetched)
+    model, fetched, found = fetching_grad(skip_sum_step(), tmp_path / "skips.pb")
     result = pipeline.optimize(model, "none", fetched, passes="defer(min_bytes=32768)")
     late = result.of(DeferResult).late_terms
     # the skip path's input gradient of every layer but the last (whose residual term is

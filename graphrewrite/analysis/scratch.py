@@ -61,8 +61,8 @@ from ..core.tensor_ref import TensorRef
 from .shapes import Shapes
 
 __all__ = ["CPU_WORKING_SET", "CPU_L2", "CPU_THREADS", "CPU_CONV_GRADIENTS", "cpu_bytes",
-           "l3_cache_bytes", "MAX_TEMP_OVERHEAD",
-           "CPU_CONV3D_GRADIENTS", "cpu_conv3d_bytes", "GPU_CONVOLUTIONS", "WORKSPACE_LIMIT", "workspace_limit", "gpu_bytes", "KERNEL_SCRATCH",
+           "l3_cache_bytes", "MAX_TEMP_OVERHEAD", "CPU_CONV3D_GRADIENTS", "cpu_conv3d_bytes",
+           "GPU_CONVOLUTIONS", "WORKSPACE_LIMIT", "workspace_limit", "gpu_bytes", "KERNEL_SCRATCH",
            "CPU_BATCH_NORMS", "cpu_batch_norm_bytes", "einsum_bytes", "DEVICE_KINDS",
            "device_kind", "kernel_bytes", "CONV_GRADIENTS", "alongside"]
 

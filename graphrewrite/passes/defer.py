@@ -25,7 +25,8 @@ the backward pass starts), the executor computes it at once and holds it until t
 (the residual path's gradient, layer by layer) arrives: one activation-sized tensor per layer
 at the backward pass's start. The chain's first nodes are made to wait for the last term's
 producers, so the term is computed when its sum can be; what it reads is held instead (once,
-where terms share it). Kept only where the step's modelled peak as written goes down.
+where terms share it). Kept where the bytes the backward pass holds, summed over the modelled
+schedule, go down and the step's peak does not rise.
 
 Only values computed from resource-variable reads are deferred: a ref variable's `Identity`
 aliases a buffer that an in-place update may change, so reading it later could read another
@@ -58,8 +59,8 @@ from .base import PassOptions, PassResult
 from .pads import GROUPED_OPS, MERGED_OPS, can_gate
 from .triggers import FORWARDING_OPS
 
-__all__ = ["REF_VARIABLE_OPS", "EMPTY_ON_GPU", "SUM_OPS", "UNWAITED_OPS", "TERM_TRIES", "DeferOptions",
-           "DeferResult", "run"]
+__all__ = ["REF_VARIABLE_OPS", "EMPTY_ON_GPU", "SUM_OPS", "UNWAITED_OPS", "TERM_TRIES",
+           "DeferOptions", "DeferResult", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -182,12 +183,15 @@ def _defer_terms(graph: Graph, original: Graph, analysis: Analysis, enclosed: se
                                             if [r] != chosen]
     device = analysis.options.device
     current, heads = None, []
-    for batch in tries:
-        waited = graph.copy()
+    def wait(target: Graph, batch: list) -> Graph:
         for reads in batch:
             for head, waits in groups[reads].items():
-                for wait in sorted(waits):
-                    waited.add_control(wait, head)
+                for before in sorted(waits):
+                    target.add_control(before, head)
+        return target
+
+    for batch in tries:
+        waited = wait(graph.copy(), batch)
         if not nx.is_directed_acyclic_graph(waited.nx):  # terms waiting on each other's sums
             continue
         if current is None:
@@ -201,11 +205,8 @@ def _defer_terms(graph: Graph, original: Graph, analysis: Analysis, enclosed: se
                  "byte-steps, peak %d -> %d bytes%s", len(made), *held, current.peak(),
                  after.peak(), "" if kept else ": not kept")
         if kept and not set(made) & set(heads):
-            for reads in batch:
-                for head, waits in groups[reads].items():
-                    for wait in sorted(waits):
-                        graph.add_control(wait, head)
             current, heads = after, heads + made
+            wait(graph, batch)
             if batch is chosen:
                 break
     return sorted(heads), (current if heads and device is None else None)
