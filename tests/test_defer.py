@@ -261,8 +261,11 @@ def test_a_skip_sums_early_gradient_terms_wait_for_the_residual_ones(tmp_path):
     result = pipeline.optimize(model, "none", fetched, passes="defer(min_bytes=32768)")
     late = result.of(DeferResult).late_terms
     # the skip path's input gradient of every layer but the last (whose residual term is
-    # ready as early): a MatMul reading the skip sum's gradient, waiting on the flow
-    assert len(late) == 5 and {model.graph.op(n) for n in late} == {"MatMul"}
+    # ready as early), and beside each its twin, the skip weight's gradient (which reads the
+    # layer's output): MatMuls reading the skip sum's gradient, waiting on the flow
+    assert len(late) == 10 and {model.graph.op(n) for n in late} == {"MatMul"}
+    weights = {n for n in late if any(r.node.startswith("w") for r in model.graph.data_inputs(n))}
+    assert len(weights) == 5  # the input gradients read the skip weights; their twins do not
     flow = found.split.gradient_flow
     assert all(result.graph.control_inputs(n) and set(result.graph.control_inputs(n)) <= flow
                for n in late)
