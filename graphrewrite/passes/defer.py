@@ -25,7 +25,8 @@ the backward pass starts), the executor computes it at once and holds it until t
 (the residual path's gradient, layer by layer) arrives: one activation-sized tensor per layer
 at the backward pass's start. The chain's first nodes are made to wait for the last term's
 producers, so the term is computed when its sum can be; what it reads is held instead (once,
-where terms share it). Kept where the bytes the backward pass holds, summed over the modelled
+where terms share it). Its twin, the weights' gradient of the same layer, waits with it
+(`_siblings`). Kept where the bytes the backward pass holds, summed over the modelled
 schedule, go down and the step's peak does not rise.
 
 Only values computed from resource-variable reads are deferred: a ref variable's `Identity`
