@@ -91,6 +91,12 @@ class _Planned:
         return kind(modified=True)  # every pass changed the graph (a chunkable loss)
 
 
+def unit_times(monkeypatch):
+    """Every step, the original's and each rewrite's, modelled at one second."""
+    monkeypatch.setattr(levers, "step_seconds", lambda graph, analysis, device: 1.0)
+    monkeypatch.setattr(levers, "original_seconds", lambda model, analysis, device: 1.0)
+
+
 def test_a_rewrite_within_the_budget_as_written_but_not_as_run_is_planned_again(monkeypatch):
     """The budget is for the step as run (what verify measures): a rewrite that reaches it as
     written only is planned again under the budget scaled by how far the two were apart."""
@@ -103,7 +109,7 @@ def test_a_rewrite_within_the_budget_as_written_but_not_as_run_is_planned_again(
         return planned
 
     monkeypatch.setattr(levers, "optimize", optimize)
-    monkeypatch.setattr(levers, "step_seconds", lambda graph, analysis, device: 1.0)
+    unit_times(monkeypatch)
     result = levers.fit(types.SimpleNamespace(graph=None), "memory", None, "40%")
     assert asked == [("40%", ()), (str(400 * 400 // 480), ())]
     assert [row["levers"] for row in result.levers] == [[]] and result.levers[0]["chosen"]
@@ -124,7 +130,7 @@ def test_a_rewrite_still_over_the_budget_as_run_is_planned_again_without_one(mon
         return planned
 
     monkeypatch.setattr(levers, "optimize", optimize)
-    monkeypatch.setattr(levers, "step_seconds", lambda graph, analysis, device: 1.0)
+    unit_times(monkeypatch)
     result = levers.fit(types.SimpleNamespace(graph=None), "memory", None, "40%")
     assert asked == ["40%", str(400 * 400 // 480), None]
     assert result.levers[0]["peak_bytes"] == 390 and result.levers[0]["budget_met"]
@@ -142,7 +148,7 @@ def test_a_budget_out_of_reach_as_written_is_planned_again_without_one(monkeypat
         return planned
 
     monkeypatch.setattr(levers, "optimize", optimize)
-    monkeypatch.setattr(levers, "step_seconds", lambda graph, analysis, device: 1.0)
+    unit_times(monkeypatch)
     result = levers.fit(types.SimpleNamespace(graph=None), "memory", None, "40%", lossy=False)
     assert asked == ["40%", None]
     assert result.levers == [{"levers": [], "peak_bytes": 600, "budget_met": False,
@@ -164,7 +170,7 @@ def test_swap_joins_the_lossless_levers_and_every_lossy_set(monkeypatch):
         return planned
 
     monkeypatch.setattr(levers, "optimize", optimize)
-    monkeypatch.setattr(levers, "step_seconds", lambda graph, analysis, device: 1.0)
+    unit_times(monkeypatch)
     result = levers.fit(types.SimpleNamespace(graph=None), "memory", None, "40%", "h200",
                         lossy=True)
     tried = [levers.label(row) for row in result.levers]
@@ -188,7 +194,7 @@ def test_no_lossier_step_is_tried_once_one_reaches_the_budget(monkeypatch):
         return planned
 
     monkeypatch.setattr(levers, "optimize", optimize)
-    monkeypatch.setattr(levers, "step_seconds", lambda graph, analysis, device: 1.0)
+    unit_times(monkeypatch)
     result = levers.fit(types.SimpleNamespace(graph=None), "memory", None, "40%", lossy=True)
     assert [tuple(row["levers"]) for row in result.levers] == [
         (), ("chunk_loss",), (faithful,), ("chunk_loss", faithful)]
@@ -210,7 +216,7 @@ def test_out_of_reach_the_least_lossy_set_near_the_lowest_peak_wins(monkeypatch)
         return planned
 
     monkeypatch.setattr(levers, "optimize", optimize)
-    monkeypatch.setattr(levers, "step_seconds", lambda graph, analysis, device: 1.0)
+    unit_times(monkeypatch)
     result = levers.fit(types.SimpleNamespace(graph=None), "memory", None, "40%", lossy=True)
     assert [row["levers"] for row in result.levers if row["chosen"]] == [["chunk_loss"]]
     assert asked[-1] == ("chunk_loss",) and result.predicted_peaks[1] == 495
@@ -222,7 +228,7 @@ def test_swap_is_no_lever_unnamed_without_a_host_or_already_in_the_mode(monkeypa
     """Swap joins the levers only on a device named to have a host, and only where the mode
     does not swap already: the library's callers (`tf2.rewrite`) get it as the CLI's do."""
     monkeypatch.setattr(levers, "optimize", lambda *args, **options: _Planned(500, 500))
-    monkeypatch.setattr(levers, "step_seconds", lambda graph, analysis, device: 1.0)
+    unit_times(monkeypatch)
     result = levers.fit(types.SimpleNamespace(graph=None), mode, None, "40%", profile)
     assert [row["levers"] for row in result.levers] == [[]]
 
@@ -238,7 +244,7 @@ def test_the_recompute_passs_own_budget_note_leaves_for_the_users(monkeypatch, r
     planned.asked = 400
     planned.of = lambda kind: recomputed if kind is RecomputeResult else kind(modified=True)
     monkeypatch.setattr(levers, "optimize", lambda *args, **options: planned)
-    monkeypatch.setattr(levers, "step_seconds", lambda graph, analysis, device: 1.0)
+    unit_times(monkeypatch)
     levers.fit(types.SimpleNamespace(graph=None), "memory", None, "40%", lossy=False)
     assert recomputed.note == "it saves under 5%."
     assert recomputed.budget_missed == []
@@ -300,7 +306,7 @@ def test_a_warning_every_lever_set_repeats_is_said_once(monkeypatch, caplog):
         return planned
 
     monkeypatch.setattr(levers, "optimize", optimize)
-    monkeypatch.setattr(levers, "step_seconds", lambda graph, analysis, device: 1.0)
+    unit_times(monkeypatch)
     with caplog.at_level(logging.WARNING, logger="graphrewrite"):
         result = levers.fit(types.SimpleNamespace(graph=None), "memory", None, "40%",
                             lossy=True)

@@ -93,7 +93,7 @@ def lever_points(model: Model, points: int, profile: str | None,
     at `points` budgets evenly between the original's peak and that one; highest budget first,
     the lowest last (budget None). Budgets and peaks are of the step as run; a plan's pipeline
     holds the budget recomputation planned to, which is of the step as written."""
-    from .levers import fit, label, step_seconds
+    from .levers import fit, label, original_seconds
 
     device = devices.profile(profile or "default")
     original = {}
@@ -104,7 +104,7 @@ def lever_points(model: Model, points: int, profile: str | None,
                      profile, as_run=as_run, lossy=True)
         if not original:
             original.update(peak=result.predicted_peaks[0],
-                            seconds=step_seconds(model.graph, result.analyses[0], device))
+                            seconds=original_seconds(model, result.analyses[0], device))
         row = next(row for row in result.levers if row["chosen"])
         return {"budget": budget, "peak_bytes": result.predicted_peaks[1],
                 "modelled": "as run" if as_run else "as written",
