@@ -700,3 +700,30 @@ def _evaluations(monkeypatch, constant: str, values) -> list[tuple]:
         result = pipeline.optimize(io.load(fixture_path("mlp")), "memory", as_run=False)
         found.append((len(calls), result.results["recompute"].checkpoints, result.peak_after))
     return found
+
+
+def test_a_train_op_that_runs_no_gradient_is_named_not_planned(tmp_path):
+    """A graph with a backward pass whose train op only counts iterations (a Keras optimizer's
+    `minimize` in TF1 graph mode can return that, its updates left outside it): the step runs no
+    gradient, and the note says so and what the train op writes, not that nothing could be
+    recomputed."""
+    from graphrewrite.analysis.step import AnalysisOptions
+    from graphrewrite.core.graph import Graph
+
+    with tf.Graph().as_default() as g:
+        x = tf.compat.v1.placeholder(tf.float32, (256, 64), name="x")
+        w = tf.compat.v1.placeholder(tf.float32, (64, 64), name="w")
+        h = tf.nn.relu(tf.matmul(tf.nn.relu(tf.matmul(x, w)), w))
+        loss = tf.reduce_mean(tf.square(h), name="loss")
+        tf.identity(tf.gradients(loss, w)[0], name="unused_grad")
+        count = tf.Variable(0, name="iteration")
+        step = count.assign_add(1, name="train_op")
+    path = tmp_path / "counting.pb"
+    path.write_bytes(Graph.from_graph_def(g.as_graph_def(add_shapes=True)).to_graph_def()
+                     .SerializeToString())
+    model = io.load(path)
+    result = pipeline.optimize(model, "memory", AnalysisOptions(fetches=[step.name, "loss"]),
+                               as_run=False)
+    note = result.of(RecomputeResult).note
+    assert not result.changed and note.startswith("the step runs no backward pass"), note
+    assert "it writes only iteration" in note

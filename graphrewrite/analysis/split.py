@@ -38,7 +38,7 @@ from ..core.graph import Graph, neighbours
 from ..core.names import MICRO_BATCH_GATE_PREFIX
 from ..core.tensor_ref import TensorRef
 
-__all__ = ["FORWARD_INPUTS", "UPDATE_PREFIXES", "VARIABLE_WRITES", "SHAPE_OPS", "FED_OPS",
+__all__ = ["unfetched_backward", "FORWARD_INPUTS", "UPDATE_PREFIXES", "VARIABLE_WRITES", "SHAPE_OPS", "FED_OPS",
            "no_backward_pass", "CALL_OPS", "xla_calls", "xla_compiled", "computes_a_value",
            "fed_by", "SOURCE_INPUT_OPS", "is_gradient_op", "is_update_op", "anchors",
            "backward_functions", "Split", "split", "find_seeds", "reachable", "loop_frame_nodes",
@@ -125,6 +125,24 @@ def backward_functions(function_library) -> frozenset:
         changed = not grown <= found
         found |= grown
     return frozenset(found)
+
+
+def unfetched_backward(graph: Graph, split_found: "Split", fetches: list[str]) -> str | None:
+    """What a pass says when the graph has a backward pass but the step runs none of it: what
+    it fetches (its train op) needs no gradient. A Keras optimizer's `minimize` in TF1 graph
+    mode can return an op that only counts iterations, its updates left outside it (a Swin-like
+    step built outside the repo trained nothing, and mode memory said only that nothing could
+    be recomputed). None when the step reaches a seed."""
+    needed = reachable(graph.nx, fetches, upstream=True)
+    if needed & set(split_found.seeds):
+        return None
+    written = sorted({graph.data_inputs(n)[0].node for n in needed
+                      if graph.op(n) in VARIABLE_WRITES or is_update_op(graph.op(n))})
+    shown = ", ".join(written[:3]) + (f", ... ({len(written)} in all)" if len(written) > 3 else "")
+    return (f"the step runs no backward pass: what it fetches ({', '.join(fetches[:3])}) needs "
+            f"none of the graph's gradients (seed {split_found.seeds[0]})"
+            + (f"; it writes only {shown}" if written else "")
+            + ": check what the train op runs, or name the step's outputs with --outputs")
 
 
 def no_backward_pass(graph: Graph) -> str:

@@ -48,7 +48,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ...analysis import memory
-from ...analysis.split import no_backward_pass
+from ...analysis.split import no_backward_pass, unfetched_backward
 from ...analysis.step import Analysis
 from ...core.errors import GraphRewriteError
 from ...core.graph import Graph
@@ -158,6 +158,9 @@ def run(graph: Graph, analysis: Analysis, options: RecomputeOptions, model=None)
     """
     if not analysis.split.seeds:
         return RecomputeResult(graph, False, note=no_backward_pass(graph))
+    unfetched = unfetched_backward(graph, analysis.split, analysis.fetches)
+    if unfetched:
+        return RecomputeResult(graph, False, note=unfetched)
     ctx = Context.build(graph, analysis)
     pins, pinned = _pins(ctx, options)
     if options.policy == "collection":
