@@ -55,6 +55,7 @@ import functools
 import glob
 import math
 import os
+from pathlib import Path
 
 from ..core.graph import Graph
 from ..core.tensor_ref import TensorRef
@@ -106,8 +107,8 @@ def l3_cache_bytes() -> int:
     shows the same in sysfs); CPU_WORKING_SET where it cannot be read."""
     for index in sorted(glob.glob("/sys/devices/system/cpu/cpu0/cache/index*")):
         try:
-            level = open(os.path.join(index, "level")).read().strip()
-            size = open(os.path.join(index, "size")).read().strip().upper()
+            level = Path(index, "level").read_text().strip()
+            size = Path(index, "size").read_text().strip().upper()
         except OSError:
             continue
         units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}

@@ -38,12 +38,12 @@ from ..core.graph import Graph, neighbours
 from ..core.names import MICRO_BATCH_GATE_PREFIX
 from ..core.tensor_ref import TensorRef
 
-__all__ = ["unfetched_backward", "FORWARD_INPUTS", "UPDATE_PREFIXES", "VARIABLE_WRITES", "SHAPE_OPS", "FED_OPS",
-           "no_backward_pass", "CALL_OPS", "xla_calls", "xla_compiled", "computes_a_value",
-           "fed_by", "SOURCE_INPUT_OPS", "is_gradient_op", "is_update_op", "anchors",
-           "backward_functions", "Split", "split", "find_seeds", "reachable", "loop_frame_nodes",
-           "cond_branch_nodes", "in_cond_branch", "untaken", "enclosed", "constant_valued",
-           "fed_inputs"]
+__all__ = ["FORWARD_INPUTS", "UPDATE_PREFIXES", "VARIABLE_WRITES", "SHAPE_OPS", "FED_OPS",
+           "no_backward_pass", "unfetched_backward", "CALL_OPS", "xla_calls", "xla_compiled",
+           "computes_a_value", "fed_by", "SOURCE_INPUT_OPS", "is_gradient_op", "is_update_op",
+           "anchors", "backward_functions", "Split", "split", "find_seeds", "reachable",
+           "loop_frame_nodes", "cond_branch_nodes", "in_cond_branch", "untaken", "enclosed",
+           "constant_valued", "fed_inputs"]
 
 # Op type -> indices of inputs that are forward values (not the incoming gradient or a shape).
 FORWARD_INPUTS = {
