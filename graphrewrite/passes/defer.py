@@ -282,8 +282,9 @@ def _term_chain(graph: Graph, term: str, total: str, flow, enclosed: set[str]) -
     they run when the term is needed and no other reader waits. A tuple's `NoOp` gate may read
     them too (TF1's gradient tuples): what it gates then waits as well."""
     chain, stack = {term}, [term]
-    if term in enclosed or ops.is_stateful(graph.op(term)):
-        return set()
+    if term in enclosed or ops.is_stateful(graph.op(term)) or not all(
+            r == total or graph.op(r) == "NoOp" for r in graph.successors(term)):
+        return set()  # (a term read elsewhere too would hold back its other readers)
     while stack:
         for ref in graph.data_inputs(stack.pop()):
             up = ref.node
