@@ -99,7 +99,8 @@ def run(graph: Graph, analysis: Analysis, options: DeferOptions, model=None):
     sets = _Sets(flow, params, early, enclosed, flow | early, params | early)
     deferrable = [n for n in graph.nodes()
                   if _deferrable(graph, analysis, sets, n, options.min_bytes)]
-    original, graph, deferred = graph, graph.copy(), []
+    original, deferred = graph, []
+    graph = graph.copy() if deferrable else graph
     for name in deferrable:
         # Checked on the graph as it grows: an earlier deferral may have made a wait depend
         # on this value.
@@ -116,8 +117,8 @@ def run(graph: Graph, analysis: Analysis, options: DeferOptions, model=None):
         if waits:
             deferred.append(name)
             _zeros_kept_from_folding(graph, name)
-    late, report = _defer_terms(graph, original, analysis, enclosed, options.min_bytes,
-                                bool(deferred)) if options.terms else ([], None)
+    late, report, graph = _defer_terms(graph, original, analysis, enclosed, options.min_bytes,
+                                       bool(deferred)) if options.terms else ([], None, graph)
     if not deferred and not late:  # the usual case outside training steps: no note
         return DeferResult(original, False)
     return DeferResult(graph, True, shapes=analysis.shapes, memory=report,
@@ -131,15 +132,17 @@ UNWAITED_OPS = GROUPED_OPS | MERGED_OPS | {"Pow"}
 
 
 def _defer_terms(graph: Graph, original: Graph, analysis: Analysis, enclosed: set[str],
-                 min_bytes: int, changed: bool) -> tuple[list[str], memory.MemoryReport | None]:
-    """Make the early terms of gradient sums wait for their sums' last terms, in `graph`,
-    where that holds less (the module's third kind). Terms are weighed in groups reading the
-    same large gradients (a WaveNet's skip terms all read the skip sum's: one term alone would
-    hold it longer for less than it frees; all of them hold it once) on the original's
+                 min_bytes: int, changed: bool
+                 ) -> tuple[list[str], memory.MemoryReport | None, Graph]:
+    """Make the early terms of gradient sums wait for their sums' last terms, in a copy of
+    `graph`, where that holds less (the module's third kind). Terms are weighed in groups
+    reading the same large gradients (a WaveNet's skip terms all read the skip sum's: one term
+    alone would hold it longer for less than it frees; all of them hold it once) on the original's
     schedule: the bytes each term holds until its wait, against those its reads then hold
     beyond their last reader. The groups that free more than they hold wait, if the simulated
     step then holds less in its backward pass and peaks no higher. Returns the chain heads
-    made to wait and the step simulated with the waits (None when none were kept)."""
+    made to wait, the step simulated with the waits (None when none were kept) and the graph
+    (`graph` itself when none were)."""
     flow = analysis.split.gradient_flow
     position = {n: i for i, n in enumerate(analysis.memory.order)}
     freed_at = {b.owner: (len(position) if b.end is None else b.end)
@@ -185,15 +188,12 @@ def _defer_terms(graph: Graph, original: Graph, analysis: Analysis, enclosed: se
                                             if [r] != chosen]
     device = analysis.options.device
     current, heads = None, []
-    def wait(target: Graph, batch: list) -> Graph:
+    for batch in tries:
+        waited = graph.copy()
         for reads in batch:
             for head, waits in groups[reads].items():
                 for before in sorted(waits):
-                    target.add_control(before, head)
-        return target
-
-    for batch in tries:
-        waited = wait(graph.copy(), batch)
+                    waited.add_control(before, head)
         if not nx.is_directed_acyclic_graph(waited.nx):  # terms waiting on each other's sums
             continue
         if current is None:
@@ -207,11 +207,10 @@ def _defer_terms(graph: Graph, original: Graph, analysis: Analysis, enclosed: se
                  "byte-steps, peak %d -> %d bytes%s", len(made), *held, current.peak(),
                  after.peak(), "" if kept else ": not kept")
         if kept and not set(made) & set(heads):
-            current, heads = after, heads + made
-            wait(graph, batch)
+            current, heads, graph = after, heads + made, waited
             if batch is chosen:
                 break
-    return sorted(heads), (current if heads and device is None else None)
+    return sorted(heads), (current if heads and device is None else None), graph
 
 
 # Simulations of the step `defer` spends on gradient terms at most: the groups the schedule's
