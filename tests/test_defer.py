@@ -145,6 +145,34 @@ def test_a_tanh_gelus_cube_is_left_to_grappler(tmp_path):
     assert_bitwise(model, result.graph, tmp_path / "deferred.pb")
 
 
+def test_an_accumulators_power_waits_for_its_gradient(tmp_path):
+    """Ftrl's `accum ** -0.5` reads the accumulator alone, so it is computed at the step's start
+    and held until its gradient arrives (a Siamese MLP's five 4 MiB powers at the backward
+    pass's peak). No other power reads its base, so Grappler shares nothing with it: it waits
+    like any slot arithmetic, and the step stays bitwise equal."""
+    import tensorflow as tf
+
+    from graphrewrite.core.graph import Graph
+
+    with tf.Graph().as_default() as g:
+        h = tf.compat.v1.placeholder(tf.float32, (512, 64), name="x")
+        weights = [tf.compat.v1.placeholder(tf.float32, (64, 64), name=f"w{k}") for k in range(3)]
+        accums = [tf.exp(tf.compat.v1.placeholder(tf.float32, (64, 64), name=f"a{k}"))
+                  for k in range(3)]
+        for w in weights:
+            h = tf.nn.relu(tf.matmul(h, w))
+        grads = tf.gradients(tf.reduce_mean(tf.square(h)), weights)
+        steps = [g - (tf.pow(a + g * g, -0.5) - tf.pow(a, -0.5)) * w
+                 for g, a, w in zip(grads, accums, weights)]
+        tf.identity(tf.add_n(steps), name="grad")
+    model, fetched, _ = fetching_grad(Graph.from_graph_def(g.as_graph_def(add_shapes=True)),
+                                      tmp_path / "ftrl.pb")
+    result = pipeline.optimize(model, "none", fetched, passes="defer(min_bytes=16384)")
+    powers = [n for n in result.of(DeferResult).deferred if model.graph.op(n) == "Pow"]
+    assert len(powers) == 3
+    assert_bitwise(model, result.graph, tmp_path / "deferred.pb")
+
+
 def v1_cond_step():
     """Four layers whose activation a v1 cond (control flow v2 off, as `disable_v2_behavior()`
     leaves it) picks by an unfed phase, as a Keras batch norm's training and inference forms.

@@ -60,7 +60,7 @@ from .base import PassOptions, PassResult
 from .pads import GROUPED_OPS, MERGED_OPS, can_gate
 from .triggers import FORWARDING_OPS
 
-__all__ = ["REF_VARIABLE_OPS", "EMPTY_ON_GPU", "SUM_OPS", "UNWAITED_OPS", "TERM_TRIES",
+__all__ = ["REF_VARIABLE_OPS", "EMPTY_ON_GPU", "SUM_OPS", "UNWAITED_OPS", "TERM_TRIES", "POWERS",
            "DeferOptions", "DeferResult", "run"]
 
 log = logging.getLogger(__name__)
@@ -423,8 +423,15 @@ def _deferrable(graph: Graph, analysis: Analysis, sets: _Sets, name: str,
 
 
 def _rewritten_by_grappler(graph: Graph, name: str) -> bool:
-    """Whether a control input would change what Grappler makes of `name`: a Pow (the
-    arithmetic optimizer expands a tanh-GELU's forward `x ** 3` into products, one of which
-    common subgraph elimination then shares with the backward pass's `x ** 2`, but not with one
-    waiting on a control edge: a BERT step's weights 7e-9 apart)."""
-    return graph.op(name) == "Pow"
+    """Whether a control input would change what Grappler makes of `name`: a Pow whose base
+    another power reads (the arithmetic optimizer expands a tanh-GELU's forward `x ** 3` into
+    products, one of which common subgraph elimination then shares with the backward pass's
+    `x ** 2`, but not with one waiting on a control edge: a BERT step's weights 7e-9 apart).
+    An optimizer's `accum ** -0.5` has no such twin and waits like any slot arithmetic."""
+    if graph.op(name) != "Pow" or not graph.data_inputs(name):
+        return False
+    base = graph.data_inputs(name)[0]
+    return any(user != name and graph.op(user) in POWERS for user, _ in graph.consumers(base))
+
+
+POWERS = frozenset({"Pow", "Square", "Mul"})  # what Grappler's arithmetic optimizer shares
