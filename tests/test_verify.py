@@ -82,6 +82,32 @@ def test_a_sessions_graph_def_is_verified_with_its_own_initialisers(tmp_path):
     assert outcome.match
 
 
+def test_initial_values_read_from_other_variables_are_initialised_in_order(tmp_path):
+    """Keras's learning rate variable in TF1 graph mode starts as its schedule of `iteration`:
+    its initialiser reads another variable, and `global_variables_initializer()`, run at once,
+    raced it (verify failed at random, "uninitialized value iteration"). A chain of twenty such
+    variables fails that way almost every time, unless each waits for the one it reads."""
+    import tensorflow as tf
+
+    v1 = tf.compat.v1
+    path = tmp_path / "chain.meta"
+    with tf.Graph().as_default() as graph:
+        x = v1.placeholder(tf.float32, [16, 8], name="x")
+        kernel = v1.get_variable("kernel", [8, 4], use_resource=True)
+        chain = [v1.Variable(1.0, use_resource=True, name="rate_0")]
+        for k in range(1, 20):
+            chain.append(v1.Variable(chain[-1].read_value() * 0.9, use_resource=True,
+                                     name=f"rate_{k}"))
+        loss = tf.reduce_mean(tf.square(tf.matmul(x, kernel)), name="loss")
+        v1.add_to_collection(v1.GraphKeys.LOSSES, loss)
+        train = v1.train.GradientDescentOptimizer(chain[-1]).minimize(loss, name="train")
+        v1.add_to_collection(v1.GraphKeys.TRAIN_OP, train)
+        v1.train.export_meta_graph(str(path), graph=graph)
+    model = io.load(path)
+    outcome = verify.verify(model, io.load(path), verify.VerifyOptions(runs=1), isolated=False)
+    assert "variable:rate_19" in {c.name for c in outcome.comparisons} and outcome.match
+
+
 def test_verify_cli_reports_side_by_side(tmp_path):
     _, _, result = rewritten("resnet_cnn", "memory", tmp_path)
     out = tmp_path / "resnet_cnn.pb"

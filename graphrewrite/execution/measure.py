@@ -366,7 +366,8 @@ def _assigned_from_initial_values(graph, variables):
     from ..analysis import bind
 
     with tf.compat.v1.Session(graph=graph) as scratch:
-        scratch.run(tf.compat.v1.global_variables_initializer())
+        for wave in _initialiser_waves(variables):
+            scratch.run(wave)
         values = scratch.run([v.read_value() for v in variables])
     bound = bind.Bound({}, [], {}, {v.op.name: v.read_value() for v in variables})
     with tf.name_scope(bind.BIND_SCOPE + "_initial/"):
@@ -374,6 +375,38 @@ def _assigned_from_initial_values(graph, variables):
             initial = bind.fed_copy(bound, value, f"initial_{i}")
             bound.init_ops.append(tf.compat.v1.assign(variable, initial))
     return bound
+
+
+def _initialiser_waves(variables) -> list[list]:
+    """The variables' initialisers in waves, each after those of the variables it reads.
+    `global_variables_initializer()` runs them all at once, so an initial value read from
+    another variable (Keras's learning rate variable in TF1 graph mode starts as its schedule
+    of `iteration`) races that variable's initialiser and fails at random."""
+    import graphlib
+
+    index = {v.op: i for i, v in enumerate(variables)}  # (variables are unhashable)
+    order = graphlib.TopologicalSorter()
+    for i, variable in enumerate(variables):
+        seen, stack = set(), [variable.initializer]
+        while stack:
+            op = stack.pop()
+            for before in [t.op for t in op.inputs] + list(op.control_inputs):
+                if before in index and before is not variable.op:
+                    order.add(i, index[before])
+                elif before not in seen and before not in index:
+                    seen.add(before)
+                    stack.append(before)
+        order.add(i)
+    try:
+        order.prepare()
+    except graphlib.CycleError:  # initial values reading each other: TensorFlow's own order
+        return [[v.initializer for v in variables]]
+    waves = []
+    while order.is_active():
+        ready = sorted(order.get_ready())
+        waves.append([variables[i].initializer for i in ready])
+        order.done(*ready)
+    return waves
 
 
 INITIALISING_OPS = ("AssignVariableOp", "Assign")  # an initialiser sets the whole value
