@@ -16,7 +16,8 @@ def format_verify(facts: dict) -> str:
     """`verify`'s side-by-side table for people."""
     if "loss_curves" in facts:
         return _format_curves(facts)
-    verdict = "MATCH" if facts["match"] else "MISMATCH"
+    verdict = "MATCH" if facts["match"] else "WITHIN SPREAD" if facts.get("within_spread") \
+        else "MISMATCH"
     diff = facts["max_abs_diff"]
     tolerance = "bitwise" if diff == 0 and facts["match"] else f"max |diff| {diff:.3g}"
     compared = f"{facts['outputs_compared']} outputs x {facts['steps']} steps"
@@ -25,6 +26,13 @@ def format_verify(facts: dict) -> str:
     lines = [f"outputs       {verdict}: {compared} compared ({tolerance})"]
     if facts["mismatched"]:
         lines.append(f"mismatched    {_shorten(facts['mismatched'])}")
+    if facts.get("original_spread") is not None:
+        lines.append(f"note          the original differs from itself by up to "
+                     f"{facts['original_spread']:.3g} from run to run, so no rewrite can match "
+                     "it bitwise; "
+                     + ("each difference is within the original's own for that output" if
+                        facts["within_spread"] else "some differences are larger than the "
+                        "original's own for that output: the rewrite changed them"))
     if facts.get("incomparable"):
         lines.append(f"not compared  {len(facts['incomparable'])} that one graph lacks or holds "
                      f"in another shape or type ({_shorten(facts['incomparable'], 3)})")

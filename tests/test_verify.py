@@ -108,6 +108,54 @@ def test_initial_values_read_from_other_variables_are_initialised_in_order(tmp_p
     assert "variable:rate_19" in {c.name for c in outcome.comparisons} and outcome.match
 
 
+@pytest.mark.parametrize("rewritten_off, within", [(1e-6, True), (1e-4, False)])
+def test_a_rewrite_is_weighed_against_an_original_that_differs_from_itself(
+        tmp_path, monkeypatch, rewritten_off, within):
+    """A Swin-like step built outside the repo (its gradient AddNs of three inputs race)
+    differed from itself by up to 1.4e-5: verify said MISMATCH (exit 1) in one run of two, and a
+    user blamed the rewrite. The original is run again: a rewrite differing no more than the
+    original does from run to run is WITHIN SPREAD (exit 0); one differing more is a MISMATCH.
+    Here every second run of the original is moved by 1e-6, as such a race moves it."""
+    import tensorflow as tf
+
+    from graphrewrite.execution import measure
+
+    def write(name, marked):
+        with tf.Graph().as_default() as g:
+            x = tf.compat.v1.placeholder(tf.float32, [8], name="x")
+            out = tf.identity(x * 2.0, name="out")
+            if marked:
+                tf.identity(out, name="marker")
+        path = tmp_path / name
+        path.write_bytes(g.as_graph_def().SerializeToString())
+        return path
+
+    real, calls = measure.run_step, []
+
+    def racing(message, *args, **kwargs):
+        measured = real(message, *args, **kwargs)
+        rewritten = any(n.name == "marker" for n in message.node)
+        calls.append(rewritten)
+        off = rewritten_off if rewritten else 1e-6 * (sum(not c for c in calls) % 2 == 0)
+        measured.step_outputs = [{k: v + np.float32(off) for k, v in step.items()}
+                                 for step in measured.step_outputs]
+        return measured
+
+    monkeypatch.setattr(measure, "run_step", racing)
+    original, rewritten = write("original.pb", False), write("rewritten.pb", True)
+    outcome = verify.verify(io.load(original), io.load(rewritten), verify.VerifyOptions(
+        fetches=["out"], runs=0), isolated=False)
+    assert outcome.cause.startswith("the original step is not deterministic")
+    assert not outcome.match and outcome.within_spread is within
+    facts = outcome.to_json()
+    assert facts["original_spread"] == pytest.approx(1e-6, rel=0.5)
+    assert facts["within_spread"] is within
+    from graphrewrite.cli.tables import format_verify
+    shown = format_verify(facts)
+    assert shown.startswith("outputs       WITHIN SPREAD" if within else "outputs       MISMATCH")
+    assert "the original differs from itself by up to" in shown
+
+
 def test_verify_cli_reports_side_by_side(tmp_path):
     _, _, result = rewritten("resnet_cnn", "memory", tmp_path)
     out = tmp_path / "resnet_cnn.pb"

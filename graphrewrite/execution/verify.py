@@ -34,10 +34,10 @@ from ..core.names import DIET_ATTR, SLOT_OF_ATTR, SWAP_OUT_SUFFIX
 from ..core.tensor_ref import TensorRef
 from . import measure, mismatch
 
-__all__ = ["VARIABLE_PREFIX", "Comparison", "VerifyResult", "VerifyOptions", "load_feeds", "load_data",
-           "data_batches", "verify", "without_saver", "training_schedule", "loss_trend",
-           "training_start", "LEARNING_RATE", "SCALE_READERS", "own_variables", "compare",
-           "not_finite", "state_at_zero", "GPU_ONLY_OPS", "LEARNED",
+__all__ = ["VARIABLE_PREFIX", "Comparison", "VerifyResult", "VerifyOptions", "load_feeds",
+           "load_data", "data_batches", "verify", "without_saver", "SPREAD_RUNS",
+           "training_schedule", "loss_trend", "training_start", "LEARNING_RATE", "SCALE_READERS",
+           "own_variables", "compare", "not_finite", "state_at_zero", "GPU_ONLY_OPS", "LEARNED",
            "learned_as_well"]
 
 log = logging.getLogger(__name__)
@@ -75,6 +75,17 @@ class VerifyResult:
     swapped: int = 0  # tensors the rewritten graph sends to the host and back
     dieted: int = 0  # variables the rewritten graph stores in 16 bits (lossy: never bitwise)
     peak_runs: dict = field(default_factory=dict)  # {"original", "rewritten"}: every peak
+    # an original that differs from itself: each output's largest difference over its own runs,
+    # by (name, step); None when it repeated itself (or was not asked)
+    spread: dict | None = None
+
+    @property
+    def within_spread(self) -> bool:
+        """A mismatch no larger, output by output, than the original's own from run to run:
+        bitwise cannot be decided, and the rewrite is as close as the original is to itself."""
+        return bool(self.spread) and not self.match and all(
+            c.equal or (not c.incomparable and c.max_abs_diff <= self.spread.get(
+                (c.name, c.step), 0.0)) for c in self.comparisons)
 
     @property
     def max_abs_diff(self) -> float:
@@ -94,6 +105,8 @@ class VerifyResult:
             "not_finite": not_finite(self.comparisons),
             "incomparable": [c.name for c in self.comparisons if c.incomparable],
             "cause": self.cause or None,
+            "original_spread": max(self.spread.values(), default=0.0) if self.spread else None,
+            "within_spread": self.within_spread,
             "peak_bytes": {"original": self.original.peak_bytes,
                            "rewritten": self.rewritten.peak_bytes},
             "peak_bytes_runs": self.peak_runs,
@@ -319,10 +332,32 @@ def verify(original: Model, rewritten: Model, options: VerifyOptions | None = No
     cause = "" if match or rtol or atol else mismatch.diagnose(
         original.runnable(), rewritten.runnable(), inputs, own, fetches,
         lambda a, b: all(c.equal for c in compare(a, b, 0.0, 0.0)), isolated)
+    spread = None
+    if cause.startswith(mismatch.ORIGINAL_CAUSE):
+        stage(f"running the original {SPREAD_RUNS} times more, for its own spread")
+        spread = _own_spread(first, [run(original.runnable(), inputs, fetches, 0)
+                                     for _ in range(SPREAD_RUNS)])
     return VerifyResult(match, comparisons, first, second, fetches, len(first.step_outputs),
-                        cause, swapped=_swapped(rewritten.graph), peak_runs=peak_runs,
+                        cause, spread=spread, swapped=_swapped(rewritten.graph),
+                        peak_runs=peak_runs,
                         dieted=sum(DIET_ATTR in rewritten.graph.node_def(n).attr
                                    for n in rewritten.graph.nodes()))
+
+
+# Runs of an original that differs from itself, compared with its first run: how far its outputs
+# move from run to run, which a rewrite's difference is then weighed against.
+SPREAD_RUNS = 4
+
+
+def _own_spread(first: measure.StepMeasurement, again: list) -> dict:
+    """Each output's and variable's largest difference between the original's first run and
+    its runs `again`, by (name, step)."""
+    spread: dict = {}
+    for measured in again:
+        for c in compare(first, measured, 0.0, 0.0):
+            key = (c.name, c.step)
+            spread[key] = max(spread.get(key, 0.0), 0.0 if c.incomparable else c.max_abs_diff)
+    return spread
 
 
 def _with_drawn(failure: str, model: Model, inputs: dict, given: dict) -> str:
