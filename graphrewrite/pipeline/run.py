@@ -165,12 +165,13 @@ def optimize(model: Model, mode: str, analysis: AnalysisOptions | None = None,
     # No backward pass: nothing to rewrite, so no as-run model beside the passes (most of a
     # minute at 100k nodes); it is made after them only if a pass changed the graph anyway.
     backward = bool(found.split.seeds)
-    # Grappler on the original runs beside the passes (it releases the GIL).
+    # Grappler on the original runs beside the passes (it releases the GIL), unless the
+    # inline pass may splice its calls: then it is the spliced step's (`_as_run`).
     grappled = (analysis_mod.start_as_run(model, model.graph, original)
-                if as_run and backward else None)
+                if as_run and backward and not model.graph.shell.library.function else None)
     try:
-        graph, found, results, serialized, inlined_peak = _run_passes(model, steps, found, again,
-                                                                      stage, graph)
+        graph, found, results, serialized, inlined = _run_passes(model, steps, found, again,
+                                                                 stage, graph)
     except GraphRewriteError as err:
         if plan is None or isinstance(err, PassError):
             raise
@@ -179,7 +180,7 @@ def optimize(model: Model, mode: str, analysis: AnalysisOptions | None = None,
     if as_run and plan is None:
         other = _reads_again(model, steps, results, graph, found, again, stage, analysis)
         if other is not None:
-            steps, graph, found, results, serialized, inlined_peak = other
+            steps, graph, found, results, serialized, inlined = other
             text = format_pipeline([(name, {**raw, "reads": steps[i][1].reads} if name == "diet"
                                      else raw) for i, (name, raw) in
                                     enumerate(parse_pipeline(text))])
@@ -187,7 +188,8 @@ def optimize(model: Model, mode: str, analysis: AnalysisOptions | None = None,
     run_steps = (None, None)
     if as_run and (backward or changed):
         stage("modelling both steps as run (after Grappler)")
-        run_steps = _as_run(model, original, grappled, graph, found, changed)
+        run_steps = _as_run(model, inlined or (model.graph, original), grappled, graph, found,
+                            changed)
     automatic = composed is None if automatic is None else automatic
     refused = _refused(run_steps) if automatic and plan is None and changed else []
     if refused and any(name == "recompute" for name, _ in steps):
@@ -200,15 +202,16 @@ def optimize(model: Model, mode: str, analysis: AnalysisOptions | None = None,
             raw.get("pin_never"), *refused)))} if name == "recompute" else raw)
             for name, raw in parse_pipeline(text)])
         analysed = model.graph.copy()
-        graph, found, results, serialized, inlined_peak = _run_passes(
+        graph, found, results, serialized, inlined = _run_passes(
             model, steps, analysis_mod.analyse(model, analysed, analysis), again, stage,
             analysed)
         changed = any(r.modified for r in results.values())
-        run_steps = _as_run(model, original, run_steps[0], graph, found, changed)
+        run_steps = _as_run(model, inlined or (model.graph, original), run_steps[0], graph,
+                            found, changed)
         refused = _refused(run_steps) if changed else []
     run_reports = tuple(None if step is None else step[2] for step in run_steps)
-    if inlined_peak is not None:
-        peak_before = inlined_peak  # the step as the passes saw it, calls spliced in
+    if inlined is not None:
+        peak_before = inlined[1].memory.peak()  # the step as the passes saw it, calls spliced
     reverted = ""
     if refused:
         reverted = (f"the rewrite makes Grappler fuse {refused[0]} otherwise than the original "
@@ -275,7 +278,7 @@ def _checked_alone(model: Model, steps: list, results: dict, original_steps: tup
     analysed = model.graph.copy()
     graph, found, kept, serialized, _ = _run_passes(
         model, alone, analysis_mod.analyse(model, analysed, analysis), again, stage, analysed)
-    run_steps = _as_run(model, original, original_run, graph, found, True)
+    run_steps = _as_run(model, (model.graph, original), original_run, graph, found, True)
     reports = tuple(None if step is None else step[2] for step in run_steps)
     if rises_as_run(reports, (peak_before, found.memory.peak())):
         return None
@@ -329,13 +332,14 @@ def _run_passes(model: Model, steps: list, found, again: AnalysisOptions, stage,
     each rewrite analysed again (`again`); check that TensorFlow imports what they made.
     Returns the last graph, its analysis, each pass's result (runs of one pass combined), what
     `importable.check` returns (the output's bytes as written, when it made them) and the
-    modelled peak as written after the inline pass (None without one that changed it). A copy
+    step the inline pass made, with its analysis: the original as the passes see it (None
+    without one that changed it). A copy
     of the analysed graph, not of the model's: it shares the topological order and the input
     lists the analysis cached (rebuilt for a fresh copy: 2 s at 99k nodes)."""
     graph = analysed.copy()
     results: dict[str, PassResult] = {}
     made = []  # (pass, the passes before it, its output graph), for `importable.check`
-    inlined_peak = None
+    inlined = None
     # after any rewrite, reads racing the updates as the original's schedule ordered them
     tail = [] if any(name == "reads_first" for name, _ in steps) else \
         [("reads_first", PASSES["reads_first"].options())]
@@ -367,14 +371,14 @@ def _run_passes(model: Model, steps: list, found, again: AnalysisOptions, stage,
             found = analysis_mod.analyse(model, graph, again, shapes=result.shapes,
                                          planned=index < len(steps) - 1,  # a pass follows
                                          report=result.memory)
-            if name == "inline":  # the original as the passes see it (not in the report:
-                # a SavedModel's step, one call node as written, models a fraction of it)
-                inlined_peak = found.memory.peak()
+            if name == "inline":  # the original as the passes see it (a SavedModel's step, one
+                # call node as written, models a fraction of it)
+                inlined = graph, found
     serialized = None
     if made:  # nothing is written that TensorFlow cannot import or its init ops initialise
         stage("checking that TensorFlow imports the rewritten graph")
         serialized = importable.check(model, made)
-    return graph, found, results, serialized, inlined_peak
+    return graph, found, results, serialized, inlined
 
 
 def _budget_in_bytes(opts, peak_before: int):
@@ -385,12 +389,17 @@ def _budget_in_bytes(opts, peak_before: int):
     return dataclasses.replace(opts, budget=str(max(1, parse_budget(opts.budget, peak_before))))
 
 
-def _as_run(model: Model, original, before, graph: Graph, found, changed: bool) -> tuple:
+def _as_run(model: Model, base: tuple, before, graph: Graph, found, changed: bool) -> tuple:
     """(before, after) steps as run (`analysis.as_run_step`, None where Grappler failed).
-    `before`: the original's, made (a tuple) or its Grappler call begun earlier (a Future)."""
+    `base`: the original as the passes saw it (its graph, calls spliced where the inline pass
+    spliced them, and analysis: left to Grappler, a SavedModel's call bodies' recorded shapes
+    disagreed with what Grappler made of them, and an EfficientNetV2 step modelled 69 MiB
+    where it holds 273). `before`: the original's step as run, made (a tuple), begun earlier
+    (a Future) or not yet (None)."""
     started = analysis_mod.start_as_run(model, graph, found) if changed else None
+    original = base[1]
     if not isinstance(before, tuple):
-        before = analysis_mod.as_run_step(model, model.graph, original, before)
+        before = analysis_mod.as_run_step(model, *base, before)
     after = analysis_mod.as_run_step(model, graph, found, started) if changed else before
     if before is not None and after is not before and original.options.device is None \
             and memory.cpu_is_host(graph) and not memory.cpu_is_host(model.graph):
