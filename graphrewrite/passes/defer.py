@@ -162,7 +162,7 @@ def _defer_terms(graph: Graph, original: Graph, analysis: Analysis, enclosed: se
             size = max((analysis.shapes.nbytes(r) or 0 for n in chain
                         for r in analysis.shapes.outputs(n)), default=0)
             heads = [n for n in chain if not any(r.node in chain for r in graph.data_inputs(n))]
-            if size < min_bytes or not heads or any(graph.op(h) in UNWAITED_OPS
+            if size < min_bytes or not heads or any(_unwaited(graph, h)
                                                     or graph.op(h) in memory.ALIAS_OPS
                                                     for h in heads):
                 continue  # (an alias frees nothing: its buffer is what it reads)
@@ -213,6 +213,26 @@ def _defer_terms(graph: Graph, original: Graph, analysis: Analysis, enclosed: se
     return sorted(heads), (current if heads and device is None else None), graph
 
 
+def _unwaited(graph: Graph, name: str) -> bool:
+    """Whether a term head is left to run when ready (`UNWAITED_OPS`). A product Grappler's
+    arithmetic optimizer can group with nothing groups alike with a control input, and waits:
+    no product reads it or is read by it alone (MinimizeBroadcasts' chains), and its sum adds
+    something other than a product (so no factor is hoisted out of the sum's terms). An L2
+    penalty's gradient `w * 2wd`, read by its weight's gradient sum beside a convolution's
+    weight gradient, is one (a ResNet50V2's, 70 MiB held from the backward pass's start)."""
+    op = graph.op(name)
+    if op != "Mul":
+        return op in UNWAITED_OPS
+    readers = [reader for reader, _ in graph.consumers(TensorRef(name))]
+    if any(graph.op(r.node) == "Mul" and len(graph.consumers(r)) == 1
+           for r in graph.data_inputs(name)):
+        return True
+    return not readers or not all(
+        graph.op(reader) in SUM_OPS and any(graph.op(r.node) != "Mul" for r in
+                                            graph.data_inputs(reader) if r.node != name)
+        for reader in readers)
+
+
 # Simulations of the step `defer` spends on gradient terms at most: the groups the schedule's
 # estimate chooses at once, then, where that holds more, those freeing most one by one (each a
 # second or two on a 17k-node DDPM U-Net, whose terms all held more as run).
@@ -236,7 +256,7 @@ def _siblings(graph: Graph, heads: list[str], chain: set[str], flow, enclosed: s
             for reader, _ in graph.consumers(ref):
                 if reader in chain or reader not in flow or reader in enclosed or \
                         position.get(reader, wait) >= wait or \
-                        ops.is_stateful(graph.op(reader)) or graph.op(reader) in UNWAITED_OPS:
+                        ops.is_stateful(graph.op(reader)) or _unwaited(graph, reader):
                     continue
                 forward = {r for r in graph.data_inputs(reader) if r.node not in flow}
                 if any(user in together for r in forward for user, _ in graph.consumers(r)) \
