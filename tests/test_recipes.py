@@ -104,7 +104,7 @@ def test_the_matrix_covers_every_value_of_every_axis():
                                                      "jit", "summaries", "static",
                                                      "gradient_penalty", "gate_graph",
                                                      "micro4", "drawn_noise", "moe",
-                                                     "stacked", "xla_update", "graph_def"}
+                                                     "stacked", "xla_update", "graph_def", "l2"}
     tf1 = [c for c in cells_ if c.construction in recipes.TF1]
     assert {c.loss for c in tf1} == {"collection", "plain"}
     assert {c.train_op for c in tf1} == {"collection", "grouped", "none"}
