@@ -422,7 +422,7 @@ def verify(ctx, original_path, rewritten_path, rtol, atol, feeds, runs, steps, b
     TF_ENABLE_ONEDNN_OPTS=1 graphrewrite verify ... checks the rewrite as that runs. Exit 0
     when everything matches, 1 when anything differs. An original that differs from itself run
     to run cannot be matched bitwise: it is run again, and a rewrite whose every difference is
-    within the original's own is WITHIN SPREAD (exit 0).
+    within twice the original's own is WITHIN SPREAD (exit 0).
     """
     from graphrewrite.core import io
     from graphrewrite.execution import verify as verify_mod

@@ -30,8 +30,8 @@ def format_verify(facts: dict) -> str:
         lines.append(f"note          the original differs from itself by up to "
                      f"{facts['original_spread']:.3g} from run to run, so no rewrite can match "
                      "it bitwise; "
-                     + ("each difference is within the original's own for that output" if
-                        facts["within_spread"] else "some differences are larger than the "
+                     + ("each difference is within twice the original's own for that output" if
+                        facts["within_spread"] else "some differences are over twice the "
                         "original's own for that output: the rewrite changed them"))
     if facts.get("incomparable"):
         lines.append(f"not compared  {len(facts['incomparable'])} that one graph lacks or holds "

@@ -113,8 +113,9 @@ def test_a_rewrite_is_weighed_against_an_original_that_differs_from_itself(
         tmp_path, monkeypatch, rewritten_off, within):
     """A Swin-like step built outside the repo (its gradient AddNs of three inputs race)
     differed from itself by up to 1.4e-5: verify said MISMATCH (exit 1) in one run of two, and a
-    user blamed the rewrite. The original is run again: a rewrite differing no more than the
-    original does from run to run is WITHIN SPREAD (exit 0); one differing more is a MISMATCH.
+    user blamed the rewrite. The original is run again: a rewrite differing no more than twice
+    what the original does from run to run is WITHIN SPREAD (exit 0); one differing more is a
+    MISMATCH.
     Here every second run of the original is moved by 1e-6, as such a race moves it."""
     import tensorflow as tf
 
