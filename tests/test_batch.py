@@ -100,7 +100,7 @@ def test_batch_verify_a_model_that_differs_fails_every_time_and_leaves_no_output
     from graphrewrite.execution import verify
 
     class Differs:
-        match, max_abs_diff = False, 0.5
+        match, max_abs_diff, within_spread = False, 0.5, False
 
     monkeypatch.setattr(verify, "verify", lambda *args, **kwargs: Differs())
     out, report = tmp_path / "out", tmp_path / "report.jsonl"

@@ -187,3 +187,21 @@ def test_hostile_command_lines_are_refused_with_one_line(case, tmp_path):
     assert "Traceback" not in result.stderr and result.stdout == ""
     assert sorted(tmp_path.iterdir()) == before  # nothing written, nothing left behind
     assert source.read_bytes() == fixture_path("mlp").read_bytes()
+
+
+def test_a_tf2_step_exported_without_shapes_is_refused_before_planning(tmp_path):
+    """A TF2 step's captured variables record their shapes only in `_output_shapes`: exported
+    without them (a CTC step built outside the repo), the memory model saw 120 of its 311 MiB,
+    optimize wrote a plan made on that, and verify refused the result. It is refused at once,
+    with what to do."""
+    from tensorflow.core.framework import graph_pb2
+
+    unshaped = graph_pb2.GraphDef.FromString(fixture_path("keras_step_tf2").read_bytes())
+    for node in unshaped.node:
+        node.attr.pop("_output_shapes", None)
+    path = write(tmp_path / "unshaped.pb", unshaped.SerializeToString())
+    out = tmp_path / "out.pb"
+    result = run_cli("optimize", path, "-o", out)
+    assert result.exit_code == 2 and not out.exists()
+    assert "add_shapes=True" in result.stderr and "Traceback" not in result.stderr
+

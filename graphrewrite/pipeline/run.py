@@ -157,6 +157,8 @@ def optimize(model: Model, mode: str, analysis: AnalysisOptions | None = None,
     graph = model.graph.copy()
     stage("analysing the step")
     found = analysis_mod.analyse(model, graph, analysis)
+    if steps:
+        _refuse_unshaped(graph, found)
     # The rewrites' analyses: the same options, the original's fetches.
     again = dataclasses.replace(found.options, fetches=found.fetches)
     peak_before = found.memory.peak()
@@ -252,6 +254,21 @@ def optimize(model: Model, mode: str, analysis: AnalysisOptions | None = None,
     if plan is not None:
         plan_mod.check_followed(plan, result, model.graph)
     return result
+
+
+def _refuse_unshaped(graph: Graph, found) -> None:
+    """A TF2 step exported without shapes: its captured variables' sizes are nowhere, so the
+    memory model counts them and most of what they make as 0 bytes, and a plan made on that
+    means nothing (a CTC step built outside the repo: 120 of its 311 MiB seen, a plan of other
+    checkpoints written, which verify then refused to run)."""
+    from ..analysis import bind, parameters
+
+    blind = parameters.unknown_variables(graph, found.shapes)
+    if blind and bind.export_hint(graph, blind[0]) == bind.EXPORT_HINT:
+        raise GraphRewriteError(
+            f"{len(blind)} captured variables (e.g. '{blind[0]}') have no recorded shape: the "
+            f"step was exported without shapes, so its memory cannot be modelled; "
+            f"{bind.EXPORT_HINT}")
 
 
 def _mib_apart(before: int, after: int) -> str:
