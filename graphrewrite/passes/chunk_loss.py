@@ -7,9 +7,11 @@ takes the logits' buffer). They are the largest tensors of the step and live at 
 floor no recomputation plan can lower: the weight's gradient needs all of them. Liger's fused
 linear cross entropy and Apple's Cut Cross-Entropy compute them a block of rows at a time; so
 does this pass, on the graph. Where the loss is `SparseSoftmaxCrossEntropyWithLogits` (or the
-dense one) of `MatMul(x, w)` (a bias and row-keeping reshapes between allowed), and the
-gradient takes the usual way back (the cross entropy's backprop times the loss's upstream
-gradient, through the bias's `BiasAddGrad` and the MatMul's two gradient MatMuls), it writes:
+dense one) of `MatMul(x, w)` (a bias and row-keeping reshapes between allowed: a `BiasAdd`,
+or an `AddV2` of a vector of the classes, `tf.matmul(x, w) + b`, as a TF1 language model
+writes it), and the gradient takes the usual way back (the cross entropy's backprop times the
+loss's upstream gradient, through the bias's gradient, a `BiasAddGrad` or a `Sum` over the rows
+and its `Reshape`, and the MatMul's two gradient MatMuls), it writes:
 
 - forward: for each block of rows, its logits and its losses, one block after the other; the
   losses concatenated are the loss vector;
@@ -29,6 +31,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from tensorflow.core.framework import attr_value_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
 
 from ..analysis.step import Analysis
@@ -37,12 +41,13 @@ from ..core.graph import Graph
 from ..core.tensor_ref import CONTROL, TensorRef
 from .base import PassOptions, PassResult, counted
 
-__all__ = ["XENT_OPS", "ROW_KEEPING_OPS", "ChunkLossOptions", "ChunkLossResult", "Match",
+__all__ = ["XENT_OPS", "ADD_OPS", "ROW_KEEPING_OPS", "ChunkLossOptions", "ChunkLossResult", "Match",
            "find", "run"]
 
 log = logging.getLogger(__name__)
 
 XENT_OPS = frozenset({"SparseSoftmaxCrossEntropyWithLogits", "SoftmaxCrossEntropyWithLogits"})
+ADD_OPS = frozenset({"Add", "AddV2"})  # `logits + b`: a bias when b is a vector of the classes
 ROW_KEEPING_OPS = frozenset({"Reshape", "Identity"})  # kept only when the last dim is unchanged
 
 
@@ -77,14 +82,14 @@ class Match:
     matmul: str                  # logits = MatMul(x, w)
     x: TensorRef
     w: TensorRef
-    bias: TensorRef | None       # BiasAdd's bias between the MatMul and the cross entropy
-    bias_node: str | None
+    bias: TensorRef | None       # the bias added between the MatMul and the cross entropy
+    bias_node: str | None        # its BiasAdd or AddV2
     labels: TensorRef
     upstream: TensorRef          # the loss vector's gradient, [rows] or [rows, 1]
     scale: str                   # Mul(upstream, backprop)
     grad_x: str                  # MatMul giving x's gradient [rows, depth]
     grad_w: str                  # MatMul giving w's gradient
-    grad_b: str | None           # BiasAddGrad giving the bias's gradient
+    grad_b: str | None           # BiasAddGrad (or a row Sum's Reshape) giving its gradient
     rows: int
     classes: int
     forward: list[str]           # the cross entropy and what makes its logits: replaced
@@ -154,9 +159,15 @@ def _match(graph: Graph, shapes, xent: str) -> Match | str:
         op = graph.op(ref.node)
         if len(_data_readers(graph, ref.node)) != 1:
             return "logits read by more than the loss"
+        added = _added_bias(graph, shapes, ref.node, classes) if bias is None else None
         if op == "BiasAdd" and bias is None and _attr_s(graph, ref.node, "data_format") \
                 in (b"", b"NHWC"):
             bias, bias_node = graph.data_inputs(ref.node)[1], ref.node
+        elif added is not None:
+            bias, bias_node = added, ref.node
+            forward.append(ref.node)
+            ref = next(r for r in graph.data_inputs(ref.node) if r != added)
+            continue
         elif not (op in ROW_KEEPING_OPS and _keeps_rows(shapes, graph, ref.node, classes)):
             return f"logits made by a {op}, not a MatMul"
         forward.append(ref.node)
@@ -192,6 +203,10 @@ def _match(graph: Graph, shapes, xent: str) -> Match | str:
                 frontier.append(reader)
             elif op == "BiasAddGrad" and bias is not None and "b" not in grads:
                 grads["b"] = reader
+            elif op == "Sum" and graph.op(bias_node) in ADD_OPS and "b" not in grads and \
+                    _sums_rows(graph, shapes, reader, classes):
+                backward.append(reader)
+                grads["b"] = _data_readers(graph, reader).pop()
             elif op == "MatMul":
                 kind = _gradient_kind(graph, reader, TensorRef(node, 0), matmul, x, w)
                 if kind is None or kind in grads:
@@ -227,6 +242,30 @@ def _data_readers(graph: Graph, node: str) -> set[str]:
     return {v for v, slot in graph.consumers(node) if slot >= 0}
 
 
+def _added_bias(graph: Graph, shapes, node: str, classes: int) -> TensorRef | None:
+    """The vector of the classes `node` adds to the logits, where it is an Add of one."""
+    if graph.op(node) not in ADD_OPS:
+        return None
+    vectors = [r for r in graph.data_inputs(node)[:2]
+               if shapes[r] is not None and shapes[r].shape == (classes,)]
+    return vectors[0] if len(vectors) == 1 else None
+
+
+def _sums_rows(graph: Graph, shapes, node: str, classes: int) -> bool:
+    """A `Sum` of the logits' gradient over its rows, read only by a `Reshape` to the classes:
+    an added bias's gradient as TensorFlow's Add gradient writes it."""
+    from ..analysis.loops import constant_value
+
+    inputs = graph.data_inputs(node)
+    axes = constant_value(graph, shapes, inputs[1]) if len(inputs) > 1 else None
+    readers = _data_readers(graph, node)
+    if axes is None or np.asarray(axes).ravel().tolist() != [0] or len(readers) != 1:
+        return False
+    (reader,) = readers
+    out = shapes[TensorRef(reader, 0)]
+    return graph.op(reader) == "Reshape" and out is not None and out.shape == (classes,)
+
+
 def _keeps_rows(shapes, graph: Graph, node: str, classes: int) -> bool:
     """A reshape or identity whose input and output both end in the classes: rows stay rows."""
     src, out = shapes[graph.data_inputs(node)[0]], shapes[TensorRef(node, 0)]
@@ -255,7 +294,7 @@ def _rewrite(graph: Graph, shapes, m: Match, count: int) -> None:
         ref = TensorRef(node, 0)
         if m.bias is not None:
             biased = graph.add_node(f"{prefix}/{stage}_{i}/bias", "BiasAdd", [ref, m.bias],
-                                    _attrs(graph, m.bias_node))
+                                    _bias_attrs(graph, shapes, m.bias_node, "BiasAdd"))
             ref = TensorRef(biased, 0)
         xent = graph.add_node(f"{prefix}/{stage}_{i}/xent", graph.op(m.xent),
                               [ref, labels[i]], _attrs(graph, m.xent))
@@ -283,7 +322,8 @@ def _rewrite(graph: Graph, shapes, m: Match, count: int) -> None:
         after = [gx.node, sum_w.node]
         if m.grad_b is not None:
             gb = TensorRef(graph.add_node(f"{prefix}/backward_{i}/grad_b", "BiasAddGrad",
-                                          [scaled], _attrs(graph, m.grad_b)), 0)
+                                          [scaled], _bias_attrs(graph, shapes, m.grad_b,
+                                                                "BiasAddGrad")), 0)
             sum_b = gb if sum_b is None else _add(graph, shapes, f"{prefix}/backward_{i}/sum_b",
                                                   sum_b, gb, m.grad_b)
             after.append(sum_b.node)
@@ -306,6 +346,28 @@ def _rewrite(graph: Graph, shapes, m: Match, count: int) -> None:
                               reader)
     for node in reversed([n for n in graph.topological_order() if n in removed]):
         graph.remove_node(node)
+    _uncolocate(graph, removed)
+
+
+def _uncolocate(graph: Graph, removed: set[str]) -> None:
+    """Colocations with removed nodes dropped: a TF1 gradient's constants are colocated with
+    the cross entropy they differentiate, and TensorFlow refuses a graph naming an unknown
+    node there (a word-level LSTM language model built outside the repo)."""
+    gone = {f"loc:@{n}".encode() for n in removed}
+    for node in graph.nodes():
+        attr = graph.node_def(node).attr
+        if "_class" in attr and gone & set(attr["_class"].list.s):
+            graph.set_attr(node, "_class", attr_value_pb2.AttrValue(
+                list=attr_value_pb2.AttrValue.ListValue(
+                    s=[v for v in attr["_class"].list.s if v not in gone])))
+
+
+def _bias_attrs(graph: Graph, shapes, node: str, op: str) -> dict:
+    """Attributes of a block's `op` (BiasAdd, BiasAddGrad) standing for `node`: its own
+    where it is one, else its type (an Add's, a Reshape's)."""
+    if graph.op(node) == op:
+        return _attrs(graph, node)
+    return {"T": _dtype(shapes, TensorRef(node, 0))}
 
 
 def _like(graph: Graph, m: Match, original: str, name: str, scaled: TensorRef,
