@@ -81,8 +81,9 @@ class VerifyResult:
 
     @property
     def within_spread(self) -> bool:
-        """A mismatch no larger, output by output, than the original's own from run to run:
-        bitwise cannot be decided, and the rewrite is as close as the original is to itself."""
+        """A mismatch within SPREAD_SLACK times the original's own from run to run, output by
+        output: bitwise cannot be decided, and the rewrite is as close as another run of the
+        original would be."""
         return bool(self.spread) and not self.match and all(
             c.equal or (not c.incomparable and c.max_abs_diff <= SPREAD_SLACK * self.spread.get(
                 (c.name, c.step), 0.0)) for c in self.comparisons)
