@@ -169,7 +169,7 @@ def _match(graph: Graph, shapes, xent: str) -> Match | str:
             ref = next(r for r in graph.data_inputs(ref.node) if r != added)
             continue
         elif not (op in ROW_KEEPING_OPS and _keeps_rows(shapes, graph, ref.node, classes)):
-            return f"logits made by a {op}, not a MatMul"
+            return f"logits made by {op}, not by a MatMul"
         forward.append(ref.node)
         ref = graph.data_inputs(ref.node)[0]
     matmul = ref.node
@@ -213,7 +213,7 @@ def _match(graph: Graph, shapes, xent: str) -> Match | str:
                     return f"its gradient read by another MatMul ({reader})"
                 grads[kind] = reader
             else:
-                return f"its gradient read by a {op} ({reader})"
+                return f"its gradient read by {op} ({reader})"
     if "x" not in grads or "w" not in grads or (bias is not None) != ("b" in grads):
         return "not every gradient of the projection found"
     return Match(xent, matmul, x, w, bias, bias_node, labels, upstream[0], scale, grads["x"],
