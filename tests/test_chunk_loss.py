@@ -23,6 +23,14 @@ LOGITS_BYTES = ROWS * TOKENS * CLASSES * 4
 BLOCKS = "chunk_loss(max_bytes=2097152)"  # 2 MiB blocks: four of them
 
 
+def seeded_inputs():
+    """A tagging step's [rows, tokens, 32] features and [rows, tokens] labels, in the default
+    graph, its random seed set."""
+    tf.compat.v1.set_random_seed(1)
+    return (tf.compat.v1.placeholder(tf.float32, [ROWS, TOKENS, 32], name="x"),
+            tf.compat.v1.placeholder(tf.int32, [ROWS, TOKENS], name="labels"))
+
+
 def tagger(path, read_logits=False, classes=CLASSES):
     """A TF1 MetaGraphDef: two dense layers over [rows, tokens, 32] features (the second,
     the projection, through `tensordot`), the mean sparse cross entropy, Adam; with
@@ -30,9 +38,7 @@ def tagger(path, read_logits=False, classes=CLASSES):
     v1 = tf.compat.v1
     graph = tf.Graph()
     with graph.as_default():
-        v1.set_random_seed(1)
-        x = v1.placeholder(tf.float32, [ROWS, TOKENS, 32], name="x")
-        labels = v1.placeholder(tf.int32, [ROWS, TOKENS], name="labels")
+        x, labels = seeded_inputs()
         hidden = v1.layers.dense(x, 64, activation=tf.nn.relu, name="hidden")
         logits = v1.layers.dense(hidden, classes, name="projection")
         loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
@@ -55,9 +61,7 @@ def language_model(path):
     v1 = tf.compat.v1
     graph = tf.Graph()
     with graph.as_default():
-        v1.set_random_seed(1)
-        x = v1.placeholder(tf.float32, [ROWS, TOKENS, 32], name="x")
-        labels = v1.placeholder(tf.int32, [ROWS, TOKENS], name="labels")
+        x, labels = seeded_inputs()
         hidden = tf.reshape(v1.layers.dense(x, 64, activation=tf.nn.relu), [-1, 64])
         w = v1.get_variable("softmax_w", [64, CLASSES])
         b = v1.get_variable("softmax_b", [CLASSES], initializer=v1.zeros_initializer())
