@@ -191,3 +191,14 @@ def test_a_bias_added_by_hand_is_chunked_with_its_projection(tmp_path):
                           isolated=False)
     assert close.match, close.to_json()["mismatched"]
 
+
+def test_a_peak_the_logits_hold_points_to_the_chunked_loss(tmp_path):
+    """Mode memory leaves a language model's logits and their gradient whole (no lossless
+    rewrite splits them); its note said "activations hold it ... try --mode swap" (a TF1 LSTM
+    language model built outside the repo, 0.98x). It names the logits and the lever that
+    lowers them."""
+    lm = language_model(tmp_path / "lm.meta")
+    note = pipeline.optimize(lm, "memory", as_run=False).results["recompute"].note
+    assert "a cross entropy's logits and their gradient hold it (MatMul, 8.0 MiB)" in note
+    assert "--lossy" in note and "--mode swap" not in note
+

@@ -72,6 +72,12 @@ def _what_holds_it(ctx: Context, report, swapping: bool) -> str:
     shares = ", ".join(f"{kind} {size / total:.0%}" for kind, size in
                        sorted(parts.items(), key=lambda item: -item[1]) if size)
     top = max(parts, key=parts.get)
+    logits = _logits_at_peak(ctx, report)
+    if logits and top in (ACTIVATIONS, BACKWARD):
+        return (f"at the modelled peak ({shares}) a cross entropy's logits and their gradient "
+                f"hold it ({logits}), which every lossless rewrite keeps whole: the chunked "
+                "loss computes them a block of rows at a time (lossy: --budget B --lossy, or "
+                "--passes chunk_loss)")
     if top == STATE:
         variables, updates = parameters.variables(ctx.graph), optimizers.updates(ctx.graph)
         dieted = sum(DIET_ATTR in ctx.graph.node_def(v).attr for v in variables)
@@ -107,6 +113,27 @@ def _what_holds_it(ctx: Context, report, swapping: bool) -> str:
                "variant tensors are never swapped",
     }[top]
     return f"at the modelled peak ({shares}) {advice}"
+
+
+def _logits_at_peak(ctx: Context, report) -> str:
+    """The largest tensor live at the peak, where it is a cross entropy's logits (read by one
+    through reshapes and a bias) or their gradient, and holds a quarter of the live bytes or
+    more (a TF1 LSTM language model's 61 MiB of 10,000-word logits): 'name, N MiB'; else ''."""
+    from ..passes.chunk_loss import ADD_OPS, XENT_OPS, ROW_KEEPING_OPS
+
+    live = report.live_at_peak.get(DEVICE, [])
+    if not live:
+        return ""
+    ref, size = max(live, key=lambda item: item[1])
+    if size * 4 < sum(bytes_ for _, bytes_ in live):
+        return ""
+    graph, todo = ctx.graph, [ref]
+    found = graph.op(ref.node) in XENT_OPS  # the gradient: the cross entropy's second output
+    for _ in range(4):  # down through the reshapes and the bias to the cross entropy
+        todo = [TensorRef(reader) for node in todo for reader, _ in graph.consumers(node)]
+        found = found or any(graph.op(r.node) in XENT_OPS for r in todo)
+        todo = [r for r in todo if graph.op(r.node) in ROW_KEEPING_OPS | ADD_OPS | {"BiasAdd"}]
+    return f"{ref}, {size / 2**20:.1f} MiB" if found else ""
 
 
 def _backward_held(ctx: Context, report, parts: dict[str, int]) -> str:
