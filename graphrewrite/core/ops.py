@@ -6,7 +6,8 @@ from __future__ import annotations
 import functools
 import os
 
-__all__ = ["PLACEHOLDER_OPS", "V1_LOOP_OPS", "FUNCTIONAL_CONTROL_OPS", "op_def", "is_known",
+__all__ = ["PLACEHOLDER_OPS", "V1_LOOP_OPS", "FUNCTIONAL_CONTROL_OPS", "XENT_OPS", "op_def",
+           "is_known",
            "is_stateful", "takes_seed", "unseeded"]
 
 # Required feeds only: a PlaceholderWithDefault (a Saver's filename) need not be fed.
@@ -15,6 +16,8 @@ V1_LOOP_OPS = frozenset({"Enter", "RefEnter", "Exit", "RefExit", "Merge", "RefMe
                          "RefSwitch", "NextIteration", "RefNextIteration", "LoopCond"})
 FUNCTIONAL_CONTROL_OPS = frozenset({"While", "StatelessWhile", "If", "StatelessIf", "Case",
                                     "StatelessCase"})
+# Softmax cross entropies of logits: their second output is the logits' gradient.
+XENT_OPS = frozenset({"SparseSoftmaxCrossEntropyWithLogits", "SoftmaxCrossEntropyWithLogits"})
 
 
 @functools.lru_cache(maxsize=None)

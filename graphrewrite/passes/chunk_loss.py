@@ -38,6 +38,7 @@ from tensorflow.core.framework import attr_value_pb2, tensor_pb2, tensor_shape_p
 from ..analysis.step import Analysis
 from ..core import dtypes
 from ..core.graph import Graph
+from ..core.ops import XENT_OPS
 from ..core.tensor_ref import CONTROL, TensorRef
 from .base import PassOptions, PassResult, counted
 
@@ -46,7 +47,6 @@ __all__ = ["XENT_OPS", "ADD_OPS", "ROW_KEEPING_OPS", "ChunkLossOptions", "ChunkL
 
 log = logging.getLogger(__name__)
 
-XENT_OPS = frozenset({"SparseSoftmaxCrossEntropyWithLogits", "SoftmaxCrossEntropyWithLogits"})
 ADD_OPS = frozenset({"Add", "AddV2"})  # `logits + b`: a bias when b is a vector of the classes
 ROW_KEEPING_OPS = frozenset({"Reshape", "Identity"})  # kept only when the last dim is unchanged
 

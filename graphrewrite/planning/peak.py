@@ -12,6 +12,7 @@ from ..analysis import optimizers, parameters, split
 from ..analysis.memory import DEVICE
 from ..analysis.memory import STATE as STATE_LIFETIME
 from ..core.names import DIET_ATTR
+from ..core.ops import XENT_OPS
 from ..core.tensor_ref import TensorRef
 from .context import CALL_OPS, Context
 
@@ -115,12 +116,13 @@ def _what_holds_it(ctx: Context, report, swapping: bool) -> str:
     return f"at the modelled peak ({shares}) {advice}"
 
 
+TO_THE_LOSS = frozenset({"Reshape", "Identity", "BiasAdd", "Add", "AddV2"})  # logits to loss
+
+
 def _logits_at_peak(ctx: Context, report) -> str:
     """The largest tensor live at the peak, where it is a cross entropy's logits (read by one
     through reshapes and a bias) or their gradient, and holds a quarter of the live bytes or
     more (a TF1 LSTM language model's 61 MiB of 10,000-word logits): 'name, N MiB'; else ''."""
-    from ..passes.chunk_loss import ADD_OPS, XENT_OPS, ROW_KEEPING_OPS
-
     live = report.live_at_peak.get(DEVICE, [])
     if not live:
         return ""
@@ -132,7 +134,7 @@ def _logits_at_peak(ctx: Context, report) -> str:
     for _ in range(4):  # down through the reshapes and the bias to the cross entropy
         todo = [TensorRef(reader) for node in todo for reader, _ in graph.consumers(node)]
         found = found or any(graph.op(r.node) in XENT_OPS for r in todo)
-        todo = [r for r in todo if graph.op(r.node) in ROW_KEEPING_OPS | ADD_OPS | {"BiasAdd"}]
+        todo = [r for r in todo if graph.op(r.node) in TO_THE_LOSS]
     return f"{ref}, {size / 2**20:.1f} MiB" if found else ""
 
 
