@@ -35,6 +35,7 @@ import numpy as np
 
 from tensorflow.core.framework import attr_value_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
 
+from ..analysis.loops import constant_value
 from ..analysis.step import Analysis
 from ..core import dtypes
 from ..core.graph import Graph
@@ -254,8 +255,6 @@ def _added_bias(graph: Graph, shapes, node: str, classes: int) -> TensorRef | No
 def _sums_rows(graph: Graph, shapes, node: str, classes: int) -> bool:
     """A `Sum` of the logits' gradient over its rows, read only by a `Reshape` to the classes:
     an added bias's gradient as TensorFlow's Add gradient writes it."""
-    from ..analysis.loops import constant_value
-
     inputs = graph.data_inputs(node)
     axes = constant_value(graph, shapes, inputs[1]) if len(inputs) > 1 else None
     readers = _data_readers(graph, node)

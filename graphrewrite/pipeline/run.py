@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..analysis import fusions, memory
+from ..analysis import bind, fusions, memory, parameters
 from ..analysis import step as analysis_mod
 from ..analysis.step import AnalysisOptions
 from ..core.errors import GraphError, GraphRewriteError, PassError
@@ -261,8 +261,6 @@ def _refuse_unshaped(graph: Graph, found) -> None:
     memory model counts them and most of what they make as 0 bytes, and a plan made on that
     means nothing (a CTC step built outside the repo: 120 of its 311 MiB seen, a plan of other
     checkpoints written, which verify then refused to run)."""
-    from ..analysis import bind, parameters
-
     blind = parameters.unknown_variables(graph, found.shapes)
     if blind and bind.export_hint(graph, blind[0]) == bind.EXPORT_HINT:
         raise GraphRewriteError(
