@@ -19,7 +19,7 @@ from ..analysis.step import AnalysisOptions
 from ..core.errors import GraphError, GraphRewriteError, PassError
 from ..core.graph import Graph
 from ..core.io import Model
-from ..passes import PASSES
+from ..passes import PASSES, running_sums
 from ..passes.base import PassResult
 from ..planning.budget import parse_budget
 from . import importable
@@ -214,7 +214,7 @@ def optimize(model: Model, mode: str, analysis: AnalysisOptions | None = None,
     run_reports = tuple(None if step is None else step[2] for step in run_steps)
     if inlined is not None:
         peak_before = inlined[1].memory.peak()  # the step as the passes saw it, calls spliced
-    reverted = ""
+    reverted, kept = "", None
     if refused:
         reverted = (f"the rewrite makes Grappler fuse {refused[0]} otherwise than the original "
                     "step does, which rounds differently: graph left unchanged")
@@ -246,6 +246,17 @@ def optimize(model: Model, mode: str, analysis: AnalysisOptions | None = None,
         graph, found, serialized = model.graph.copy(), original, None
         results = {name: type(r)(graph, False, note=r.note) for name, r in results.items()}
         dropped_run, run_reports = run_reports[1], (run_reports[0], run_reports[0])
+    if not reverted and changed and run_steps[0] is not None:
+        summed = _summed_as_original(model, run_steps[0][0], graph, found,
+                                     run_steps[1] if kept is None else None, again)
+        if summed is not None:
+            graph, found, serialized, after, names = summed
+            run_reports = run_reports[0], None if after is None else after[2]
+            last = results[steps[-1][0]]
+            which = names[0] if len(names) == 1 else f"{len(names)} sums ({names[0]}, ...)"
+            last.note = "; ".join(filter(None, (last.note, (
+                f"{which} written as Grappler runs it in the original step: a running sum, "
+                "its terms added as they arrive (a sum adds them in another order)"))))
     budgets = [int(opts.budget) for _, opts in steps if getattr(opts, "budget", None)]
     result = OptimizeResult(graph, mode, text, len(model.graph), len(graph), peak_before,
                             found.memory.peak(), time.perf_counter() - start, results,
@@ -254,6 +265,28 @@ def optimize(model: Model, mode: str, analysis: AnalysisOptions | None = None,
     if plan is not None:
         plan_mod.check_followed(plan, result, model.graph)
     return result
+
+
+def _summed_as_original(model: Model, original_run: Graph, graph: Graph, found, rewritten_run,
+                        again):
+    """`graph` with the sums Grappler makes running sums of in the original step as run
+    (`original_run`) and not in `graph`'s (`rewritten_run`, made here when None) written as
+    those running sums (`passes.running_sums`), with its analysis, import check, step as run
+    and the sums' names; None when there are none (without a Grappler call when the original
+    has none, the common case)."""
+    if not running_sums.running_sums(original_run):
+        return None
+    rewritten_run = rewritten_run or analysis_mod.as_run_step(model, graph, found)
+    sums = {} if rewritten_run is None else \
+        running_sums.missing(original_run, rewritten_run[0], graph)
+    if not sums:
+        return None
+    graph = graph.copy()
+    names = running_sums.make_running(graph, sums)
+    log.info("summed %s as the original step as run sums them", ", ".join(names))
+    found = analysis_mod.analyse(model, graph, again)
+    serialized = importable.check(model, [("running_sums", [], graph)])
+    return graph, found, serialized, analysis_mod.as_run_step(model, graph, found), names
 
 
 def _refuse_unshaped(graph: Graph, found) -> None:
