@@ -33,7 +33,10 @@ one verify of three. Then it runs the rewritten graph once more: where it now re
 original's outputs bitwise, the mismatch came from results that vary from run to run (a
 PointNet built outside the repo gave three results in eleven runs, from a batch norm's
 three-input gradient sum no other op reads, and its three runs here agreed: Grappler was
-blamed). Then it runs both
+blamed). Then it asks Grappler whether it runs a sum as a running sum in one step and not the
+other (`passes.running_sums`: its memory optimizer does so by the step's estimated peak, which
+a rewrite moves; `optimize` writes the original's running sums into the rewrite, so this names
+the rest). Then it runs both
 graphs with the arithmetic optimizer off, then with Grappler off, and names the first
 configuration under which they agree bitwise; an empty cause means they differ whatever
 Grappler does (a real difference).
@@ -48,7 +51,7 @@ from ..core import ops
 from . import measure
 
 __all__ = ["ORIGINAL_RUNS", "ORIGINAL_CAUSE", "RACING_CAUSE", "ARITHMETIC_CAUSE", "UNSTABLE_CAUSE",
-           "GRAPPLER_CAUSE", "SUM_ORDER_CAUSE", "WRITES_ORDER_CAUSE", "racing_draws",
+           "GRAPPLER_CAUSE", "RUNNING_SUM_CAUSE", "running_sums_apart", "SUM_ORDER_CAUSE", "WRITES_ORDER_CAUSE", "racing_draws",
            "racing_sums", "unordered_writes", "arithmetic_off_config", "grappler_off_config",
            "diagnose"]
 
@@ -80,6 +83,10 @@ UNSTABLE_CAUSE = (
     f"comes from results that vary from run to run although the original's {ORIGINAL_RUNS} "
     f"runs here agreed (a sum whose order TensorFlow decides as the step runs is the usual "
     f"reason): run verify again, or compare within --rtol/--atol")
+RUNNING_SUM_CAUSE = (
+    "Grappler's memory optimizer runs a sum as a running sum (its terms added as they arrive, "
+    "in another order) in one step and not in the other: it does so for a sum live at its "
+    "estimated peak when that passes 80% of the device's memory, and the rewrite moved the peak")
 GRAPPLER_CAUSE = (
     "Grappler: with it off, both agree bitwise; it optimizes the two graphs differently (e.g. a "
     "fusion made in one and not the other)")
@@ -161,6 +168,26 @@ def unordered_writes(message, fetches: list[str]) -> list[str]:
         for i, a in enumerate(names) for b in names[i + 1:]))
 
 
+def running_sums_apart(original, rewritten, fetches: list[str]) -> list[str]:
+    """The sums Grappler runs as running sums (`passes.running_sums`) in one of two runnable
+    messages' steps fetching `fetches` and not in the other's."""
+    from ..analysis import grappler
+    from ..core.graph import Graph
+    from ..passes.running_sums import running_sums
+
+    found = []
+    for message in (original, rewritten):
+        graph_def = getattr(message, "graph_def", message)
+        if not hasattr(graph_def, "node"):
+            return []
+        run = grappler.as_run(Graph.from_graph_def(graph_def), fetches,
+                              message if hasattr(message, "meta_info_def") else None)
+        if run is None:
+            return []
+        found.append(set(running_sums(run)))
+    return sorted(found[0] ^ found[1])
+
+
 def _draws(node) -> bool:
     """A stateful random op: seeded by attributes, or a `tf.random.Generator`'s."""
     return ops.takes_seed(node.op) or (
@@ -219,6 +246,11 @@ def diagnose(original, rewritten, feeds: dict, own: dict, fetches: list[str], ag
     if agree(first, run(rewritten, own, fetches, 0)):
         log.warning("verify: %s", UNSTABLE_CAUSE)
         return UNSTABLE_CAUSE
+    apart = running_sums_apart(original, rewritten, fetches)
+    if apart:
+        cause = f"{RUNNING_SUM_CAUSE} ({len(apart)} such sums, e.g. '{apart[0]}')"
+        log.warning("verify: the outputs differ through %s", cause)
+        return cause
     for cause, config in ((ARITHMETIC_CAUSE, arithmetic_off_config()),
                           (GRAPPLER_CAUSE, grappler_off_config())):
         first = run(original, feeds, fetches, 0, config)
