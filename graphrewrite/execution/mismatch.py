@@ -51,9 +51,9 @@ from ..core import ops
 from . import measure
 
 __all__ = ["ORIGINAL_RUNS", "ORIGINAL_CAUSE", "RACING_CAUSE", "ARITHMETIC_CAUSE", "UNSTABLE_CAUSE",
-           "GRAPPLER_CAUSE", "RUNNING_SUM_CAUSE", "running_sums_apart", "SUM_ORDER_CAUSE", "WRITES_ORDER_CAUSE", "racing_draws",
-           "racing_sums", "unordered_writes", "arithmetic_off_config", "grappler_off_config",
-           "diagnose"]
+           "GRAPPLER_CAUSE", "RUNNING_SUM_CAUSE", "SUM_ORDER_CAUSE", "WRITES_ORDER_CAUSE",
+           "racing_draws", "racing_sums", "running_sums_apart", "unordered_writes",
+           "arithmetic_off_config", "grappler_off_config", "diagnose"]
 
 log = logging.getLogger(__name__)
 
