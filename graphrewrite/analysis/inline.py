@@ -222,7 +222,7 @@ def _body(function, call) -> list | None:
     data = [i for i in call.input if not i.startswith("^")]
     controls = [i for i in call.input if i.startswith("^")]
     args = {arg.name: i for i, arg in enumerate(function.signature.input_arg)}
-    nodes = []
+    nodes, names = [], {n.name for n in body.node}
     for node in body.node:
         copy = node_def_pb2.NodeDef()
         copy.CopyFrom(node)
@@ -237,7 +237,7 @@ def _body(function, call) -> list | None:
             del copy.input[:]
             copy.input.extend(_renamed(i, prefix) for i in node.input)
         _with_default_attrs(copy)
-        _recolocate(copy, prefix, {n.name for n in body.node})
+        _recolocate(copy, prefix, names)
         if call.device and not copy.device:
             copy.device = call.device
         nodes.append(copy)
